@@ -1,0 +1,32 @@
+from millm.v1 import generation_pb2 as _generation_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("model", "chat", "prompt", "sampling", "request_id")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    chat: _generation_pb2.ChatInput
+    prompt: _generation_pb2.PromptInput
+    sampling: _generation_pb2.SamplingParams
+    request_id: str
+    def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[_generation_pb2.ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("metadata", "choices", "usage")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    metadata: _generation_pb2.ResponseMetadata
+    choices: _containers.RepeatedCompositeFieldContainer[_generation_pb2.ChoiceDelta]
+    usage: _generation_pb2.Usage
+    def __init__(self, metadata: _Optional[_Union[_generation_pb2.ResponseMetadata, _Mapping]] = ..., choices: _Optional[_Iterable[_Union[_generation_pb2.ChoiceDelta, _Mapping]]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ...) -> None: ...

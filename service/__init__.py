@@ -1,0 +1,1 @@
+"""miLLM engine: the grpc.aio server, the model engines and all semantic validation."""

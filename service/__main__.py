@@ -1,0 +1,18 @@
+"""`python -m service`: run the miLLM gRPC engine."""
+
+import asyncio
+import logging
+
+from service.config import parse_config
+from service.server import serve
+
+
+def main() -> int:
+    config = parse_config()
+    logging.basicConfig(
+        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return asyncio.run(serve(config))
+
+
+raise SystemExit(main())

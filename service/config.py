@@ -1,0 +1,68 @@
+"""Engine configuration: MILLM_* environment variables, each with a CLI flag."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    data_dir: pathlib.Path = pathlib.Path(".millm")
+    models_dir: pathlib.Path = pathlib.Path(".millm/models")
+    model: str = "millm-tiny"
+    torch_threads: int = 1
+    device: str = "auto"
+    log_level: str = "INFO"
+
+    @property
+    def grpc_address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.grpc_port}"
+
+
+def _env(name: str, default: str) -> str:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def parse_config(argv: list[str] | None = None) -> EngineConfig:
+    parser = argparse.ArgumentParser(prog="python -m service", description="miLLM gRPC engine")
+    parser.add_argument("--host", default=_env("MILLM_HOST", "127.0.0.1"), help="MILLM_HOST")
+    parser.add_argument(
+        "--grpc-port", type=int, default=int(_env("MILLM_GRPC_PORT", "50051")),
+        help="MILLM_GRPC_PORT (0 picks a free port and prints it)",
+    )
+    parser.add_argument("--data-dir", default=_env("MILLM_DATA_DIR", ".millm"), help="MILLM_DATA_DIR")
+    parser.add_argument(
+        "--models-dir", default=os.environ.get("MILLM_MODELS_DIR") or None,
+        help="MILLM_MODELS_DIR (default: <data dir>/models)",
+    )
+    parser.add_argument("--model", default=_env("MILLM_MODEL", "millm-tiny"), help="MILLM_MODEL")
+    parser.add_argument(
+        "--torch-threads", type=int, default=int(_env("MILLM_TORCH_THREADS", "1")),
+        help="MILLM_TORCH_THREADS: intra-op threads; one is fastest for tiny models",
+    )
+    parser.add_argument(
+        "--device", default=_env("MILLM_DEVICE", "auto"), help="MILLM_DEVICE: auto, cpu or cuda"
+    )
+    parser.add_argument("--log-level", default=_env("MILLM_LOG_LEVEL", "INFO"), help="MILLM_LOG_LEVEL")
+    args = parser.parse_args(argv)
+    data_dir = pathlib.Path(args.data_dir)
+    models_dir = pathlib.Path(args.models_dir) if args.models_dir else data_dir / "models"
+    if args.torch_threads < 1:
+        parser.error("--torch-threads must be at least 1")
+    return EngineConfig(
+        host=args.host,
+        grpc_port=args.grpc_port,
+        data_dir=data_dir,
+        models_dir=models_dir,
+        model=args.model,
+        torch_threads=args.torch_threads,
+        device=args.device,
+        log_level=args.log_level.upper(),
+    )

@@ -1,0 +1,1 @@
+"""The built-in demo model, millm-tiny, built offline and deterministically."""

@@ -1,0 +1,73 @@
+"""What every engine offers the rest of the process."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from dataclasses import dataclass
+
+from service.generation_job import GenerationJob
+from service.model_registry import ModelEntry
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """Facts about the loaded model that validation and responses need."""
+
+    id: str
+    engine: str
+    context_window: int
+    vocab_size: int
+    dtype: str
+    quantization: str
+    revision: str | None
+
+    @property
+    def system_fingerprint(self) -> str:
+        # Parts nobody recorded are written as such, never guessed.
+        revision = self.revision or "unrecorded"
+        return f"millm:{self.id}@{revision}:{self.dtype}/{self.quantization}:{self.engine}"
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    backend: str
+    active_generations: int
+    queued_requests: int
+    generated_tokens_total: int
+    completed_generations_total: int
+    cancelled_generations_total: int
+
+
+class Engine(abc.ABC):
+    """A loaded model plus the thread that runs its generations."""
+
+    def __init__(self, entry: ModelEntry):
+        self.entry = entry
+
+    @abc.abstractmethod
+    def load(self) -> LoadedModel:
+        """Load weights and tokenizer (blocking; call from a worker thread)."""
+
+    @abc.abstractmethod
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Render a conversation with the chat template and tokenize it."""
+
+    @abc.abstractmethod
+    def encode_text(self, text: str) -> list[int]:
+        """Tokenize a raw prompt."""
+
+    @abc.abstractmethod
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start running submitted jobs."""
+
+    @abc.abstractmethod
+    def submit(self, job: GenerationJob) -> None:
+        """Queue a job; its events arrive on job.queue."""
+
+    @abc.abstractmethod
+    def status(self) -> EngineStatus: ...
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop the model thread; jobs still running are cancelled."""

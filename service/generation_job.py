@@ -1,0 +1,108 @@
+"""A validated generation as the engine runs it, and the events it produces.
+
+The asyncio side (the servicer) and the model thread meet here: the model
+thread posts events onto the job's asyncio queue with call_soon_threadsafe,
+and the asyncio side sets `cancelled` when the caller goes away, which the
+model thread checks before every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from service.errors import EngineError
+from service.sampling import SamplingOptions
+
+
+class FinishReason:
+    STOP = "stop"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class PromptGroup:
+    """One prompt and the n choices sampled from it."""
+
+    prompt_ids: tuple[int, ...]
+    n: int
+    max_tokens: int
+    # Choice index of this group's first row (prompt i starts at i * n).
+    first_index: int
+    # One seed per row: rows never share a random generator.
+    row_seeds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ValidatedGeneration:
+    """A request with every default resolved and every rule checked."""
+
+    request_id: str
+    model: str
+    groups: tuple[PromptGroup, ...]
+    options: SamplingOptions
+    stop: tuple[str, ...]
+    seed: int | None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(g.prompt_ids) for g in self.groups)
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one decode step of one group produced."""
+
+    deltas: tuple[ChoiceDelta, ...]
+
+
+@dataclass(frozen=True)
+class GroupDone:
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class GroupFailed:
+    error: EngineError
+
+
+@dataclass
+class GenerationJob:
+    spec: ValidatedGeneration
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    completion_tokens: int = 0
+
+    def post(self, event) -> None:
+        """Called from the model thread."""
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+    async def events(self) -> AsyncIterator[StepOutput]:
+        """Step outputs until every group is done. Leaving early (the caller
+        is gone, or a failure) cancels the job, so the model thread drops it at
+        its next step."""
+        remaining = len(self.spec.groups)
+        try:
+            while remaining:
+                event = await self.queue.get()
+                if isinstance(event, StepOutput):
+                    yield event
+                elif isinstance(event, GroupDone):
+                    self.completion_tokens += event.completion_tokens
+                    remaining -= 1
+                elif isinstance(event, GroupFailed):
+                    raise event.error
+        finally:
+            if remaining:
+                self.cancelled.set()

@@ -1,0 +1,172 @@
+"""The engine's data plane: models and generations, independent of gRPC.
+
+The servicers translate protobuf to these calls and back; nothing here knows
+about the wire. It owns the loaded engine and its lifecycle state, runs the
+validation pipeline (cheap checks, tokenization off the event loop, context
+fit) and hands validated jobs to the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from service.engines.base import Engine, EngineStatus, LoadedModel
+from service.engines.transformers_engine import TransformersEngine
+from service.errors import invalid_parameter, model_not_found, model_not_loaded
+from service.generation_job import GenerationJob, StepOutput, ValidatedGeneration
+from service.model_registry import ModelEntry, ModelRegistry
+from service.validation import GenerateParams, check_params, check_token_ids, resolve
+
+log = logging.getLogger(__name__)
+
+
+class ModelState:
+    READY = "ready"
+    LOADING = "loading"
+    LOADED = "loaded"
+
+
+@dataclass(frozen=True)
+class ModelView:
+    entry: ModelEntry
+    state: str
+    loaded: LoadedModel | None
+
+
+@dataclass(frozen=True)
+class GenerationStarted:
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str
+    seed: int | None
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class GenerationFinished:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class InferenceService:
+    def __init__(self, registry: ModelRegistry, device: str = "auto"):
+        self.registry = registry
+        self.device = device
+        self.engine: Engine | None = None
+        self.loaded: LoadedModel | None = None
+        self.loading: str | None = None
+        self.load_error: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def load(self, model_id: str) -> LoadedModel:
+        entry = self.registry.get(model_id)
+        if entry is None:
+            raise model_not_found(model_id)
+        self.loading = model_id
+        try:
+            engine = TransformersEngine(entry, device=self.device)
+            started = time.monotonic()
+            info = await asyncio.to_thread(engine.load)
+            engine.start(asyncio.get_running_loop())
+            log.info("loaded %s in %.1fs (%s)", model_id, time.monotonic() - started,
+                     info.system_fingerprint)
+        except Exception as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.loading = None
+        self.engine, self.loaded = engine, info
+        return info
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+    # -- models -------------------------------------------------------------------
+
+    def _view(self, entry: ModelEntry) -> ModelView:
+        if self.loaded is not None and entry.id == self.loaded.id:
+            return ModelView(entry, ModelState.LOADED, self.loaded)
+        if entry.id == self.loading:
+            return ModelView(entry, ModelState.LOADING, None)
+        return ModelView(entry, ModelState.READY, None)
+
+    def list_models(self) -> list[ModelView]:
+        views = [self._view(e) for e in self.registry.scan()]
+        # The loaded model first: clients that take the first id get one that answers.
+        return sorted(views, key=lambda v: (v.state != ModelState.LOADED, v.entry.id))
+
+    def get_model(self, model_id: str) -> ModelView:
+        entry = self.registry.get(model_id)
+        if entry is None:
+            raise model_not_found(model_id)
+        return self._view(entry)
+
+    def status(self) -> EngineStatus | None:
+        return self.engine.status() if self.engine is not None else None
+
+    # -- generation ----------------------------------------------------------------
+
+    def _serving_engine(self, model_id: str) -> Engine:
+        if not model_id:
+            raise invalid_parameter("model", "You must provide a model parameter.")
+        if self.loaded is not None and model_id == self.loaded.id:
+            return self.engine
+        if self.registry.get(model_id) is None:
+            raise model_not_found(model_id)
+        if model_id == self.loading:
+            raise model_not_loaded(f"The model '{model_id}' is still loading; retry shortly.")
+        serving = f"this engine serves '{self.loaded.id}'" if self.loaded else "no model is loaded"
+        raise model_not_loaded(
+            f"The model '{model_id}' is on disk but not loaded, and {serving}."
+        )
+
+    async def prepare(self, params: GenerateParams) -> ValidatedGeneration:
+        """Validate a request completely, before anything is generated."""
+        engine = self._serving_engine(params.model)
+        checked = check_params(params)
+        info = self.loaded
+        if params.prompts is not None:
+            check_token_ids(params, info.vocab_size)
+
+        def tokenize() -> list[list[int]]:
+            if params.messages is not None:
+                messages = [
+                    # OpenAI's developer role is the system role for templates.
+                    {"role": "system" if t.role == "developer" else t.role, "content": t.content}
+                    for t in params.messages
+                ]
+                return [engine.encode_chat(messages)]
+            return [
+                list(p) if isinstance(p, tuple) else engine.encode_text(p) for p in params.prompts
+            ]
+
+        prompt_ids = await asyncio.to_thread(tokenize)
+        request_id = params.request_id or uuid.uuid4().hex
+        return resolve(params, checked, prompt_ids, info.context_window, request_id)
+
+    async def generate(
+        self, spec: ValidatedGeneration
+    ) -> AsyncIterator[GenerationStarted | StepOutput | GenerationFinished]:
+        """Run a prepared generation. Closing the iterator early cancels it."""
+        info = self.loaded
+        job = GenerationJob(spec=spec, loop=asyncio.get_running_loop())
+        yield GenerationStarted(
+            id=spec.request_id,
+            created=int(time.time()),
+            model=info.id,
+            system_fingerprint=info.system_fingerprint,
+            seed=spec.seed,
+            prompt_tokens=spec.prompt_tokens,
+        )
+        self.engine.submit(job)
+        async for step in job.events():
+            yield step
+        yield GenerationFinished(spec.prompt_tokens, job.completion_tokens)

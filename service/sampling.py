@@ -1,0 +1,92 @@
+"""Turning one decode step's logits into next tokens, one row per choice.
+
+Each row carries its own options and its own torch.Generator, so rows that
+share a forward pass never share randomness: a seeded row draws the same
+numbers whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    options: SamplingOptions,
+    output_counts: torch.Tensor,
+    seen: torch.Tensor,
+) -> torch.Tensor:
+    """Penalise repeats in place-free fashion.
+
+    `output_counts` counts each token among the generated ones (OpenAI's
+    frequency/presence penalties look only at the completion); `seen` marks
+    tokens in prompt or output (the multiplicative repetition penalty, as in
+    CTRL and transformers, looks at both).
+    """
+    if options.repetition_penalty != 1.0:
+        penalised = torch.where(
+            logits > 0, logits / options.repetition_penalty, logits * options.repetition_penalty
+        )
+        logits = torch.where(seen, penalised, logits)
+    if options.frequency_penalty != 0.0 or options.presence_penalty != 0.0:
+        logits = (
+            logits
+            - options.frequency_penalty * output_counts
+            - options.presence_penalty * (output_counts > 0).to(logits.dtype)
+        )
+    return logits
+
+
+def filter_logits(logits: torch.Tensor, options: SamplingOptions) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p truncation (1-D logits)."""
+    logits = logits / options.temperature
+    if options.top_k > 0 and options.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, options.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if options.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token once the mass before it already reaches top_p; the most
+        # likely token always stays.
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= options.top_p
+        drop_sorted[0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if options.min_p > 0.0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < options.min_p * probs.max(), float("-inf"))
+    return logits
+
+
+def choose_tokens(
+    logits: torch.Tensor,
+    options: list[SamplingOptions],
+    generators: list[torch.Generator],
+) -> list[int]:
+    """One next token per row of `logits` [rows, vocab] (already penalised and masked)."""
+    tokens = []
+    for row, opts in enumerate(options):
+        row_logits = logits[row]
+        if opts.greedy:
+            tokens.append(int(torch.argmax(row_logits)))
+            continue
+        probs = torch.softmax(filter_logits(row_logits, opts), dim=-1)
+        tokens.append(int(torch.multinomial(probs, 1, generator=generators[row])))
+    return tokens

@@ -1,0 +1,115 @@
+"""Assembling and running the grpc.aio engine server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from millm.v1 import (
+    generation_service_pb2,
+    generation_service_pb2_grpc,
+    model_service_pb2,
+    model_service_pb2_grpc,
+    server_service_pb2,
+    server_service_pb2_grpc,
+)
+
+from service.config import EngineConfig
+from service.inference import InferenceService
+from service.model_registry import ModelRegistry
+from service.servicers.generation import GenerationServicer
+from service.servicers.models import ModelServicer
+from service.servicers.server_status import ServerServicer
+
+log = logging.getLogger("millm.engine")
+
+SERVICE_NAMES = (
+    generation_service_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
+    model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
+    server_service_pb2.DESCRIPTOR.services_by_name["ServerService"].full_name,
+)
+# Generation needs the model; model listing and status answer while it loads.
+MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0])
+
+GRACE_SECONDS = 5.0
+
+
+class EngineServer:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.inference = InferenceService(ModelRegistry(config.models_dir), device=config.device)
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server()
+        generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(
+            GenerationServicer(self.inference), self.server
+        )
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(
+            ModelServicer(self.inference), self.server
+        )
+        server_service_pb2_grpc.add_ServerServiceServicer_to_server(
+            ServerServicer(self.inference), self.server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = 0
+
+    async def _set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in MODEL_BOUND_SERVICES:
+            await self.health.set(name, status)
+        for name in SERVICE_NAMES[1:]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def start(self) -> None:
+        torch.set_num_threads(self.config.torch_threads)
+        self.port = self.server.add_insecure_port(self.config.grpc_address)
+        if self.port == 0:
+            raise RuntimeError(f"could not listen on {self.config.grpc_address}")
+        await self._set_serving(False)
+        await self.server.start()
+        log.info("engine listening on %s:%d (loading %s)", self.config.host, self.port,
+                 self.config.model)
+
+    async def load_startup_model(self) -> None:
+        await self.inference.load(self.config.model)
+        await self._set_serving(True)
+        log.info("engine SERVING %s", self.config.model)
+
+    async def stop(self) -> None:
+        await self._set_serving(False)
+        await self.server.stop(GRACE_SECONDS)
+        self.inference.shutdown()
+
+
+async def serve(config: EngineConfig) -> int:
+    engine = EngineServer(config)
+    await engine.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loader = asyncio.create_task(engine.load_startup_model())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({loader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if loader.done() and loader.exception() is not None:
+        log.error("could not load model %r: %s", config.model, loader.exception())
+        code = 1
+    elif loader.done():
+        await stopper
+    else:
+        loader.cancel()
+    log.info("engine stopping")
+    await engine.stop()
+    return code

@@ -1,0 +1,1 @@
+"""gRPC servicers: protobuf in, a call on the data plane, protobuf out."""

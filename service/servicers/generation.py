@@ -1,0 +1,117 @@
+"""millm.v1.GenerationService."""
+
+from __future__ import annotations
+
+import contextlib
+
+from millm.v1 import generation_pb2, generation_service_pb2, generation_service_pb2_grpc
+
+from service.generation_job import FinishReason, StepOutput
+from service.inference import GenerationFinished, GenerationStarted, InferenceService
+from service.servicers.error_handling import stream_errors
+from service.validation import ChatTurn, GenerateParams
+
+_ROLES = {
+    generation_pb2.ROLE_SYSTEM: "system",
+    generation_pb2.ROLE_DEVELOPER: "developer",
+    generation_pb2.ROLE_USER: "user",
+    generation_pb2.ROLE_ASSISTANT: "assistant",
+    generation_pb2.ROLE_TOOL: "tool",
+    generation_pb2.ROLE_FUNCTION: "function",
+}
+_FINISH = {
+    None: generation_pb2.FINISH_REASON_UNSPECIFIED,
+    FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: generation_pb2.FINISH_REASON_LENGTH,
+}
+
+
+def _opt(message, name: str):
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateParams:
+    s = request.sampling
+    messages = prompts = None
+    which = request.WhichOneof("input")
+    if which == "chat":
+        messages = tuple(
+            ChatTurn(role=_ROLES.get(m.role, ""), content=m.content, name=m.name)
+            for m in request.chat.messages
+        )
+    elif which == "prompt":
+        prompts = tuple(
+            tuple(p.token_ids.ids) if p.WhichOneof("kind") == "token_ids" else p.text
+            for p in request.prompt.prompts
+        )
+    return GenerateParams(
+        model=request.model,
+        messages=messages,
+        prompts=prompts,
+        temperature=_opt(s, "temperature"),
+        top_p=_opt(s, "top_p"),
+        top_k=_opt(s, "top_k"),
+        min_p=_opt(s, "min_p"),
+        max_tokens=_opt(s, "max_tokens"),
+        max_completion_tokens=_opt(s, "max_completion_tokens"),
+        stop=tuple(s.stop),
+        n=_opt(s, "n"),
+        seed=_opt(s, "seed"),
+        frequency_penalty=_opt(s, "frequency_penalty"),
+        presence_penalty=_opt(s, "presence_penalty"),
+        repetition_penalty=_opt(s, "repetition_penalty"),
+        request_id=request.request_id,
+    )
+
+
+def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
+    if isinstance(event, GenerationStarted):
+        metadata = generation_pb2.ResponseMetadata(
+            id=event.id,
+            created=event.created,
+            model=event.model,
+            system_fingerprint=event.system_fingerprint,
+            prompt_tokens=event.prompt_tokens,
+        )
+        if event.seed is not None:
+            metadata.seed = event.seed
+            # Each row owns its generator and its forward pass holds only its
+            # own request's rows, so the text depends on nothing but the request.
+            metadata.seed_scope = generation_pb2.SEED_SCOPE_REQUEST
+        return generation_service_pb2.GenerateResponse(metadata=metadata)
+    if isinstance(event, StepOutput):
+        return generation_service_pb2.GenerateResponse(
+            choices=[
+                generation_pb2.ChoiceDelta(
+                    index=d.index,
+                    text=d.text,
+                    token_ids=d.token_ids,
+                    finish_reason=_FINISH[d.finish_reason],
+                )
+                for d in event.deltas
+            ]
+        )
+    if isinstance(event, GenerationFinished):
+        return generation_service_pb2.GenerateResponse(
+            usage=generation_pb2.Usage(
+                prompt_tokens=event.prompt_tokens,
+                completion_tokens=event.completion_tokens,
+                total_tokens=event.prompt_tokens + event.completion_tokens,
+            )
+        )
+    raise TypeError(f"unknown generation event {event!r}")
+
+
+class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
+    def __init__(self, inference: InferenceService):
+        self._inference = inference
+
+    @stream_errors
+    async def Generate(self, request, context):
+        spec = await self._inference.prepare(params_from_pb(request))
+        events = self._inference.generate(spec)
+        # aclosing: a cancelled call closes the generator at once, which
+        # cancels the job in the model thread.
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event_to_pb(event)

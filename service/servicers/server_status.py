@@ -1,0 +1,28 @@
+"""millm.v1.ServerService."""
+
+from __future__ import annotations
+
+from millm.v1 import server_service_pb2, server_service_pb2_grpc
+
+from service.inference import InferenceService
+from service.servicers.error_handling import unary_errors
+
+
+class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
+    def __init__(self, inference: InferenceService):
+        self._inference = inference
+
+    @unary_errors
+    async def GetInferenceStatus(self, request, context):
+        status = self._inference.status()
+        response = server_service_pb2.GetInferenceStatusResponse(
+            model=self._inference.loaded.id if self._inference.loaded else ""
+        )
+        if status is not None:
+            response.backend = status.backend
+            response.active_generations = status.active_generations
+            response.queued_requests = status.queued_requests
+            response.generated_tokens_total = status.generated_tokens_total
+            response.completed_generations_total = status.completed_generations_total
+            response.cancelled_generations_total = status.cancelled_generations_total
+        return response

@@ -1,0 +1,87 @@
+"""From generated token ids to the text a client sees.
+
+IncrementalDetokenizer releases text only in whole characters: a byte-level
+token can end in the middle of a UTF-8 sequence, and decoding it alone gives
+U+FFFD. StopMatcher cuts stop sequences out of the text even when one arrives
+split across tokens, by holding back any tail that could still become a stop.
+"""
+
+from __future__ import annotations
+
+# A few prompt tokens seed the detokenizer so tokenizers that merge a leading
+# space into the first word (sentencepiece) decode the first output correctly.
+_CONTEXT_TOKENS = 4
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_ids: list[int]):
+        self._tokenizer = tokenizer
+        self._tokens = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._tokens)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the new complete text, possibly empty."""
+        self._tokens.append(token_id)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """Text still held back at the end (an incomplete character shows as U+FFFD)."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        if self._read_offset == len(self._tokens):
+            return ""
+        prefix_text = self._decode(self._tokens[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self._tokens[self._prefix_offset :])
+        if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")):
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._tokens)
+            return new_text[len(prefix_text) :]
+        if final:
+            self._read_offset = len(self._tokens)
+        return ""
+
+
+class StopMatcher:
+    """Finds the earliest stop sequence in the text stream and holds back
+    whatever could be the start of one."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self._stops = stops
+        self._pending = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Add text; return (text safe to emit, whether a stop matched)."""
+        if not self._stops:
+            return text, False
+        self._pending += text
+        hit = min(
+            (i for i in (self._pending.find(s) for s in self._stops) if i >= 0), default=-1
+        )
+        if hit >= 0:
+            out, self._pending = self._pending[:hit], ""
+            return out, True
+        keep = self._held_back_length()
+        cut = len(self._pending) - keep
+        out, self._pending = self._pending[:cut], self._pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out
+
+    def _held_back_length(self) -> int:
+        # The longest suffix of the pending text that is a proper prefix of a stop.
+        best = 0
+        for stop in self._stops:
+            for k in range(min(len(stop) - 1, len(self._pending)), best, -1):
+                if self._pending.endswith(stop[:k]):
+                    best = k
+                    break
+        return best

@@ -1,0 +1,216 @@
+"""Every rule a generation request must obey, in one place.
+
+The REST bridge checks only JSON shape; everything else is checked here, so a
+gRPC caller and an OpenAI client get the same answer for the same mistake.
+`check_params` runs before any tokenization; `resolve` runs after it, when
+prompt lengths are known, and returns a ValidatedGeneration with every
+default filled in. Each failure names the OpenAI parameter at fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+from dataclasses import dataclass
+
+from service.errors import context_length_exceeded, invalid_parameter
+from service.generation_job import PromptGroup, ValidatedGeneration
+from service.sampling import SamplingOptions
+
+MAX_N = 128
+MAX_STOP_SEQUENCES = 4
+SEED_MAX = 2**32 - 1
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    role: str  # one of CHAT_ROLES, or "" when the caller left it unset
+    content: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """A generation request as the caller sent it: None means "not sent"."""
+
+    model: str
+    messages: tuple[ChatTurn, ...] | None = None
+    # Each prompt is text or a tuple of token ids.
+    prompts: tuple[str | tuple[int, ...], ...] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    request_id: str = ""
+
+    @property
+    def input_param(self) -> str:
+        return "messages" if self.messages is not None else "prompt"
+
+
+@dataclass(frozen=True)
+class CheckedParams:
+    """Parameters after the checks that need no tokenizer."""
+
+    options: SamplingOptions
+    n: int
+    max_tokens: int | None
+    stop: tuple[str, ...]
+    seed: int | None
+
+
+def _number(param: str, value: float | None, default: float, low: float, high: float,
+            *, low_open: bool = False) -> float:
+    if value is None:
+        return default
+    if not math.isfinite(value):
+        raise invalid_parameter(param, f"'{param}' must be a finite number.")
+    if value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise invalid_parameter(
+            param, f"'{param}' must be in {bracket}{low:g}, {high:g}]; got {value:g}."
+        )
+    return float(value)
+
+
+def _positive_int(param: str, value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise invalid_parameter(param, f"'{param}' must be at least 1; got {value}.")
+    return value
+
+
+def check_input(params: GenerateParams) -> None:
+    if params.messages is None and params.prompts is None:
+        raise invalid_parameter("messages", "The request has neither 'messages' nor 'prompt'.")
+    if params.messages is not None:
+        if not params.messages:
+            raise invalid_parameter("messages", "'messages' must contain at least one message.")
+        for i, turn in enumerate(params.messages):
+            if turn.role not in CHAT_ROLES:
+                raise invalid_parameter(
+                    f"messages[{i}].role",
+                    f"'messages[{i}].role' must be one of {', '.join(CHAT_ROLES)}.",
+                )
+    else:
+        if not params.prompts:
+            raise invalid_parameter("prompt", "'prompt' must not be empty.")
+
+
+def check_params(params: GenerateParams) -> CheckedParams:
+    """The rules that need no tokenizer, checked before any model work."""
+    check_input(params)
+    options = SamplingOptions(
+        temperature=_number("temperature", params.temperature, 1.0, 0.0, 2.0),
+        top_p=_number("top_p", params.top_p, 1.0, 0.0, 1.0, low_open=True),
+        top_k=int(_number("top_k", params.top_k, 0, 0, 2**31 - 1)),
+        min_p=_number("min_p", params.min_p, 0.0, 0.0, 1.0),
+        frequency_penalty=_number("frequency_penalty", params.frequency_penalty, 0.0, -2.0, 2.0),
+        presence_penalty=_number("presence_penalty", params.presence_penalty, 0.0, -2.0, 2.0),
+        repetition_penalty=_number(
+            "repetition_penalty", params.repetition_penalty, 1.0, 0.0, 2.0, low_open=True
+        ),
+    )
+    n = params.n if params.n is not None else 1
+    if not 1 <= n <= MAX_N:
+        raise invalid_parameter("n", f"'n' must be between 1 and {MAX_N}; got {n}.")
+    max_tokens = _positive_int("max_tokens", params.max_tokens)
+    max_completion = _positive_int("max_completion_tokens", params.max_completion_tokens)
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise invalid_parameter(
+            "max_tokens",
+            f"'max_tokens' ({max_tokens}) and 'max_completion_tokens' ({max_completion}) "
+            "disagree; send one of them.",
+        )
+    if max_tokens is None:
+        max_tokens = max_completion
+    if len(params.stop) > MAX_STOP_SEQUENCES:
+        raise invalid_parameter(
+            "stop", f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences; got {len(params.stop)}."
+        )
+    for i, stop in enumerate(params.stop):
+        if stop == "":
+            raise invalid_parameter(f"stop[{i}]", "Stop sequences must not be empty.")
+    if params.seed is not None and not 0 <= params.seed <= SEED_MAX:
+        raise invalid_parameter(
+            "seed", f"'seed' must be an integer from 0 to {SEED_MAX}; got {params.seed}."
+        )
+    return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed)
+
+
+def check_token_ids(params: GenerateParams, vocab_size: int) -> None:
+    for i, prompt in enumerate(params.prompts or ()):
+        if isinstance(prompt, tuple):
+            bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise invalid_parameter(
+                    "prompt",
+                    f"Prompt {i} holds token id {bad}, outside the vocabulary (0-{vocab_size - 1}).",
+                )
+
+
+def row_seeds(seed: int | None, n: int) -> tuple[int, ...]:
+    """One generator seed per choice. Choice 0 uses the seed itself; the others
+    derive theirs from (seed, choice) so choices differ but stay reproducible."""
+    if seed is None:
+        return tuple(secrets.randbits(63) for _ in range(n))
+    seeds = [seed]
+    for j in range(1, n):
+        digest = hashlib.sha256(f"millm-seed:{seed}:{j}".encode()).digest()
+        seeds.append(int.from_bytes(digest[:8], "big") >> 1)
+    return tuple(seeds)
+
+
+def resolve(
+    params: GenerateParams,
+    checked: CheckedParams,
+    prompt_ids: list[list[int]],
+    context_window: int,
+    request_id: str,
+) -> ValidatedGeneration:
+    """Fit each prompt and its completion into the context window."""
+    what = "messages" if params.messages is not None else "prompt"
+    groups = []
+    for i, ids in enumerate(prompt_ids):
+        label = what if len(prompt_ids) == 1 else f"{what}[{i}]"
+        if not ids:
+            raise invalid_parameter(what, f"The {label} tokenizes to no tokens.")
+        room = context_window - len(ids)
+        if room < 1 or (checked.max_tokens is not None and checked.max_tokens > room):
+            asked = len(ids) + (checked.max_tokens or 1)
+            raise context_length_exceeded(
+                what,
+                f"This model's maximum context length is {context_window} tokens. However, you "
+                f"requested {asked} tokens ({len(ids)} in the {label}, "
+                f"{checked.max_tokens or 1} in the completion). Please reduce the length of the "
+                f"{what} or of the completion.",
+            )
+        groups.append(
+            PromptGroup(
+                prompt_ids=tuple(ids),
+                n=checked.n,
+                max_tokens=checked.max_tokens if checked.max_tokens is not None else room,
+                first_index=i * checked.n,
+                # Each prompt is seeded separately: its text does not depend on
+                # where it sits in the list.
+                row_seeds=row_seeds(checked.seed, checked.n),
+            )
+        )
+    return ValidatedGeneration(
+        request_id=request_id,
+        model=params.model,
+        groups=tuple(groups),
+        options=checked.options,
+        stop=checked.stop,
+        seed=checked.seed,
+    )
+
