@@ -170,6 +170,15 @@ def row_seeds(seed: int | None, n: int) -> tuple[int, ...]:
     return tuple(seeds)
 
 
+# OpenAI's legacy completions stop after 16 tokens unless told otherwise; chat
+# completions run until the model ends its turn or the context is full.
+RAW_PROMPT_DEFAULT_MAX_TOKENS = 16
+
+
+def _default_max_tokens(what: str, room: int) -> int:
+    return room if what == "messages" else min(RAW_PROMPT_DEFAULT_MAX_TOKENS, room)
+
+
 def resolve(
     params: GenerateParams,
     checked: CheckedParams,
@@ -198,7 +207,7 @@ def resolve(
             PromptGroup(
                 prompt_ids=tuple(ids),
                 n=checked.n,
-                max_tokens=checked.max_tokens if checked.max_tokens is not None else room,
+                max_tokens=checked.max_tokens or _default_max_tokens(what, room),
                 first_index=i * checked.n,
                 # Each prompt is seeded separately: its text does not depend on
                 # where it sits in the list.

@@ -1,0 +1,72 @@
+"""The FastAPI application."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rest_bridge.config import BridgeConfig
+from rest_bridge.engine_client import EngineClient
+from rest_bridge.errors import SERVER_ERROR, OpenAIError
+from rest_bridge.routes import not_served, router
+from rest_bridge.serving.chat import ChatCompletionHandler
+from rest_bridge.serving.completions import CompletionHandler
+from rest_bridge.serving.disconnect import ClientDisconnected
+from rest_bridge.serving.models import ModelsHandler
+
+log = logging.getLogger("millm.bridge")
+
+
+def create_app(config: BridgeConfig) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine = EngineClient(config.engine_targets)
+        app.state.engine = engine
+        app.state.chat = ChatCompletionHandler(engine)
+        app.state.completions = CompletionHandler(engine)
+        app.state.models = ModelsHandler(engine)
+        log.info("bridge forwarding to %s", engine.target)
+        yield
+        await engine.close()
+
+    app = FastAPI(title="miLLM", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    app.state.config = config
+    app.include_router(router)
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, exc: OpenAIError):
+        return exc.response()
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(request: Request, exc: ClientDisconnected):
+        # Nobody reads this; 499 marks it in access logs.
+        return OpenAIError(499, "Client closed the request.", code="client_closed").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            return not_served(request.method, request.url.path).response()
+        if exc.status_code == 405:
+            return OpenAIError(
+                405, f"Method {request.method} is not allowed on {request.url.path}.",
+                code="method_not_allowed",
+            ).response()
+        return OpenAIError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        # Routes parse bodies themselves; this only guards against FastAPI's 422.
+        return OpenAIError(400, "The request is malformed.", code="invalid_request").response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return OpenAIError(500, "The bridge failed to handle the request.", type=SERVER_ERROR,
+                           code="internal_error").response()
+
+    return app

@@ -1,0 +1,71 @@
+"""The bridge's connection to one or more engines.
+
+With several targets, gRPC itself balances: a round_robin channel over every
+engine address with client-side health checking, so a replica that is loading
+or draining (NOT_SERVING) gets no traffic.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from millm.v1 import generation_service_pb2_grpc, model_service_pb2_grpc
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def channel_target(targets: tuple[str, ...]) -> str:
+    if len(targets) == 1:
+        return targets[0]
+    hosts = [t.rsplit(":", 1)[0] for t in targets]
+    if not all(_is_ip_literal(h) for h in hosts):
+        raise ValueError(
+            "several engine targets must be IP:port literals; for hostnames use one DNS name "
+            "that resolves to every engine (dns:///engines:50051)"
+        )
+    scheme = "ipv6" if any(":" in h.strip("[]") for h in hosts) else "ipv4"
+    return f"{scheme}:{','.join(targets)}"
+
+
+SERVICE_CONFIG = json.dumps(
+    {
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {"serviceName": ""},
+    }
+)
+
+
+class EngineClient:
+    def __init__(self, targets: tuple[str, ...]):
+        self.target = channel_target(targets)
+        self.channel = grpc.aio.insecure_channel(
+            self.target,
+            options=[
+                ("grpc.service_config", SERVICE_CONFIG),
+                ("grpc.enable_retries", 1),
+            ],
+        )
+        self.generation = generation_service_pb2_grpc.GenerationServiceStub(self.channel)
+        self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    async def is_serving(self, timeout: float = 2.0) -> bool:
+        try:
+            reply = await self.health.Check(health_pb2.HealthCheckRequest(service=""),
+                                            timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def close(self) -> None:
+        await self.channel.close()

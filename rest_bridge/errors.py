@@ -1,0 +1,104 @@
+"""OpenAI error envelopes, and the one table from engine statuses to HTTP.
+
+The engine sends a gRPC status whose google.rpc.ErrorInfo carries the OpenAI
+code as `reason` and `param`/`type` as metadata. `from_rpc_error` reads that
+back; STATUS_TO_HTTP (with REASON_TO_HTTP for codes whose HTTP status differs
+from their gRPC status's usual one) is the only place HTTP statuses are chosen.
+"""
+
+from __future__ import annotations
+
+import grpc
+from fastapi.responses import JSONResponse
+from google.rpc import error_details_pb2, status_pb2
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+STATUS_TO_HTTP: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+# Codes whose HTTP status is not their gRPC status's default.
+REASON_TO_HTTP: dict[str, int] = {
+    "queue_full": 503,  # backpressure is the server's state, not the caller's rate
+}
+
+
+class OpenAIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = INVALID_REQUEST,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type
+        self.param, self.code, self.headers = param, code, headers or {}
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def _error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    return info
+    return None
+
+
+def from_rpc_error(error: grpc.aio.AioRpcError) -> OpenAIError:
+    code = error.code()
+    info = _error_info(error)
+    if info is None:
+        # No ErrorInfo: the engine is unreachable or failed below our handlers.
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return OpenAIError(
+                503, "The inference engine is unavailable; retry shortly.",
+                type=SERVER_ERROR, code="engine_unavailable",
+            )
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return OpenAIError(504, "The inference engine did not answer in time.",
+                               type=SERVER_ERROR, code="engine_timeout")
+        return OpenAIError(500, "The inference engine failed; see the engine log.",
+                           type=SERVER_ERROR, code="internal_error")
+    status = REASON_TO_HTTP.get(info.reason) or STATUS_TO_HTTP.get(code, 500)
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return OpenAIError(
+        status,
+        error.details() or info.reason,
+        type=info.metadata.get("type", INVALID_REQUEST if status < 500 else SERVER_ERROR),
+        param=info.metadata.get("param") or None,
+        code=info.reason,
+        headers=headers,
+    )

@@ -1,0 +1,1 @@
+"""Pydantic schemas of the OpenAI requests the bridge accepts."""

@@ -1,0 +1,99 @@
+"""The shared base schema and the one JSON-body parser.
+
+Types are strict (a string is never coerced into a number, a bool never into
+an int), unknown fields are kept in `model_extra` rather than dropped, and a
+validation failure becomes a 400 envelope whose `param` names the field
+("messages[1].content"), never FastAPI's 422 shape.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from rest_bridge.errors import OpenAIError
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool | None = None
+
+
+Model = TypeVar("Model", bound=OpenAIBaseModel)
+
+
+def _field_names(model: type[BaseModel], seen: set | None = None) -> set[str]:
+    seen = set() if seen is None else seen
+    if model in seen:
+        return set()
+    seen.add(model)
+    names = set(model.model_fields)
+    for field in model.model_fields.values():
+        for arg in _types_within(field.annotation):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                names |= _field_names(arg, seen)
+    return names
+
+
+def _types_within(annotation) -> list:
+    args = getattr(annotation, "__args__", None)
+    if not args:
+        return [annotation]
+    found = []
+    for arg in args:
+        found.extend(_types_within(arg))
+    return found
+
+
+def _param(loc: tuple, field_names: set[str]) -> str:
+    """('messages', 0, 'content', 'str') -> 'messages[0].content'.
+
+    Union members appear in pydantic's locations as tags like 'str' or
+    'list[int]'; they are not field names, so they are skipped.
+    """
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in field_names:
+            out += f".{part}" if out else part
+    return out
+
+
+def _describe(errors: list[dict], field_names: set[str]) -> OpenAIError:
+    first = errors[0]
+    param = _param(first["loc"], field_names)
+    if first["type"] == "missing":
+        return OpenAIError(400, f"Missing required parameter: '{param}'.", param=param,
+                           code="missing_required_parameter")
+    same = [e["msg"] for e in errors if _param(e["loc"], field_names) == param]
+    reasons = " or ".join(dict.fromkeys(m[0].lower() + m[1:] for m in same))
+    return OpenAIError(400, f"Invalid type for '{param}': {reasons}.", param=param,
+                       code="invalid_type")
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_body(raw: bytes, model: type[Model]) -> Model:
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OpenAIError(
+            400,
+            f"We could not parse the JSON body of your request ({exc}). The body must be a "
+            "JSON object.",
+            code="invalid_json",
+        ) from None
+    if not isinstance(data, dict):
+        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _describe(exc.errors(), _field_names(model)) from None

@@ -1,0 +1,77 @@
+"""HTTP routes. Each one reads the body, calls a handler, and returns its answer;
+every failure is an OpenAIError turned into the envelope by the app."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from rest_bridge.errors import OpenAIError
+from rest_bridge.protocol.base import parse_body
+from rest_bridge.protocol.chat import ChatCompletionRequest
+from rest_bridge.protocol.completions import CompletionRequest
+from rest_bridge.unserved import is_openai_endpoint
+
+router = APIRouter()
+
+
+async def read_body(request: Request) -> bytes:
+    limit = request.app.state.config.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _too_large(limit: int) -> OpenAIError:
+    return OpenAIError(413, f"The request body is larger than {limit} bytes.",
+                       code="request_too_large")
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    body = parse_body(await read_body(request), ChatCompletionRequest)
+    return await request.app.state.chat.handle(body, request)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    body = parse_body(await read_body(request), CompletionRequest)
+    return await request.app.state.completions.handle(body, request)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request):
+    return await request.app.state.models.list()
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request):
+    return await request.app.state.models.get(model_id)
+
+
+@router.get("/healthz")
+async def healthz():
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request):
+    if await request.app.state.engine.is_serving():
+        return {"status": "ready"}
+    return JSONResponse({"status": "not_ready", "reason": "no engine is SERVING"},
+                        status_code=503, headers={"Retry-After": "1"})
+
+
+def not_served(method: str, path: str) -> OpenAIError:
+    if is_openai_endpoint(method, path):
+        return OpenAIError(
+            404, f"{method} {path} is part of the OpenAI API but is not served by miLLM.",
+            code="endpoint_not_served",
+        )
+    return OpenAIError(404, f"Invalid URL ({method} {path}).", code="unknown_url")

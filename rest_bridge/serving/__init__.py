@@ -1,0 +1,1 @@
+"""Handlers: an OpenAI request in, a gRPC call, JSON or SSE out."""

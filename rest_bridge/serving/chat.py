@@ -1,0 +1,86 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+from millm.v1 import generation_pb2, generation_service_pb2
+from rest_bridge.errors import OpenAIError
+from rest_bridge.protocol.chat import ChatCompletionRequest, ChatMessage
+from rest_bridge.serving.generation import GenerationHandler, sampling_to_pb
+
+ROLES = {
+    "system": generation_pb2.ROLE_SYSTEM,
+    "developer": generation_pb2.ROLE_DEVELOPER,
+    "user": generation_pb2.ROLE_USER,
+    "assistant": generation_pb2.ROLE_ASSISTANT,
+    "tool": generation_pb2.ROLE_TOOL,
+    "function": generation_pb2.ROLE_FUNCTION,
+}
+
+
+def _content_text(message: ChatMessage, index: int) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            # The contract carries text only; silently dropping an image would
+            # answer a different question than the one asked.
+            raise OpenAIError(
+                400,
+                f"Content parts of type '{part.type}' are not supported; only text parts are.",
+                param=f"messages[{index}].content[{j}]",
+                code="unsupported_content_type",
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+class ChatCompletionHandler(GenerationHandler):
+    id_prefix = "chatcmpl-"
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    def to_pb(self, request: ChatCompletionRequest) -> generation_service_pb2.GenerateRequest:
+        messages = [
+            generation_pb2.ChatMessage(
+                # An unknown role stays ROLE_UNSPECIFIED; the engine refuses it by name.
+                role=ROLES.get(m.role, generation_pb2.ROLE_UNSPECIFIED),
+                content=_content_text(m, i),
+                name=m.name or "",
+            )
+            for i, m in enumerate(request.messages)
+        ]
+        return generation_service_pb2.GenerateRequest(
+            model=request.model,
+            chat=generation_pb2.ChatInput(messages=messages),
+            sampling=sampling_to_pb(request),
+        )
+
+    def choice_count(self, request: ChatCompletionRequest) -> int:
+        return request.n or 1
+
+    def final_choice(self, index: int, text: str, finish: str | None) -> dict:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+
+    def opening_choices(self, count: int) -> list[dict]:
+        return [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}
+            for i in range(count)
+        ]
+
+    def delta_choice(self, index: int, text: str, finish: str | None) -> dict:
+        return {
+            "index": index,
+            "delta": {"content": text} if text else {},
+            "logprobs": None,
+            "finish_reason": finish,
+        }

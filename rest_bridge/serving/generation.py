@@ -1,0 +1,206 @@
+"""What chat and text completions share: the gRPC call, the non-streaming
+aggregate and the SSE stream, both built from the same sequence of deltas.
+
+A subclass says how its request maps to GenerateRequest and how its choices
+and chunks look; this class runs the call. The first stream message (the
+metadata) is read before any HTTP response is chosen, so every refusal the
+engine makes before generating is an ordinary HTTP error, never a 200 stream.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
+
+from millm.v1 import generation_pb2, generation_service_pb2
+from rest_bridge.engine_client import EngineClient
+from rest_bridge.errors import OpenAIError, from_rpc_error
+from rest_bridge.serving import sse
+from rest_bridge.serving.disconnect import unless_disconnected
+
+log = logging.getLogger(__name__)
+
+INT64_MAX = 2**63 - 1
+FINISH_REASONS = {
+    generation_pb2.FINISH_REASON_STOP: "stop",
+    generation_pb2.FINISH_REASON_LENGTH: "length",
+}
+SEED_SCOPES = {
+    generation_pb2.SEED_SCOPE_REQUEST: "request",
+    generation_pb2.SEED_SCOPE_BATCH_SHAPE: "batch-shape",
+    generation_pb2.SEED_SCOPE_BEST_EFFORT: "best-effort",
+}
+_SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens",
+    "n", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty",
+)
+
+
+def sampling_to_pb(request) -> generation_pb2.SamplingParams:
+    """Copy the sampling fields that were sent; unsent ones stay unset."""
+    sampling = generation_pb2.SamplingParams()
+    for name in _SAMPLING_FIELDS:
+        value = getattr(request, name)
+        if value is None:
+            continue
+        if isinstance(value, int) and not -INT64_MAX - 1 <= value <= INT64_MAX:
+            # Only the wire's range is checked here; the engine owns the real one.
+            raise OpenAIError(400, f"'{name}' is out of range.", param=name,
+                              code="invalid_parameter")
+        setattr(sampling, name, value)
+    stop = request.stop
+    if stop is not None:
+        sampling.stop.extend([stop] if isinstance(stop, str) else stop)
+    return sampling
+
+
+async def _rest_of(call) -> AsyncIterator[generation_service_pb2.GenerateResponse]:
+    # grpc.aio forbids mixing read() with async iteration, and the first
+    # message was taken with read().
+    while (message := await call.read()) is not grpc.aio.EOF:
+        yield message
+
+
+@dataclass
+class Accumulated:
+    texts: dict[int, list[str]] = field(default_factory=dict)
+    finish: dict[int, str] = field(default_factory=dict)
+    usage: generation_pb2.Usage | None = None
+
+
+class GenerationHandler(abc.ABC):
+    id_prefix: str
+    object_name: str
+    chunk_object_name: str
+
+    def __init__(self, engine: EngineClient):
+        self.engine = engine
+
+    # -- what a subclass defines ----------------------------------------------------
+
+    @abc.abstractmethod
+    def to_pb(self, request) -> generation_service_pb2.GenerateRequest: ...
+
+    @abc.abstractmethod
+    def choice_count(self, request) -> int: ...
+
+    @abc.abstractmethod
+    def final_choice(self, index: int, text: str, finish: str | None) -> dict: ...
+
+    @abc.abstractmethod
+    def opening_choices(self, count: int) -> list[dict]:
+        """Choices of the first chunk (chat announces the role); may be empty."""
+
+    @abc.abstractmethod
+    def delta_choice(self, index: int, text: str, finish: str | None) -> dict: ...
+
+    # -- shared machinery -------------------------------------------------------------
+
+    async def handle(self, request, http_request: Request):
+        pb = self.to_pb(request)
+        call = self.engine.generation.Generate(pb)
+        try:
+            first = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+        if first is grpc.aio.EOF or not first.HasField("metadata"):
+            call.cancel()
+            raise OpenAIError(500, "The engine ended the stream without metadata.",
+                              type="server_error", code="internal_error")
+        meta = first.metadata
+        headers = self.response_headers(meta)
+        if request.stream:
+            include_usage = bool(request.stream_options and request.stream_options.include_usage)
+            body = self.stream(call, meta, self.choice_count(request), include_usage)
+            return StreamingResponse(body, media_type="text/event-stream",
+                                     headers={**sse.SSE_HEADERS, **headers})
+        result = await unless_disconnected(http_request, self.collect(call))
+        return JSONResponse(self.response_body(meta, result), headers=headers)
+
+    def response_headers(self, meta: generation_pb2.ResponseMetadata) -> dict[str, str]:
+        headers = {}
+        if meta.HasField("seed"):
+            scope = SEED_SCOPES.get(meta.seed_scope, "best-effort")
+            headers["X-miLLM-Seed"] = f'{meta.seed};scope="{scope}"'
+        return headers
+
+    def _base(self, meta) -> dict:
+        return {
+            "id": f"{self.id_prefix}{meta.id}",
+            "object": self.object_name,
+            "created": meta.created,
+            "model": meta.model,
+        }
+
+    @staticmethod
+    def usage_json(usage: generation_pb2.Usage) -> dict:
+        return {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+        }
+
+    async def collect(self, call) -> Accumulated:
+        acc = Accumulated()
+        try:
+            async for message in _rest_of(call):
+                for delta in message.choices:
+                    acc.texts.setdefault(delta.index, []).append(delta.text)
+                    if delta.finish_reason:
+                        acc.finish[delta.index] = FINISH_REASONS[delta.finish_reason]
+                if message.HasField("usage"):
+                    acc.usage = message.usage
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()
+        return acc
+
+    def response_body(self, meta, acc: Accumulated) -> dict:
+        indices = sorted(set(acc.texts) | set(acc.finish))
+        body = self._base(meta)
+        body["system_fingerprint"] = meta.system_fingerprint
+        body["choices"] = [
+            self.final_choice(i, "".join(acc.texts.get(i, [])), acc.finish.get(i))
+            for i in indices
+        ]
+        usage = acc.usage or generation_pb2.Usage(prompt_tokens=meta.prompt_tokens)
+        body["usage"] = self.usage_json(usage)
+        return body
+
+    async def stream(self, call, meta, count: int, include_usage: bool) -> AsyncIterator[bytes]:
+        base = {**self._base(meta), "object": self.chunk_object_name}
+
+        def chunk(choices: list[dict], **extra) -> bytes:
+            payload = {**base, "choices": choices, **extra}
+            if include_usage and "usage" not in extra:
+                payload["usage"] = None
+            return sse.event(payload)
+
+        try:
+            opening = self.opening_choices(count)
+            if opening:
+                yield chunk(opening)
+            async for message in _rest_of(call):
+                for delta in message.choices:
+                    finish = FINISH_REASONS.get(delta.finish_reason)
+                    if delta.text:
+                        yield chunk([self.delta_choice(delta.index, delta.text, None)])
+                    if finish:
+                        yield chunk([self.delta_choice(delta.index, "", finish)])
+                if message.HasField("usage") and include_usage:
+                    yield chunk([], usage=self.usage_json(message.usage))
+        except grpc.aio.AioRpcError as exc:
+            # The 200 is already sent: report the failure in-stream, then end.
+            yield sse.event(from_rpc_error(exc).body())
+        finally:
+            # A client that went away lands here too (Starlette cancels the
+            # body iterator): cancelling the call stops the engine's work.
+            call.cancel()
+        yield sse.DONE
