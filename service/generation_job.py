@@ -45,6 +45,7 @@ class ValidatedGeneration:
     options: SamplingOptions
     stop: tuple[str, ...]
     seed: int | None
+    ignore_eos: bool = False
 
     @property
     def prompt_tokens(self) -> int:

@@ -51,6 +51,7 @@ class GenerateParams:
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
+    ignore_eos: bool = False
     request_id: str = ""
 
     @property
@@ -67,6 +68,7 @@ class CheckedParams:
     max_tokens: int | None
     stop: tuple[str, ...]
     seed: int | None
+    ignore_eos: bool = False
 
 
 def _number(param: str, value: float | None, default: float, low: float, high: float,
@@ -144,7 +146,8 @@ def check_params(params: GenerateParams) -> CheckedParams:
         raise invalid_parameter(
             "seed", f"'seed' must be an integer from 0 to {SEED_MAX}; got {params.seed}."
         )
-    return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed)
+    return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed,
+                         params.ignore_eos)
 
 
 def check_token_ids(params: GenerateParams, vocab_size: int) -> None:
@@ -221,5 +224,6 @@ def resolve(
         options=checked.options,
         stop=checked.stop,
         seed=checked.seed,
+        ignore_eos=checked.ignore_eos,
     )
 

@@ -35,5 +35,6 @@ class ChatCompletionRequest(OpenAIBaseModel):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
 
 

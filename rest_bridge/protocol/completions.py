@@ -23,3 +23,4 @@ class CompletionRequest(OpenAIBaseModel):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
+    ignore_eos: bool | None = None

@@ -38,7 +38,7 @@ SEED_SCOPES = {
 }
 _SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens",
-    "n", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty",
+    "n", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos",
 )
 
 

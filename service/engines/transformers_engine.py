@@ -167,6 +167,10 @@ class _GroupRun:
         self.seen = torch.zeros((group.n, vocab), dtype=torch.bool, device=device)
         prompt = torch.tensor(group.prompt_ids, dtype=torch.long, device=device)
         self.seen[:, prompt] = True
+        self.banned = engine._banned_ids
+        if spec.ignore_eos:
+            eos = torch.tensor(sorted(engine._eos_ids), dtype=torch.long, device=device)
+            self.banned = torch.cat([self.banned, eos])
         self.cache = DynamicCache()
         self.prefilled = False
         self.completion_tokens = 0
@@ -184,7 +188,7 @@ class _GroupRun:
         )
         logits = out.logits[:, -1, :].float()
         logits = apply_penalties(logits, self.options, self.output_counts, self.seen)
-        logits[:, engine._banned_ids] = float("-inf")
+        logits[:, self.banned] = float("-inf")
         tokens = choose_tokens(
             logits, [self.options] * len(self.rows), [r.generator for r in self.rows]
         )

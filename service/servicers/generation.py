@@ -60,6 +60,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         frequency_penalty=_opt(s, "frequency_penalty"),
         presence_penalty=_opt(s, "presence_penalty"),
         repetition_penalty=_opt(s, "repetition_penalty"),
+        ignore_eos=s.ignore_eos,
         request_id=request.request_id,
     )
 

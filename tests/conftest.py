@@ -1,0 +1,101 @@
+"""One engine and one bridge per test session, on free loopback ports, serving
+the real demo model. Tests talk to them with the openai SDK, generated gRPC
+stubs, grpcurl and raw HTTP."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import grpc
+import openai
+import pytest
+
+from millm.v1 import (
+    generation_service_pb2_grpc,
+    model_service_pb2_grpc,
+    server_service_pb2,
+    server_service_pb2_grpc,
+)
+from tests import harness
+
+MODEL = "millm-tiny"
+
+
+@dataclasses.dataclass
+class Stack:
+    engine: harness.Process
+    bridge: harness.Process
+    grpc_port: int
+    http_port: int
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stack")
+    engine, grpc_port = harness.start_engine(tmp)
+    bridge = None
+    try:
+        harness.wait_serving(engine, grpc_port)
+        bridge, http_port = harness.start_bridge(tmp, grpc_port)
+        harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
+        yield Stack(engine, bridge, grpc_port, http_port)
+    finally:
+        if bridge is not None:
+            bridge.stop()
+        engine.stop()
+
+
+@pytest.fixture(scope="session")
+def channel(stack):
+    with grpc.insecure_channel(stack.grpc_target) as ch:
+        yield ch
+
+
+@pytest.fixture(scope="session")
+def generation_stub(channel):
+    return generation_service_pb2_grpc.GenerationServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def model_stub(channel):
+    return model_service_pb2_grpc.ModelServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def server_stub(channel):
+    return server_service_pb2_grpc.ServerServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def client(stack):
+    return openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0,
+                         timeout=60)
+
+
+@pytest.fixture
+def async_client(stack):
+    return openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0,
+                              timeout=60)
+
+
+def inference_status(server_stub) -> server_service_pb2.GetInferenceStatusResponse:
+    return server_stub.GetInferenceStatus(server_service_pb2.GetInferenceStatusRequest())
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()

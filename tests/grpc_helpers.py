@@ -1,0 +1,61 @@
+"""Building GenerateRequests and reading ErrorInfo from gRPC errors in tests."""
+
+from __future__ import annotations
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from millm.v1 import generation_pb2, generation_service_pb2
+
+MODEL = "millm-tiny"
+
+
+def chat_request(content: str = "Hello!", model: str = MODEL, **sampling):
+    stop = sampling.pop("stop", ())
+    return generation_service_pb2.GenerateRequest(
+        model=model,
+        chat=generation_pb2.ChatInput(
+            messages=[generation_pb2.ChatMessage(role=generation_pb2.ROLE_USER, content=content)]
+        ),
+        sampling=generation_pb2.SamplingParams(stop=stop, **sampling),
+    )
+
+
+def prompt_request(*prompts, model: str = MODEL, **sampling):
+    stop = sampling.pop("stop", ())
+    return generation_service_pb2.GenerateRequest(
+        model=model,
+        prompt=generation_pb2.PromptInput(
+            prompts=[
+                generation_pb2.Prompt(text=p)
+                if isinstance(p, str)
+                else generation_pb2.Prompt(token_ids=generation_pb2.TokenIds(ids=p))
+                for p in prompts
+            ]
+        ),
+        sampling=generation_pb2.SamplingParams(stop=stop, **sampling),
+    )
+
+
+def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
+    for key, value in error.trailing_metadata():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            info = error_details_pb2.ErrorInfo()
+            assert status.details[0].Unpack(info)
+            return info
+    raise AssertionError(f"no ErrorInfo on {error!r}")
+
+
+def run(stub, request):
+    """Collect a whole Generate stream: (metadata, {index: text}, {index: tokens},
+    {index: finish_reason}, usage, responses)."""
+    responses = list(stub.Generate(request, timeout=60))
+    texts, tokens, finish = {}, {}, {}
+    for r in responses[1:]:
+        for d in r.choices:
+            texts[d.index] = texts.get(d.index, "") + d.text
+            tokens.setdefault(d.index, []).extend(d.token_ids)
+            if d.finish_reason:
+                finish[d.index] = d.finish_reason
+    return responses[0].metadata, texts, tokens, finish, responses[-1].usage, responses

@@ -1,0 +1,120 @@
+"""Starting the real engine and bridge as subprocesses on free loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def models_dir() -> pathlib.Path:
+    configured = os.environ.get("MILLM_MODELS_DIR")
+    data = os.environ.get("MILLM_DATA_DIR", str(ROOT / ".millm"))
+    path = pathlib.Path(configured) if configured else pathlib.Path(data) / "models"
+    if not (path / "millm-tiny" / "millm_model.json").is_file():
+        subprocess.run(
+            [sys.executable, "-m", "service.demo_model", "--models-dir", str(path)],
+            check=True, cwd=ROOT,
+        )
+    return path
+
+
+class Process:
+    def __init__(self, args: list[str], env: dict[str, str], log_path: pathlib.Path):
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+def start_engine(tmp: pathlib.Path, **env_overrides: str) -> tuple[Process, int]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "MILLM_HOST": "127.0.0.1",
+        "MILLM_GRPC_PORT": str(port),
+        "MILLM_MODELS_DIR": str(models_dir()),
+        "MILLM_DATA_DIR": str(tmp),
+        "MILLM_TORCH_THREADS": "1",
+        **env_overrides,
+    }
+    return Process([sys.executable, "-m", "service"], env, tmp / f"engine-{port}.log"), port
+
+
+def wait_serving(process: Process, port: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise RuntimeError(f"engine exited:\n{process.log()}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise RuntimeError(f"engine not SERVING after {timeout}s:\n{process.log()}")
+
+
+def start_bridge(tmp: pathlib.Path, engine_port: int, **env_overrides: str) -> tuple[Process, int]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "MILLM_HOST": "127.0.0.1",
+        "MILLM_HTTP_PORT": str(port),
+        "MILLM_ENGINE_TARGETS": f"127.0.0.1:{engine_port}",
+        "MILLM_LOG_LEVEL": "WARNING",
+        **env_overrides,
+    }
+    return Process([sys.executable, "-m", "rest_bridge"], env, tmp / f"bridge-{port}.log"), port
+
+
+def wait_http(process: Process, url: str, timeout: float = 60, want: int = 200) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not process.alive():
+            raise RuntimeError(f"bridge exited:\n{process.log()}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as reply:
+                if reply.status == want:
+                    return
+        except urllib.error.HTTPError as exc:
+            if exc.code == want:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer {want} after {timeout}s:\n{process.log()}")

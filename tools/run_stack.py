@@ -1,0 +1,64 @@
+"""`make run`: the engine and the bridge in the foreground until Ctrl-C.
+
+Both get the same environment (so MILLM_* settings apply to both). If either
+exits, the other is stopped; Ctrl-C or SIGTERM stops both.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def main() -> int:
+    env = dict(os.environ)
+    host = env.get("MILLM_HOST", "127.0.0.1")
+    http_port = env.get("MILLM_HTTP_PORT", "8000")
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "service"], env=env),
+        subprocess.Popen([sys.executable, "-m", "rest_bridge"], env=env),
+    ]
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    ready_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{http_port}/readyz"
+    announced = False
+    code = 0
+    while not stopping:
+        exited = [p for p in procs if p.poll() is not None]
+        if exited:
+            code = exited[0].returncode or 1
+            break
+        if not announced:
+            try:
+                with urllib.request.urlopen(ready_url, timeout=1) as reply:
+                    announced = reply.status == 200
+            except OSError:
+                pass
+            if announced:
+                print(f"\nmiLLM is ready: OpenAI API at http://{host}:{http_port}/v1 , gRPC at "
+                      f"{host}:{env.get('MILLM_GRPC_PORT', '50051')} (Ctrl-C stops both)\n",
+                      flush=True)
+        time.sleep(0.5)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
