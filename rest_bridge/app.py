@@ -17,6 +17,7 @@ from rest_bridge.serving.chat import ChatCompletionHandler
 from rest_bridge.serving.completions import CompletionHandler
 from rest_bridge.serving.disconnect import ClientDisconnected
 from rest_bridge.serving.models import ModelsHandler
+from rest_bridge.unserved import is_openai_endpoint
 
 log = logging.getLogger("millm.bridge")
 
@@ -49,8 +50,9 @@ def create_app(config: BridgeConfig) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        if exc.status_code == 404:
-            return not_served(request.method, request.url.path).response()
+        path = request.url.path
+        if exc.status_code == 404 or is_openai_endpoint(request.method, path):
+            return not_served(request.method, path).response()
         if exc.status_code == 405:
             return OpenAIError(
                 405, f"Method {request.method} is not allowed on {request.url.path}.",

@@ -36,6 +36,10 @@ REASON_TO_HTTP: dict[str, int] = {
 }
 
 
+# A 503 is temporary by definition: tell clients (the OpenAI SDKs honour it) when to retry.
+RETRY_SOON = {"Retry-After": "1"}
+
+
 class OpenAIError(Exception):
     def __init__(
         self,
@@ -85,7 +89,7 @@ def from_rpc_error(error: grpc.aio.AioRpcError) -> OpenAIError:
         if code == grpc.StatusCode.UNAVAILABLE:
             return OpenAIError(
                 503, "The inference engine is unavailable; retry shortly.",
-                type=SERVER_ERROR, code="engine_unavailable",
+                type=SERVER_ERROR, code="engine_unavailable", headers=RETRY_SOON,
             )
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return OpenAIError(504, "The inference engine did not answer in time.",
@@ -93,7 +97,7 @@ def from_rpc_error(error: grpc.aio.AioRpcError) -> OpenAIError:
         return OpenAIError(500, "The inference engine failed; see the engine log.",
                            type=SERVER_ERROR, code="internal_error")
     status = REASON_TO_HTTP.get(info.reason) or STATUS_TO_HTTP.get(code, 500)
-    headers = {"Retry-After": "1"} if status == 503 else None
+    headers = RETRY_SOON if status == 503 else None
     return OpenAIError(
         status,
         error.details() or info.reason,

@@ -1,0 +1,50 @@
+"""Raw HTTP in tests, where the exact bytes on the wire matter."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+
+
+def post(port: int, path: str, body, headers: dict | None = None, raw: bytes | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    data = raw if raw is not None else json.dumps(body).encode()
+    conn.request("POST", path, body=data,
+                 headers={"Content-Type": "application/json", **(headers or {})})
+    reply = conn.getresponse()
+    content = reply.read()
+    conn.close()
+    return reply, content
+
+
+def request(port: int, method: str, path: str):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request(method, path)
+    reply = conn.getresponse()
+    content = reply.read()
+    conn.close()
+    return reply, content
+
+
+def open_stream(port: int, path: str, body: dict) -> socket.socket:
+    """Send a request on a bare socket and return it unread, for disconnect tests."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+    )
+    return sock
+
+
+def sse_events(content: bytes) -> list[bytes]:
+    """Split an SSE body into its `data:` payloads, checking the framing."""
+    assert content.endswith(b"\n\n"), content[-50:]
+    frames = content[:-2].split(b"\n\n")
+    payloads = []
+    for frame in frames:
+        assert frame.startswith(b"data: "), frame
+        assert b"\n" not in frame, frame
+        payloads.append(frame[len(b"data: "):])
+    return payloads

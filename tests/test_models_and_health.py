@@ -1,0 +1,55 @@
+"""GET /v1/models, /healthz and /readyz; readiness follows the engine."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests import harness
+from tests.conftest import MODEL
+from tests.http_helpers import post, request
+
+
+def test_list_models(client):
+    models = client.models.list()
+    ids = [m.id for m in models.data]
+    assert ids[0] == MODEL
+    tiny = models.data[0]
+    assert tiny.object == "model" and tiny.owned_by == "millm" and tiny.created > 0
+
+
+def test_get_model(client):
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL and model.object == "model"
+
+
+def test_get_unknown_model(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("nope")
+    assert err.value.code == "model_not_found"
+
+
+def test_healthz_and_readyz(stack):
+    reply, content = request(stack.http_port, "GET", "/healthz")
+    assert reply.status == 200
+    reply, content = request(stack.http_port, "GET", "/readyz")
+    assert reply.status == 200 and json.loads(content) == {"status": "ready"}
+
+
+def test_bridge_without_engine(tmp_path):
+    """A bridge whose engine is down is alive but not ready, and says so in OpenAI's shape."""
+    bridge, port = harness.start_bridge(tmp_path, harness.free_port())
+    try:
+        harness.wait_http(bridge, f"http://127.0.0.1:{port}/healthz")
+        reply, content = request(port, "GET", "/readyz")
+        assert reply.status == 503
+        assert json.loads(content)["status"] == "not_ready"
+        reply, content = post(port, "/v1/chat/completions",
+                              {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+        assert reply.status == 503
+        assert reply.getheader("retry-after") == "1"
+        assert json.loads(content)["error"]["code"] == "engine_unavailable"
+    finally:
+        bridge.stop()

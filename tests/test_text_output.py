@@ -1,0 +1,73 @@
+"""Unit tests of the detokenizer and the stop matcher, on the demo tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from service.text_output import IncrementalDetokenizer, StopMatcher
+from tests.harness import models_dir
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(models_dir() / "millm-tiny")
+
+
+def test_multibyte_characters_are_released_whole(tokenizer):
+    text = "日本語の🙂 émoji"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    # The corpus is ASCII, so these characters are several byte tokens each.
+    assert len(ids) > len(text)
+    detok = IncrementalDetokenizer(tokenizer, [])
+    pieces = [detok.push(i) for i in ids] + [detok.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert any(p == "" for p in pieces)  # some tokens held back a partial character
+
+
+def test_flush_releases_an_incomplete_character(tokenizer):
+    ids = tokenizer("🙂", add_special_tokens=False)["input_ids"]
+    detok = IncrementalDetokenizer(tokenizer, [])
+    held = [detok.push(i) for i in ids[:-1]]
+    assert held == [""] * len(held)
+    assert detok.flush() == "\ufffd"
+
+
+def test_prompt_context_does_not_leak_into_output(tokenizer):
+    prompt = tokenizer("The river ran", add_special_tokens=False)["input_ids"]
+    out = tokenizer(" quietly past", add_special_tokens=False)["input_ids"]
+    detok = IncrementalDetokenizer(tokenizer, prompt)
+    assert "".join(detok.push(i) for i in out) + detok.flush() == " quietly past"
+
+
+def feed(matcher: StopMatcher, pieces: list[str]) -> tuple[str, bool]:
+    out = ""
+    for piece in pieces:
+        text, hit = matcher.push(piece)
+        out += text
+        if hit:
+            return out, True
+    return out + matcher.flush(), False
+
+
+@pytest.mark.parametrize(
+    ("pieces", "stops", "expected"),
+    [
+        (["Hello wor", "ld and more"], ("world",), ("Hello ", True)),
+        (["ab", "c", "d"], ("cd",), ("ab", True)),
+        (["a", "b", "c"], ("x",), ("abc", False)),
+        (["wo", "rm"], ("world",), ("worm", False)),  # a false start is released
+        (["one END two"], ("END", "one"), ("", True)),  # the earliest stop wins
+        (["xx</", "s", ">"], ("</s>",), ("xx", True)),
+        (["ab"], (), ("ab", False)),
+    ],
+)
+def test_stop_matcher(pieces, stops, expected):
+    assert feed(StopMatcher(stops), pieces) == expected
+
+
+def test_stop_matcher_holds_back_only_possible_prefixes():
+    matcher = StopMatcher(("STOP",))
+    assert matcher.push("abcST") == ("abc", False)
+    assert matcher.push("x") == ("STx", False)
