@@ -27,7 +27,9 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
     parser = argparse.ArgumentParser(prog="python -m rest_bridge", description="miLLM REST bridge")
     parser.add_argument("--host", default=_env("MILLM_HOST", "127.0.0.1"), help="MILLM_HOST")
     parser.add_argument(
-        "--http-port", type=int, default=int(_env("MILLM_HTTP_PORT", "8000")),
+        "--http-port",
+        type=int,
+        default=int(_env("MILLM_HTTP_PORT", "8000")),
         help="MILLM_HTTP_PORT",
     )
     default_targets = _env("MILLM_ENGINE_TARGETS", "")
@@ -37,15 +39,19 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
             engine_host = "127.0.0.1"
         default_targets = f"{engine_host}:{_env('MILLM_GRPC_PORT', '50051')}"
     parser.add_argument(
-        "--engine-targets", default=default_targets,
+        "--engine-targets",
+        default=default_targets,
         help="MILLM_ENGINE_TARGETS: comma-separated engine host:port list",
     )
     parser.add_argument(
-        "--max-body-bytes", type=int,
+        "--max-body-bytes",
+        type=int,
         default=int(_env("MILLM_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES))),
         help="MILLM_MAX_BODY_BYTES: larger request bodies get 413",
     )
-    parser.add_argument("--log-level", default=_env("MILLM_LOG_LEVEL", "INFO"), help="MILLM_LOG_LEVEL")
+    parser.add_argument(
+        "--log-level", default=_env("MILLM_LOG_LEVEL", "INFO"), help="MILLM_LOG_LEVEL"
+    )
     args = parser.parse_args(argv)
     targets = tuple(t.strip() for t in args.engine_targets.split(",") if t.strip())
     if not targets:

@@ -34,23 +34,32 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
     parser = argparse.ArgumentParser(prog="python -m service", description="miLLM gRPC engine")
     parser.add_argument("--host", default=_env("MILLM_HOST", "127.0.0.1"), help="MILLM_HOST")
     parser.add_argument(
-        "--grpc-port", type=int, default=int(_env("MILLM_GRPC_PORT", "50051")),
+        "--grpc-port",
+        type=int,
+        default=int(_env("MILLM_GRPC_PORT", "50051")),
         help="MILLM_GRPC_PORT (0 picks a free port and prints it)",
     )
-    parser.add_argument("--data-dir", default=_env("MILLM_DATA_DIR", ".millm"), help="MILLM_DATA_DIR")
     parser.add_argument(
-        "--models-dir", default=os.environ.get("MILLM_MODELS_DIR") or None,
+        "--data-dir", default=_env("MILLM_DATA_DIR", ".millm"), help="MILLM_DATA_DIR"
+    )
+    parser.add_argument(
+        "--models-dir",
+        default=os.environ.get("MILLM_MODELS_DIR") or None,
         help="MILLM_MODELS_DIR (default: <data dir>/models)",
     )
     parser.add_argument("--model", default=_env("MILLM_MODEL", "millm-tiny"), help="MILLM_MODEL")
     parser.add_argument(
-        "--torch-threads", type=int, default=int(_env("MILLM_TORCH_THREADS", "1")),
+        "--torch-threads",
+        type=int,
+        default=int(_env("MILLM_TORCH_THREADS", "1")),
         help="MILLM_TORCH_THREADS: intra-op threads; one is fastest for tiny models",
     )
     parser.add_argument(
         "--device", default=_env("MILLM_DEVICE", "auto"), help="MILLM_DEVICE: auto, cpu or cuda"
     )
-    parser.add_argument("--log-level", default=_env("MILLM_LOG_LEVEL", "INFO"), help="MILLM_LOG_LEVEL")
+    parser.add_argument(
+        "--log-level", default=_env("MILLM_LOG_LEVEL", "INFO"), help="MILLM_LOG_LEVEL"
+    )
     args = parser.parse_args(argv)
     data_dir = pathlib.Path(args.data_dir)
     models_dir = pathlib.Path(args.models_dir) if args.models_dir else data_dir / "models"

@@ -51,7 +51,9 @@ class ModelRegistry:
         entries = [
             _entry(child)
             for child in self.models_dir.iterdir()
-            if child.is_dir() and not child.name.startswith(".") and (child / "config.json").is_file()
+            if child.is_dir()
+            and not child.name.startswith(".")
+            and (child / "config.json").is_file()
         ]
         return sorted(entries, key=lambda e: e.id)
 

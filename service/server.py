@@ -10,6 +10,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
 from millm.v1 import (
     generation_service_pb2,
     generation_service_pb2_grpc,
@@ -18,7 +19,6 @@ from millm.v1 import (
     server_service_pb2,
     server_service_pb2_grpc,
 )
-
 from service.config import EngineConfig
 from service.inference import InferenceService
 from service.model_registry import ModelRegistry

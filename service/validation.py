@@ -157,7 +157,8 @@ def check_token_ids(params: GenerateParams, vocab_size: int) -> None:
             if bad is not None:
                 raise invalid_parameter(
                     "prompt",
-                    f"Prompt {i} holds token id {bad}, outside the vocabulary (0-{vocab_size - 1}).",
+                    f"Prompt {i} holds token id {bad}, outside the vocabulary "
+                    f"(0-{vocab_size - 1}).",
                 )
 
 

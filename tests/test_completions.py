@@ -41,7 +41,6 @@ def test_prompts_with_n(client):
 
 
 def test_no_chat_template_is_applied(client, generation_stub):
-    from tests.grpc_helpers import prompt_request, run
 
     text = "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"
     completion = client.completions.create(model=MODEL, prompt=text, max_tokens=10,

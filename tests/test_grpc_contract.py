@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import shutil
 import subprocess
 import sys
-import pathlib
 
 import grpc
 import pytest

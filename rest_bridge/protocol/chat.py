@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from rest_bridge.protocol.base import OpenAIBaseModel, StreamOptions
 
 

@@ -32,7 +32,9 @@ class ModelsHandler:
 
     async def get(self, model_id: str) -> dict:
         try:
-            reply = await self.engine.models.GetModel(model_service_pb2.GetModelRequest(id=model_id))
+            reply = await self.engine.models.GetModel(
+                model_service_pb2.GetModelRequest(id=model_id)
+            )
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         return model_json(reply.model)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 
 from millm.v1 import generation_pb2, generation_service_pb2, generation_service_pb2_grpc
-
 from service.generation_job import FinishReason, StepOutput
 from service.inference import GenerationFinished, GenerationStarted, InferenceService
 from service.servicers.error_handling import stream_errors

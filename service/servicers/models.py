@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from millm.v1 import model_pb2, model_service_pb2, model_service_pb2_grpc
-
 from service.inference import InferenceService, ModelState, ModelView
 from service.servicers.error_handling import unary_errors
 

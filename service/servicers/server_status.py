@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from millm.v1 import server_service_pb2, server_service_pb2_grpc
-
 from service.inference import InferenceService
 from service.servicers.error_handling import unary_errors
 

@@ -1,0 +1,45 @@
+"""The bridge's one table from engine statuses to HTTP, fed real engine statuses."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from rest_bridge.errors import from_rpc_error
+from service import errors as engine_errors
+
+
+def as_rpc_error(error: engine_errors.EngineError) -> grpc.aio.AioRpcError:
+    status = error.to_status()
+    return grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(),
+                                grpc.aio.Metadata(*status.trailing_metadata), status.details)
+
+
+@pytest.mark.parametrize(
+    ("error", "http", "type_"),
+    [
+        (engine_errors.invalid_parameter("top_p", "bad top_p"), 400, "invalid_request_error"),
+        (engine_errors.model_not_found("x"), 404, "invalid_request_error"),
+        (engine_errors.model_not_loaded("loading"), 503, "server_error"),
+        (engine_errors.context_length_exceeded("messages", "too long"), 400,
+         "invalid_request_error"),
+        (engine_errors.internal_error(), 500, "server_error"),
+        (engine_errors.EngineError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue_full", "full",
+                                   None, "server_error"), 503, "server_error"),
+    ],
+)
+def test_engine_errors_map_to_openai_envelopes(error, http, type_):
+    mapped = from_rpc_error(as_rpc_error(error))
+    assert mapped.status == http
+    body = mapped.body()["error"]
+    assert body == {"message": error.message, "type": type_, "param": error.param,
+                    "code": error.code}
+    assert ("Retry-After" in mapped.headers) == (http == 503)
+
+
+def test_status_without_error_info():
+    bare = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(),
+                                grpc.aio.Metadata(), "connection refused")
+    mapped = from_rpc_error(bare)
+    assert (mapped.status, mapped.code) == (503, "engine_unavailable")
+    assert "connection refused" not in mapped.message

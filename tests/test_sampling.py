@@ -1,0 +1,67 @@
+"""Unit tests of the logits pipeline: penalties and truncation, exact values."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from service.sampling import SamplingOptions, apply_penalties, choose_tokens, filter_logits
+
+
+def test_openai_frequency_and_presence_penalties_are_additive():
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    counts = torch.tensor([[0.0, 1.0, 3.0]])
+    seen = counts > 0
+    out = apply_penalties(logits, SamplingOptions(frequency_penalty=0.5, presence_penalty=0.25),
+                          counts, seen)
+    assert torch.allclose(out, torch.tensor([[1.0, 2.0 - 0.5 - 0.25, 3.0 - 1.5 - 0.25]]))
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative():
+    logits = torch.tensor([[2.0, -2.0, 2.0]])
+    seen = torch.tensor([[True, True, False]])
+    out = apply_penalties(logits, SamplingOptions(repetition_penalty=2.0),
+                          torch.zeros_like(logits), seen)
+    assert torch.allclose(out, torch.tensor([[1.0, -4.0, 2.0]]))
+
+
+def test_top_k_keeps_k_tokens():
+    out = filter_logits(torch.tensor([1.0, 4.0, 3.0, 2.0]), SamplingOptions(top_k=2))
+    assert torch.isinf(out[[0, 3]]).all() and torch.isfinite(out[[1, 2]]).all()
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    out = filter_logits(probs.log(), SamplingOptions(top_p=0.8))
+    assert torch.isfinite(out[:2]).all() and torch.isinf(out[2:]).all()
+    # The most likely token survives even a tiny top_p.
+    out = filter_logits(probs.log(), SamplingOptions(top_p=1e-6))
+    assert torch.isfinite(out[0]) and torch.isinf(out[1:]).all()
+
+
+def test_min_p_is_relative_to_the_top_token():
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    out = filter_logits(probs.log(), SamplingOptions(min_p=0.4))
+    assert torch.isfinite(out[:2]).all() and torch.isinf(out[2])
+
+
+def test_temperature_scales_logits():
+    out = filter_logits(torch.tensor([1.0, 2.0]), SamplingOptions(temperature=0.5))
+    assert torch.allclose(out, torch.tensor([2.0, 4.0]))
+
+
+def test_greedy_rows_and_seeded_rows():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [1.0, 1.0, 1.0]])
+    options = [SamplingOptions(temperature=0.0), SamplingOptions()]
+
+    def draw(seed):
+        gens = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(seed)]
+        return [choose_tokens(logits, options, gens)[1] for _ in range(1)] + [
+            choose_tokens(logits, options, gens)[1] for _ in range(20)
+        ]
+
+    assert choose_tokens(logits, options, [torch.Generator(), torch.Generator()])[0] == 1
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+    assert not math.isnan(sum(draw(7)))

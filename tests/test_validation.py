@@ -1,0 +1,60 @@
+"""Unit tests of the resolution step: defaults and seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.errors import EngineError
+from service.validation import (
+    ChatTurn,
+    GenerateParams,
+    check_params,
+    resolve,
+    row_seeds,
+)
+
+
+def test_default_max_tokens_chat_fills_context_raw_prompt_is_16():
+    chat = GenerateParams(model="m", messages=(ChatTurn("user", "hi"),))
+    spec = resolve(chat, check_params(chat), [[1] * 24], 100, "r")
+    assert spec.groups[0].max_tokens == 76
+    raw = GenerateParams(model="m", prompts=("hi",))
+    spec = resolve(raw, check_params(raw), [[1] * 24], 100, "r")
+    assert spec.groups[0].max_tokens == 16
+
+
+def test_max_completion_tokens_stands_for_max_tokens():
+    params = GenerateParams(model="m", prompts=("x",), max_completion_tokens=7)
+    assert check_params(params).max_tokens == 7
+    same = GenerateParams(model="m", prompts=("x",), max_completion_tokens=7, max_tokens=7)
+    assert check_params(same).max_tokens == 7
+
+
+def test_context_fit_counts_prompt_and_completion():
+    params = GenerateParams(model="m", prompts=("x",), max_tokens=10)
+    resolve(params, check_params(params), [[1] * 90], 100, "r")  # exactly fits
+    with pytest.raises(EngineError) as err:
+        resolve(params, check_params(params), [[1] * 91], 100, "r")
+    assert err.value.code == "context_length_exceeded"
+    assert "101 tokens (91 in the prompt, 10 in the completion)" in err.value.message
+
+
+def test_several_prompts_name_the_one_too_long():
+    params = GenerateParams(model="m", prompts=("a", "b"), max_tokens=10)
+    with pytest.raises(EngineError) as err:
+        resolve(params, check_params(params), [[1], [1] * 95], 100, "r")
+    assert "prompt[1]" in err.value.message
+
+
+def test_row_seeds():
+    assert row_seeds(5, 3) == row_seeds(5, 3)
+    assert row_seeds(5, 3)[0] == 5
+    assert len(set(row_seeds(5, 3))) == 3
+    assert row_seeds(5, 1) != row_seeds(6, 1)
+    assert row_seeds(None, 2) != row_seeds(None, 2)
+
+
+def test_nan_is_refused_naming_the_field():
+    with pytest.raises(EngineError) as err:
+        check_params(GenerateParams(model="m", prompts=("x",), top_p=float("nan")))
+    assert err.value.param == "top_p"
