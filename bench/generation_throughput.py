@@ -36,10 +36,8 @@ PROMPT = "The river ran quietly past the old mill"
 def grpc_tokens(stub, tokens: int, n: int = 1) -> int:
     request = prompt_request(PROMPT, max_tokens=tokens, n=n, temperature=1.0, seed=1,
                              ignore_eos=True)
-    last = None
-    for last in stub.Generate(request, timeout=600):
-        pass
-    return last.usage.completion_tokens
+    responses = list(stub.Generate(request, timeout=600))
+    return responses[-1].usage.completion_tokens
 
 
 def rest_tokens(port: int, tokens: int) -> int:

@@ -11,6 +11,7 @@ batch (they share the prompt, so no padding is needed).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import queue
 import threading
@@ -60,6 +61,12 @@ class TransformersEngine(Engine):
         self._eos_ids: frozenset[int] = frozenset()
         self._banned_ids: torch.Tensor | None = None
         self._worker: _ModelThread | None = None
+        # Encoding runs on worker threads, decoding on the model thread. A HF
+        # tokenizer is not safe to share across threads (its Rust backend
+        # raises "Already borrowed"), so the model thread decodes with its own
+        # copy and encoders take turns.
+        self.decoder = None
+        self._encode_lock = threading.Lock()
 
     # -- loading and tokenization -------------------------------------------------
 
@@ -94,6 +101,7 @@ class TransformersEngine(Engine):
             )
             quantization = str(method) if method else "unrecorded"
         self.model, self.tokenizer = model, tokenizer
+        self.decoder = copy.deepcopy(tokenizer)
         self.info = LoadedModel(
             id=self.entry.id,
             engine=self.kind,
@@ -107,14 +115,16 @@ class TransformersEngine(Engine):
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         template = None if self.tokenizer.chat_template else CHATML_FALLBACK
-        text = self.tokenizer.apply_chat_template(
-            messages, chat_template=template, add_generation_prompt=True, tokenize=False
-        )
-        # The rendered template already holds any BOS it wants.
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        with self._encode_lock:
+            text = self.tokenizer.apply_chat_template(
+                messages, chat_template=template, add_generation_prompt=True, tokenize=False
+            )
+            # The rendered template already holds any BOS it wants.
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def encode_text(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        with self._encode_lock:
+            return self.tokenizer(text, add_special_tokens=True)["input_ids"]
 
     # -- running jobs -------------------------------------------------------------
 
@@ -139,7 +149,7 @@ class _Row:
     def __init__(self, engine: TransformersEngine, group: PromptGroup, offset: int):
         self.index = group.first_index + offset
         self.generator = torch.Generator(device=engine.device).manual_seed(group.row_seeds[offset])
-        self.detokenizer = IncrementalDetokenizer(engine.tokenizer, list(group.prompt_ids))
+        self.detokenizer = IncrementalDetokenizer(engine.decoder, list(group.prompt_ids))
         self.stopper: StopMatcher | None = None
         self.generated = 0
         self.last_token = -1
@@ -238,6 +248,7 @@ class _ModelThread:
         self._generated = 0
         self._completed = 0
         self._cancelled = 0
+        self._failed = 0
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -275,14 +286,16 @@ class _ModelThread:
         for group in job.spec.groups:
             running.append(_GroupRun(self.engine, job, group))
 
-    def _leave(self, run: _GroupRun, *, cancelled: bool) -> None:
+    def _leave(self, run: _GroupRun, outcome: str) -> None:
+        """A group leaves: "done", "cancelled" (caller gone) or "failed"."""
         key = id(run.job)
         with self._lock:
             if key not in self._active_jobs:
-                return
-            if cancelled:
+                return  # another group of the same job already ended it
+            if outcome != "done":
                 del self._active_jobs[key]
-                self._cancelled += 1
+                self._cancelled += outcome == "cancelled"
+                self._failed += outcome == "failed"
                 return
             self._active_jobs[key] -= 1
             if self._active_jobs[key] == 0:
@@ -307,7 +320,7 @@ class _ModelThread:
             for run in list(running):
                 if run.job.cancelled.is_set():
                     running.remove(run)
-                    self._leave(run, cancelled=True)
+                    self._leave(run, "cancelled")
                     continue
                 try:
                     before = run.completion_tokens
@@ -318,11 +331,13 @@ class _ModelThread:
                     log.exception("generation step failed (request %s)", run.job.spec.request_id)
                     run.job.post(GroupFailed(internal_error()))
                     running.remove(run)
-                    self._leave(run, cancelled=True)
+                    # The job's other groups stop too: the request has failed.
+                    run.job.cancelled.set()
+                    self._leave(run, "failed")
                     continue
                 if done:
                     running.remove(run)
                     run.job.post(GroupDone(run.completion_tokens))
-                    self._leave(run, cancelled=False)
+                    self._leave(run, "done")
         for run in running:
             run.job.cancelled.set()
