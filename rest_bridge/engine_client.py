@@ -13,7 +13,7 @@ import json
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from millm.v1 import generation_service_pb2_grpc, model_service_pb2_grpc
+from millm.v1 import generation_service_pb2_grpc, model_service_pb2_grpc, server_service_pb2_grpc
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -58,11 +58,13 @@ class EngineClient:
         self.generation = generation_service_pb2_grpc.GenerationServiceStub(self.channel)
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
 
     async def is_serving(self, timeout: float = 2.0) -> bool:
         try:
-            reply = await self.health.Check(health_pb2.HealthCheckRequest(service=""),
-                                            timeout=timeout)
+            reply = await self.health.Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+            )
         except grpc.aio.AioRpcError:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING

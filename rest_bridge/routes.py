@@ -3,10 +3,12 @@ every failure is an OpenAIError turned into the envelope by the app."""
 
 from __future__ import annotations
 
+import grpc
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from rest_bridge.errors import OpenAIError
+from millm.v1 import server_service_pb2
+from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import parse_body
 from rest_bridge.protocol.chat import ChatCompletionRequest
 from rest_bridge.protocol.completions import CompletionRequest
@@ -66,6 +68,19 @@ async def readyz(request: Request):
         return {"status": "ready"}
     return JSONResponse({"status": "not_ready", "reason": "no engine is SERVING"},
                         status_code=503, headers={"Retry-After": "1"})
+
+
+@router.get("/api/health/inference")
+async def inference_health(request: Request):
+    """What the engine's inference backend is doing (ServerService.GetInferenceStatus)."""
+    try:
+        reply = await request.app.state.engine.server.GetInferenceStatus(
+            server_service_pb2.GetInferenceStatusRequest(), timeout=5
+        )
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc) from None
+    # Plain JSON numbers (proto's JSON mapping would write int64 as strings).
+    return {field.name: getattr(reply, field.name) for field in reply.DESCRIPTOR.fields}
 
 
 def not_served(method: str, path: str) -> OpenAIError:

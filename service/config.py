@@ -18,6 +18,10 @@ class EngineConfig:
     torch_threads: int = 1
     device: str = "auto"
     log_level: str = "INFO"
+    max_batch: int = 64
+    max_queued: int = 256
+    prefix_cache_tokens: int = 32768
+    batching: str = "continuous"
 
     @property
     def grpc_address(self) -> str:
@@ -60,7 +64,30 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument(
         "--log-level", default=_env("MILLM_LOG_LEVEL", "INFO"), help="MILLM_LOG_LEVEL"
     )
+    parser.add_argument(
+        "--max-batch", type=int, default=int(_env("MILLM_MAX_BATCH", "64")),
+        help="MILLM_MAX_BATCH: most rows (choices) decoded together",
+    )
+    parser.add_argument(
+        "--max-queued", type=int, default=int(_env("MILLM_MAX_QUEUED", "256")),
+        help="MILLM_MAX_QUEUED: most requests waiting; past it, 503 queue_full",
+    )
+    parser.add_argument(
+        "--prefix-cache-tokens", type=int,
+        default=int(_env("MILLM_PREFIX_CACHE_TOKENS", "32768")),
+        help="MILLM_PREFIX_CACHE_TOKENS: prompt-prefix KV budget in tokens; 0 disables",
+    )
+    parser.add_argument(
+        "--batching", choices=("continuous", "serial"),
+        default=_env("MILLM_BATCHING", "continuous"),
+        help="MILLM_BATCHING: continuous, or serial (one request at a time, for comparison)",
+    )
     args = parser.parse_args(argv)
+    for name in ("max_batch", "max_queued"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.prefix_cache_tokens < 0:
+        parser.error("--prefix-cache-tokens must not be negative")
     data_dir = pathlib.Path(args.data_dir)
     models_dir = pathlib.Path(args.models_dir) if args.models_dir else data_dir / "models"
     if args.torch_threads < 1:
@@ -74,4 +101,8 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         torch_threads=args.torch_threads,
         device=args.device,
         log_level=args.log_level.upper(),
+        max_batch=args.max_batch,
+        max_queued=args.max_queued,
+        prefix_cache_tokens=args.prefix_cache_tokens,
+        batching=args.batching,
     )

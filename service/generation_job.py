@@ -70,6 +70,7 @@ class StepOutput:
 @dataclass(frozen=True)
 class GroupDone:
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ class GenerationJob:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    # Set once by the model thread when the job ends: done, cancelled or failed.
+    outcome: str | None = None
 
     def post(self, event) -> None:
         """Called from the model thread."""
@@ -101,6 +105,7 @@ class GenerationJob:
                     yield event
                 elif isinstance(event, GroupDone):
                     self.completion_tokens += event.completion_tokens
+                    self.cached_tokens += event.cached_tokens
                     remaining -= 1
                 elif isinstance(event, GroupFailed):
                     raise event.error

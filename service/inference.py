@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from service.engines.base import Engine, EngineStatus, LoadedModel
+from service.engines.scheduler import SchedulerLimits
 from service.engines.transformers_engine import TransformersEngine
 from service.errors import invalid_parameter, model_not_found, model_not_loaded
 from service.generation_job import GenerationJob, StepOutput, ValidatedGeneration
@@ -45,6 +46,7 @@ class GenerationStarted:
     model: str
     system_fingerprint: str
     seed: int | None
+    seed_scope: str | None
     prompt_tokens: int
 
 
@@ -52,12 +54,21 @@ class GenerationStarted:
 class GenerationFinished:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int
 
 
 class InferenceService:
-    def __init__(self, registry: ModelRegistry, device: str = "auto"):
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        device: str = "auto",
+        limits: SchedulerLimits | None = None,
+        prefix_cache_tokens: int = 32768,
+    ):
         self.registry = registry
         self.device = device
+        self.limits = limits or SchedulerLimits()
+        self.prefix_cache_tokens = prefix_cache_tokens
         self.engine: Engine | None = None
         self.loaded: LoadedModel | None = None
         self.loading: str | None = None
@@ -71,7 +82,8 @@ class InferenceService:
             raise model_not_found(model_id)
         self.loading = model_id
         try:
-            engine = TransformersEngine(entry, device=self.device)
+            engine = TransformersEngine(entry, device=self.device, limits=self.limits,
+                                        prefix_cache_tokens=self.prefix_cache_tokens)
             started = time.monotonic()
             info = await asyncio.to_thread(engine.load)
             engine.start(asyncio.get_running_loop())
@@ -158,15 +170,22 @@ class InferenceService:
         """Run a prepared generation. Closing the iterator early cancels it."""
         info = self.loaded
         job = GenerationJob(spec=spec, loop=asyncio.get_running_loop())
-        yield GenerationStarted(
-            id=spec.request_id,
-            created=int(time.time()),
-            model=info.id,
-            system_fingerprint=info.system_fingerprint,
-            seed=spec.seed,
-            prompt_tokens=spec.prompt_tokens,
-        )
+        # Submitting first means a full queue is refused before the stream opens.
         self.engine.submit(job)
-        async for step in job.events():
-            yield step
-        yield GenerationFinished(spec.prompt_tokens, job.completion_tokens)
+        try:
+            yield GenerationStarted(
+                id=spec.request_id,
+                created=int(time.time()),
+                model=info.id,
+                system_fingerprint=info.system_fingerprint,
+                seed=spec.seed,
+                # Seeded groups run in a lane of their own (engines/scheduler.py).
+                seed_scope="request" if spec.seed is not None else None,
+                prompt_tokens=spec.prompt_tokens,
+            )
+            async for step in job.events():
+                yield step
+        finally:
+            # Closed before or between events: the model thread drops the job.
+            job.cancelled.set()
+        yield GenerationFinished(spec.prompt_tokens, job.completion_tokens, job.cached_tokens)

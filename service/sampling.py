@@ -29,27 +29,31 @@ class SamplingOptions:
 
 def apply_penalties(
     logits: torch.Tensor,
-    options: SamplingOptions,
+    options: list[SamplingOptions],
     output_counts: torch.Tensor,
     seen: torch.Tensor,
 ) -> torch.Tensor:
-    """Penalise repeats in place-free fashion.
+    """Penalise repeats, each row with its own options.
 
-    `output_counts` counts each token among the generated ones (OpenAI's
-    frequency/presence penalties look only at the completion); `seen` marks
-    tokens in prompt or output (the multiplicative repetition penalty, as in
-    CTRL and transformers, looks at both).
+    `output_counts` [rows, vocab] counts each token among the generated ones
+    (OpenAI's frequency/presence penalties look only at the completion);
+    `seen` marks tokens in prompt or output (the multiplicative repetition
+    penalty, as in CTRL and transformers, looks at both).
     """
-    if options.repetition_penalty != 1.0:
-        penalised = torch.where(
-            logits > 0, logits / options.repetition_penalty, logits * options.repetition_penalty
-        )
+
+    def column(name: str) -> torch.Tensor:
+        values = [getattr(o, name) for o in options]
+        return torch.tensor(values, dtype=logits.dtype, device=logits.device).unsqueeze(1)
+
+    if any(o.repetition_penalty != 1.0 for o in options):
+        penalty = column("repetition_penalty")
+        penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
         logits = torch.where(seen, penalised, logits)
-    if options.frequency_penalty != 0.0 or options.presence_penalty != 0.0:
+    if any(o.frequency_penalty != 0.0 or o.presence_penalty != 0.0 for o in options):
         logits = (
             logits
-            - options.frequency_penalty * output_counts
-            - options.presence_penalty * (output_counts > 0).to(logits.dtype)
+            - column("frequency_penalty") * output_counts
+            - column("presence_penalty") * (output_counts > 0).to(logits.dtype)
         )
     return logits
 

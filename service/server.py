@@ -20,6 +20,7 @@ from millm.v1 import (
     server_service_pb2_grpc,
 )
 from service.config import EngineConfig
+from service.engines.scheduler import SchedulerLimits
 from service.inference import InferenceService
 from service.model_registry import ModelRegistry
 from service.servicers.generation import GenerationServicer
@@ -42,7 +43,16 @@ GRACE_SECONDS = 5.0
 class EngineServer:
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.inference = InferenceService(ModelRegistry(config.models_dir), device=config.device)
+        self.inference = InferenceService(
+            ModelRegistry(config.models_dir),
+            device=config.device,
+            limits=SchedulerLimits(
+                max_batch=config.max_batch,
+                max_queued=config.max_queued,
+                serial=config.batching == "serial",
+            ),
+            prefix_cache_tokens=config.prefix_cache_tokens,
+        )
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server()
         generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(

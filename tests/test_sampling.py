@@ -13,7 +13,7 @@ def test_openai_frequency_and_presence_penalties_are_additive():
     logits = torch.tensor([[1.0, 2.0, 3.0]])
     counts = torch.tensor([[0.0, 1.0, 3.0]])
     seen = counts > 0
-    out = apply_penalties(logits, SamplingOptions(frequency_penalty=0.5, presence_penalty=0.25),
+    out = apply_penalties(logits, [SamplingOptions(frequency_penalty=0.5, presence_penalty=0.25)],
                           counts, seen)
     assert torch.allclose(out, torch.tensor([[1.0, 2.0 - 0.5 - 0.25, 3.0 - 1.5 - 0.25]]))
 
@@ -21,7 +21,7 @@ def test_openai_frequency_and_presence_penalties_are_additive():
 def test_repetition_penalty_divides_positive_and_multiplies_negative():
     logits = torch.tensor([[2.0, -2.0, 2.0]])
     seen = torch.tensor([[True, True, False]])
-    out = apply_penalties(logits, SamplingOptions(repetition_penalty=2.0),
+    out = apply_penalties(logits, [SamplingOptions(repetition_penalty=2.0)],
                           torch.zeros_like(logits), seen)
     assert torch.allclose(out, torch.tensor([[1.0, -4.0, 2.0]]))
 
@@ -65,3 +65,11 @@ def test_greedy_rows_and_seeded_rows():
     assert draw(7) == draw(7)
     assert draw(7) != draw(8)
     assert not math.isnan(sum(draw(7)))
+
+
+def test_penalties_apply_to_their_own_rows():
+    logits = torch.tensor([[1.0, 1.0], [1.0, 1.0]])
+    counts = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    out = apply_penalties(logits, [SamplingOptions(), SamplingOptions(frequency_penalty=1.0)],
+                          counts, counts > 0)
+    assert torch.allclose(out, torch.tensor([[1.0, 1.0], [0.0, 1.0]]))

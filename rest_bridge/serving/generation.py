@@ -144,6 +144,7 @@ class GenerationHandler(abc.ABC):
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         }
 
     async def collect(self, call) -> Accumulated:

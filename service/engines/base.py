@@ -37,6 +37,15 @@ class EngineStatus:
     generated_tokens_total: int
     completed_generations_total: int
     cancelled_generations_total: int
+    failed_generations_total: int = 0
+    running_rows: int = 0
+    lanes: int = 0
+    max_batch: int = 0
+    max_queued: int = 0
+    kv_tokens_in_use: int = 0
+    kv_padding_tokens: int = 0
+    prefix_cache_tokens: int = 0
+    prefix_cache_hit_tokens_total: int = 0
 
 
 class Engine(abc.ABC):

@@ -18,6 +18,11 @@ _ROLES = {
     generation_pb2.ROLE_TOOL: "tool",
     generation_pb2.ROLE_FUNCTION: "function",
 }
+_SEED_SCOPES = {
+    "request": generation_pb2.SEED_SCOPE_REQUEST,
+    "batch-shape": generation_pb2.SEED_SCOPE_BATCH_SHAPE,
+    "best-effort": generation_pb2.SEED_SCOPE_BEST_EFFORT,
+}
 _FINISH = {
     None: generation_pb2.FINISH_REASON_UNSPECIFIED,
     FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
@@ -75,9 +80,7 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
         )
         if event.seed is not None:
             metadata.seed = event.seed
-            # Each row owns its generator and its forward pass holds only its
-            # own request's rows, so the text depends on nothing but the request.
-            metadata.seed_scope = generation_pb2.SEED_SCOPE_REQUEST
+            metadata.seed_scope = _SEED_SCOPES[event.seed_scope]
         return generation_service_pb2.GenerateResponse(metadata=metadata)
     if isinstance(event, StepOutput):
         return generation_service_pb2.GenerateResponse(
@@ -97,6 +100,7 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
                 prompt_tokens=event.prompt_tokens,
                 completion_tokens=event.completion_tokens,
                 total_tokens=event.prompt_tokens + event.completion_tokens,
+                cached_tokens=event.cached_tokens,
             )
         )
     raise TypeError(f"unknown generation event {event!r}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from millm.v1 import server_service_pb2, server_service_pb2_grpc
 from service.inference import InferenceService
 from service.servicers.error_handling import unary_errors
@@ -18,10 +20,6 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
             model=self._inference.loaded.id if self._inference.loaded else ""
         )
         if status is not None:
-            response.backend = status.backend
-            response.active_generations = status.active_generations
-            response.queued_requests = status.queued_requests
-            response.generated_tokens_total = status.generated_tokens_total
-            response.completed_generations_total = status.completed_generations_total
-            response.cancelled_generations_total = status.cancelled_generations_total
+            for name, value in dataclasses.asdict(status).items():
+                setattr(response, name, value)
         return response

@@ -1,0 +1,252 @@
+"""The running batch of the transformers engine: rows, prefill, and lanes.
+
+A *row* is one choice being generated. A *lane* is a set of rows decoded
+together, one forward pass per step, over one KV cache padded on the left so
+that rows of different lengths line up: row r's real tokens occupy the last
+`length_r` columns, an attention mask hides the padding, and explicit position
+ids give each row its own positions. A row joins a lane after its own prefill
+(left-padding whichever side is shorter) and leaves it as soon as it finishes
+or its caller goes away; columns that no remaining row uses are trimmed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from service.generation_job import ChoiceDelta, FinishReason, GenerationJob, PromptGroup
+from service.sampling import SamplingOptions, apply_penalties, choose_tokens
+from service.text_output import IncrementalDetokenizer, StopMatcher
+
+
+@dataclass
+class ModelContext:
+    """What rows and lanes need from the loaded model."""
+
+    model: object
+    decoder: object  # the model thread's own tokenizer, for decoding
+    device: torch.device
+    vocab_width: int  # logits columns (may exceed the tokenizer's vocabulary)
+    eos_ids: torch.Tensor
+    banned_ids: torch.Tensor  # special tokens generation must never emit
+    eos_set: frozenset[int] = field(default_factory=frozenset)
+
+
+@dataclass
+class GroupProgress:
+    """Book-keeping of one prompt group while its rows run."""
+
+    job: GenerationJob
+    group: PromptGroup
+    rows_left: int
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Row:
+    def __init__(self, ctx: ModelContext, progress: GroupProgress, offset: int):
+        group, spec = progress.group, progress.job.spec
+        self.progress = progress
+        self.job = progress.job
+        self.index = group.first_index + offset
+        self.options: SamplingOptions = spec.options
+        self.ignore_eos = spec.ignore_eos
+        self.max_tokens = group.max_tokens
+        self.generator = torch.Generator(device=ctx.device).manual_seed(group.row_seeds[offset])
+        self.detokenizer = IncrementalDetokenizer(ctx.decoder, list(group.prompt_ids))
+        self.stopper = StopMatcher(spec.stop)
+        self.generated = 0
+        self.last_token = -1
+
+    def _final_text(self) -> str:
+        text, hit = self.stopper.push(self.detokenizer.flush())
+        return text if hit else text + self.stopper.flush()
+
+    def accept(self, token: int, eos: frozenset[int]) -> tuple[ChoiceDelta, bool]:
+        """Take the sampled token; return its delta and whether the row is done."""
+        self.generated += 1
+        self.progress.completion_tokens += 1
+        if token in eos:
+            return ChoiceDelta(self.index, self._final_text(), (token,), FinishReason.STOP), True
+        text, hit = self.stopper.push(self.detokenizer.push(token))
+        if hit:
+            return ChoiceDelta(self.index, text, (token,), FinishReason.STOP), True
+        if self.generated >= self.max_tokens:
+            text += self._final_text()
+            return ChoiceDelta(self.index, text, (token,), FinishReason.LENGTH), True
+        self.last_token = token
+        return ChoiceDelta(self.index, text, (token,)), False
+
+
+def sample(
+    ctx: ModelContext,
+    rows: list[Row],
+    logits: torch.Tensor,
+    counts: torch.Tensor,
+    seen: torch.Tensor,
+) -> list[tuple[Row, ChoiceDelta, bool]]:
+    """Choose each row's next token with its own options and generator."""
+    options = [r.options for r in rows]
+    logits = apply_penalties(logits, options, counts, seen)
+    logits[:, ctx.banned_ids] = float("-inf")
+    for i, row in enumerate(rows):
+        if row.ignore_eos:
+            logits[i, ctx.eos_ids] = float("-inf")
+    tokens = choose_tokens(logits, options, [r.generator for r in rows])
+    results = []
+    for i, (row, token) in enumerate(zip(rows, tokens, strict=True)):
+        delta, done = row.accept(token, ctx.eos_set)
+        if not done:
+            counts[i, token] += 1
+            seen[i, token] = True
+        results.append((row, delta, done))
+    return results
+
+
+@dataclass
+class Prefilled:
+    """A group after its prefill: the rows still running and their KV."""
+
+    rows: list[Row]
+    cache: object
+    length: int
+    counts: torch.Tensor
+    seen: torch.Tensor
+    results: list[tuple[Row, ChoiceDelta, bool]]
+
+
+def prefill(
+    ctx: ModelContext, progress: GroupProgress, prefix_cache, read_cache: bool
+) -> Prefilled:
+    """Compute a group's prompt once, reusing cached prefix blocks when allowed,
+    then sample the first token of each of its n rows."""
+    from transformers import DynamicCache
+
+    prompt = progress.group.prompt_ids
+    cached, layers = prefix_cache.lookup(prompt) if read_cache else (0, [])
+    progress.cached_tokens = cached
+    cache = DynamicCache(ddp_cache_data=layers) if cached else DynamicCache()
+    ids = torch.tensor([prompt[cached:]], dtype=torch.long, device=ctx.device)
+    positions = torch.arange(cached, len(prompt), device=ctx.device).unsqueeze(0)
+    out = ctx.model(
+        input_ids=ids,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    prefix_cache.store(prompt, cache)
+    n = progress.group.n
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+    logits = out.logits[:, -1, :].float().repeat(n, 1)
+    counts = torch.zeros((n, ctx.vocab_width), dtype=torch.float32, device=ctx.device)
+    seen = torch.zeros((n, ctx.vocab_width), dtype=torch.bool, device=ctx.device)
+    seen[:, torch.tensor(prompt, dtype=torch.long, device=ctx.device)] = True
+    rows = [Row(ctx, progress, i) for i in range(n)]
+    results = sample(ctx, rows, logits, counts, seen)
+    keep = [i for i, (_, _, done) in enumerate(results) if not done]
+    if len(keep) < n and keep:
+        index = torch.tensor(keep, dtype=torch.long, device=ctx.device)
+        cache.batch_select_indices(index)
+        counts, seen = counts[index], seen[index]
+    return Prefilled([rows[i] for i in keep], cache, len(prompt), counts, seen, results)
+
+
+def _pad_left(tensor: torch.Tensor, amount: int, dim: int) -> torch.Tensor:
+    if amount == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = amount
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+class Lane:
+    """Rows decoded together over one left-padded KV cache."""
+
+    def __init__(self, ctx: ModelContext):
+        self.ctx = ctx
+        self.rows: list[Row] = []
+        self.cache = None
+        self.mask: torch.Tensor | None = None  # [rows, columns], 1 = real token
+        self.positions: torch.Tensor | None = None  # [rows] next position id
+        self.counts: torch.Tensor | None = None
+        self.seen: torch.Tensor | None = None
+
+    @property
+    def kv_columns(self) -> int:
+        return 0 if self.mask is None else self.mask.shape[1]
+
+    def kv_tokens(self) -> tuple[int, int]:
+        """(token slots held, of which padding)."""
+        if self.mask is None:
+            return 0, 0
+        held = self.mask.numel()
+        return held, held - int(self.mask.sum())
+
+    def add(self, new: Prefilled) -> None:
+        if not new.rows:
+            return
+        device = self.ctx.device
+        rows = len(new.rows)
+        mask = torch.ones((rows, new.length), dtype=torch.long, device=device)
+        positions = torch.full((rows,), new.length, dtype=torch.long, device=device)
+        if not self.rows:
+            self.rows, self.cache, self.mask = list(new.rows), new.cache, mask
+            self.positions, self.counts, self.seen = positions, new.counts, new.seen
+            return
+        width = max(self.kv_columns, new.length)
+        grow_old, grow_new = width - self.kv_columns, width - new.length
+        for old_layer, new_layer in zip(self.cache.layers, new.cache.layers, strict=True):
+            old_layer.keys = torch.cat(
+                [_pad_left(old_layer.keys, grow_old, 2), _pad_left(new_layer.keys, grow_new, 2)]
+            )
+            old_layer.values = torch.cat(
+                [_pad_left(old_layer.values, grow_old, 2), _pad_left(new_layer.values, grow_new, 2)]
+            )
+        self.mask = torch.cat([_pad_left(self.mask, grow_old, 1), _pad_left(mask, grow_new, 1)])
+        self.positions = torch.cat([self.positions, positions])
+        self.counts = torch.cat([self.counts, new.counts])
+        self.seen = torch.cat([self.seen, new.seen])
+        self.rows.extend(new.rows)
+
+    def keep(self, keep: list[int]) -> None:
+        """Keep only these rows; drop everything the others held."""
+        if len(keep) == len(self.rows):
+            return
+        if not keep:
+            self.rows, self.cache, self.mask = [], None, None
+            self.positions = self.counts = self.seen = None
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.ctx.device)
+        self.cache.batch_select_indices(index)
+        self.mask, self.positions = self.mask[index], self.positions[index]
+        self.counts, self.seen = self.counts[index], self.seen[index]
+        self.rows = [self.rows[i] for i in keep]
+        # Columns that only departed rows used are padding for everyone left.
+        first = int(torch.nonzero(self.mask.any(dim=0))[0])
+        if first > 0:
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.keys = layer.keys[:, :, first:, :]
+                layer.values = layer.values[:, :, first:, :]
+
+    def step(self) -> list[tuple[Row, ChoiceDelta, bool]]:
+        """One decode step for every row; finished rows leave the lane."""
+        device = self.ctx.device
+        ids = torch.tensor([[r.last_token] for r in self.rows], dtype=torch.long, device=device)
+        self.mask = torch.cat(
+            [self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=device)], dim=1
+        )
+        out = self.ctx.model(
+            input_ids=ids,
+            attention_mask=self.mask,
+            position_ids=self.positions.unsqueeze(1),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.positions = self.positions + 1
+        results = sample(self.ctx, self.rows, out.logits[:, -1, :].float(), self.counts, self.seen)
+        self.keep([i for i, (_, _, done) in enumerate(results) if not done])
+        return results

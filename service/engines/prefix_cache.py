@@ -1,0 +1,101 @@
+"""Reusing the KV cache of prompt prefixes computed before.
+
+Prompts are cut into blocks of BLOCK_TOKENS tokens. A block is identified by
+a digest chained over every token before and in it, so a block matches only
+when the whole prefix up to it matches. After a prefill, each full block of
+the prompt is stored (one K and one V slice per layer); a later prompt that
+starts with the same blocks skips computing them. Blocks are evicted least
+recently used first once the cache holds more than its token budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+BLOCK_TOKENS = 16
+
+
+@dataclass
+class _Block:
+    keys: list[torch.Tensor]  # per layer [kv_heads, BLOCK_TOKENS, head_dim]
+    values: list[torch.Tensor]
+
+
+def _block_digests(prompt: tuple[int, ...], blocks: int) -> list[bytes]:
+    digests, previous = [], b""
+    for i in range(blocks):
+        chunk = prompt[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS]
+        data = previous + b"".join(t.to_bytes(4, "little", signed=False) for t in chunk)
+        previous = hashlib.blake2b(data, digest_size=16).digest()
+        digests.append(previous)
+    return digests
+
+
+class PrefixCache:
+    def __init__(self, max_tokens: int):
+        self.max_blocks = max(0, max_tokens // BLOCK_TOKENS)
+        self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
+        self.hit_tokens_total = 0
+        self.lookups_total = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_blocks > 0
+
+    @property
+    def cached_tokens(self) -> int:
+        return len(self._blocks) * BLOCK_TOKENS
+
+    def lookup(
+        self, prompt: tuple[int, ...]
+    ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The longest cached prefix, leaving at least one token to compute
+        (its logits choose the first output token): (tokens, per-layer [1,H,T,D] K/V)."""
+        self.lookups_total += 1
+        if not self.enabled:
+            return 0, []
+        usable = (len(prompt) - 1) // BLOCK_TOKENS
+        found: list[_Block] = []
+        for digest in _block_digests(prompt, usable):
+            block = self._blocks.get(digest)
+            if block is None:
+                break
+            self._blocks.move_to_end(digest)
+            found.append(block)
+        if not found:
+            return 0, []
+        layers = [
+            (
+                torch.cat([b.keys[i] for b in found], dim=1).unsqueeze(0),
+                torch.cat([b.values[i] for b in found], dim=1).unsqueeze(0),
+            )
+            for i in range(len(found[0].keys))
+        ]
+        tokens = len(found) * BLOCK_TOKENS
+        self.hit_tokens_total += tokens
+        return tokens, layers
+
+    def store(self, prompt: tuple[int, ...], cache) -> None:
+        """Keep each full block of `prompt` from row 0 of a freshly prefilled cache."""
+        if not self.enabled:
+            return
+        blocks = len(prompt) // BLOCK_TOKENS
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        for i, digest in enumerate(_block_digests(prompt, blocks)):
+            if digest in self._blocks:
+                self._blocks.move_to_end(digest)
+                continue
+            span = slice(i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS)
+            self._blocks[digest] = _Block(
+                keys=[k[0, :, span, :].clone() for k, _ in layers],
+                values=[v[0, :, span, :].clone() for _, v in layers],
+            )
+        while len(self._blocks) > self.max_blocks:
+            self._blocks.popitem(last=False)
+
+    def clear(self) -> None:
+        self._blocks.clear()

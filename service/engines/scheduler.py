@@ -1,0 +1,252 @@
+"""The model thread: a queue, iteration-level admission, and the lanes.
+
+Every turn of the loop (1) takes new jobs from the inbox, (2) drops rows and
+queued jobs whose caller left, (3) admits waiting prompt groups while the
+running batch has room, prefilling each, and (4) runs one decode step for
+every lane. A new request therefore joins at the next step and a finished
+one leaves at once, as in vLLM and TGI.
+
+All unseeded rows share one lane, whatever their sampling parameters, stop
+sequences or lengths. A seeded group gets a lane of its own and never reads
+the prefix cache, so its forward passes hold nothing but its own rows: its
+text depends on the request alone, which is what SEED_SCOPE_REQUEST promises.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import grpc
+import torch
+
+from service.engines.base import EngineStatus
+from service.engines.batch import GroupProgress, Lane, ModelContext, Row, prefill
+from service.engines.prefix_cache import PrefixCache
+from service.errors import EngineError, internal_error
+from service.generation_job import GenerationJob, GroupDone, GroupFailed, StepOutput
+
+log = logging.getLogger(__name__)
+
+
+def queue_full(limit: int) -> EngineError:
+    return EngineError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "queue_full",
+        f"The engine's request queue is full ({limit} waiting); retry shortly.",
+        None,
+        "server_error",
+    )
+
+
+@dataclass
+class _Waiting:
+    job: GenerationJob
+    groups: collections.deque = field(default_factory=collections.deque)
+
+
+@dataclass
+class SchedulerLimits:
+    max_batch: int = 64  # running rows
+    max_queued: int = 256  # waiting requests
+    serial: bool = False  # one request at a time (for comparison benchmarks)
+
+
+class Scheduler:
+    def __init__(self, ctx: ModelContext, limits: SchedulerLimits, prefix_cache: PrefixCache):
+        self.ctx, self.limits, self.prefix_cache = ctx, limits, prefix_cache
+        self.backend = "transformers/" + ("serial" if limits.serial else "continuous-batching")
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting: collections.deque[_Waiting] = collections.deque()
+        self._shared = Lane(ctx)
+        self._isolated: list[Lane] = []
+        self._groups_left: dict[int, int] = {}  # id(job) -> groups not yet done, once admitted
+        self._lock = threading.Lock()
+        self._submitted = 0  # jobs in the inbox or waiting
+        self._generated = self._completed = self._cancelled = self._failed = 0
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="millm-model", daemon=True)
+
+    # -- called from the event loop ---------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._inbox.put(None)
+        self._thread.join(timeout=10)
+
+    def submit(self, job: GenerationJob) -> None:
+        with self._lock:
+            if self._submitted >= self.limits.max_queued:
+                raise queue_full(self.limits.max_queued)
+            self._submitted += 1
+        self._inbox.put(job)
+
+    def status(self) -> EngineStatus:
+        with self._lock:
+            lanes = [self._shared, *self._isolated]
+            held = [lane.kv_tokens() for lane in lanes]
+            return EngineStatus(
+                backend=self.backend,
+                active_generations=len(self._groups_left),
+                queued_requests=self._submitted,
+                generated_tokens_total=self._generated,
+                completed_generations_total=self._completed,
+                cancelled_generations_total=self._cancelled,
+                failed_generations_total=self._failed,
+                running_rows=sum(len(lane.rows) for lane in lanes),
+                lanes=sum(1 for lane in lanes if lane.rows),
+                max_batch=self.limits.max_batch,
+                max_queued=self.limits.max_queued,
+                kv_tokens_in_use=sum(h for h, _ in held),
+                kv_padding_tokens=sum(p for _, p in held),
+                prefix_cache_tokens=self.prefix_cache.cached_tokens,
+                prefix_cache_hit_tokens_total=self.prefix_cache.hit_tokens_total,
+            )
+
+    # -- the model thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        # Every tensor of every job lives on this thread, in inference mode.
+        with torch.inference_mode():
+            while not self._stopping:
+                self._take_inbox()
+                with self._lock:
+                    self._drop_cancelled()
+                self._admit()
+                self._step_lanes()
+        for waiting in self._waiting:
+            waiting.job.cancelled.set()
+
+    def _running_rows(self) -> int:
+        return len(self._shared.rows) + sum(len(lane.rows) for lane in self._isolated)
+
+    def _take_inbox(self) -> None:
+        idle = not self._waiting and self._running_rows() == 0
+        try:
+            item = self._inbox.get(block=idle)
+            while item is not None:
+                self._waiting.append(_Waiting(item, collections.deque(item.spec.groups)))
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _end_job(self, job: GenerationJob, outcome: str) -> None:
+        """Count a job once, when it ends: "done", "cancelled" or "failed". Lock held."""
+        if job.outcome is not None:
+            return
+        job.outcome = outcome
+        self._groups_left.pop(id(job), None)
+        if outcome == "done":
+            self._completed += 1
+        elif outcome == "cancelled":
+            self._cancelled += 1
+        else:
+            self._failed += 1
+
+    def _drop_cancelled(self) -> None:
+        for waiting in [w for w in self._waiting if w.job.cancelled.is_set()]:
+            # The caller left while it waited: drop it without running it.
+            self._waiting.remove(waiting)
+            self._submitted -= 1
+            self._end_job(waiting.job, "cancelled")
+        for lane in [self._shared, *self._isolated]:
+            gone = [r.job for r in lane.rows if r.job.cancelled.is_set()]
+            if gone:
+                lane.keep([i for i, r in enumerate(lane.rows) if not r.job.cancelled.is_set()])
+                for job in gone:
+                    self._end_job(job, "cancelled")
+        self._isolated = [lane for lane in self._isolated if lane.rows]
+
+    def _admit(self) -> None:
+        while self._waiting:
+            waiting = self._waiting[0]
+            if (
+                self.limits.serial
+                and self._groups_left
+                and id(waiting.job) not in self._groups_left
+            ):
+                return
+            group = waiting.groups[0]
+            running = self._running_rows()
+            if running and running + group.n > self.limits.max_batch and not self.limits.serial:
+                return
+            waiting.groups.popleft()
+            with self._lock:
+                self._groups_left.setdefault(id(waiting.job), len(waiting.job.spec.groups))
+                if not waiting.groups:
+                    self._waiting.popleft()
+                    self._submitted -= 1
+            self._start_group(waiting.job, group)
+
+    def _start_group(self, job: GenerationJob, group) -> None:
+        progress = GroupProgress(job, group, rows_left=group.n)
+        seeded = job.spec.seed is not None
+        try:
+            new = prefill(self.ctx, progress, self.prefix_cache, read_cache=not seeded)
+        except Exception:
+            log.exception("prefill failed (request %s)", job.spec.request_id)
+            self._fail(job)
+            return
+        self._deliver(new.results)
+        if seeded:
+            lane = Lane(self.ctx)
+            lane.add(new)
+            if lane.rows:
+                with self._lock:
+                    self._isolated.append(lane)
+        else:
+            with self._lock:
+                self._shared.add(new)
+
+    def _step_lanes(self) -> None:
+        for lane in [self._shared, *self._isolated]:
+            if not lane.rows:
+                continue
+            try:
+                results = lane.step()
+            except Exception:
+                log.exception("decode step failed; failing the lane's requests")
+                jobs = {id(r.job): r.job for r in lane.rows}
+                with self._lock:
+                    lane.keep([])
+                for job in jobs.values():
+                    self._fail(job)
+                continue
+            self._deliver(results)
+        with self._lock:
+            self._isolated = [lane for lane in self._isolated if lane.rows]
+
+    def _deliver(self, results: list[tuple[Row, object, bool]]) -> None:
+        """Post one StepOutput per job, then GroupDone for groups that finished."""
+        per_job: dict[int, tuple[GenerationJob, list]] = {}
+        finished: list[GroupProgress] = []
+        for row, delta, done in results:
+            per_job.setdefault(id(row.job), (row.job, []))[1].append(delta)
+            if done:
+                row.progress.rows_left -= 1
+                if row.progress.rows_left == 0:
+                    finished.append(row.progress)
+        with self._lock:
+            self._generated += len(results)
+        for job, deltas in per_job.values():
+            job.post(StepOutput(tuple(deltas)))
+        for progress in finished:
+            progress.job.post(GroupDone(progress.completion_tokens, progress.cached_tokens))
+            with self._lock:
+                key = id(progress.job)
+                if key in self._groups_left:
+                    self._groups_left[key] -= 1
+                    if self._groups_left[key] == 0:
+                        self._end_job(progress.job, "done")
+
+    def _fail(self, job: GenerationJob) -> None:
+        job.post(GroupFailed(internal_error()))
+        job.cancelled.set()  # its other rows and waiting groups leave at the next turn
+        with self._lock:
+            self._end_job(job, "failed")
