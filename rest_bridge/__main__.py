@@ -33,6 +33,8 @@ def main() -> int:
         host=config.host,
         port=config.http_port,
         log_level=config.log_level.lower(),
+        loop="uvloop",
+        http="httptools",
         # The OpenAI SDKs keep connections alive between calls.
         timeout_keep_alive=30,
     )

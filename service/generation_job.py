@@ -78,6 +78,18 @@ class GroupFailed:
     error: EngineError
 
 
+def merge_steps(first: StepOutput, second: StepOutput) -> StepOutput:
+    """One output saying what two consecutive steps said, choice by choice."""
+    merged: dict[int, ChoiceDelta] = {d.index: d for d in first.deltas}
+    for d in second.deltas:
+        before = merged.get(d.index)
+        merged[d.index] = d if before is None else ChoiceDelta(
+            d.index, before.text + d.text, before.token_ids + d.token_ids,
+            d.finish_reason or before.finish_reason,
+        )
+    return StepOutput(tuple(merged.values()))
+
+
 @dataclass
 class GenerationJob:
     spec: ValidatedGeneration
@@ -96,12 +108,25 @@ class GenerationJob:
     async def events(self) -> AsyncIterator[StepOutput]:
         """Step outputs until every group is done. Leaving early (the caller
         is gone, or a failure) cancels the job, so the model thread drops it at
-        its next step."""
+        its next step.
+
+        Steps that piled up while the caller was busy are merged into one
+        output, so a slow reader (a loaded bridge) gets fewer, larger messages
+        instead of falling further behind.
+        """
         remaining = len(self.spec.groups)
+        held = None
         try:
             while remaining:
-                event = await self.queue.get()
+                event = held if held is not None else await self.queue.get()
+                held = None
                 if isinstance(event, StepOutput):
+                    while not self.queue.empty():
+                        following = self.queue.get_nowait()
+                        if not isinstance(following, StepOutput):
+                            held = following
+                            break
+                        event = merge_steps(event, following)
                     yield event
                 elif isinstance(event, GroupDone):
                     self.completion_tokens += event.completion_tokens

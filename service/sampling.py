@@ -84,13 +84,13 @@ def choose_tokens(
     options: list[SamplingOptions],
     generators: list[torch.Generator],
 ) -> list[int]:
-    """One next token per row of `logits` [rows, vocab] (already penalised and masked)."""
-    tokens = []
+    """One next token per row of `logits` [rows, vocab] (already penalised and masked).
+
+    Greedy rows share one argmax; a sampled row draws from its own generator.
+    """
+    tokens = torch.argmax(logits, dim=-1).tolist()
     for row, opts in enumerate(options):
-        row_logits = logits[row]
-        if opts.greedy:
-            tokens.append(int(torch.argmax(row_logits)))
-            continue
-        probs = torch.softmax(filter_logits(row_logits, opts), dim=-1)
-        tokens.append(int(torch.multinomial(probs, 1, generator=generators[row])))
+        if not opts.greedy:
+            probs = torch.softmax(filter_logits(logits[row], opts), dim=-1)
+            tokens[row] = int(torch.multinomial(probs, 1, generator=generators[row]))
     return tokens

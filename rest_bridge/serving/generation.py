@@ -189,14 +189,18 @@ class GenerationHandler(abc.ABC):
             if opening:
                 yield chunk(opening)
             async for message in _rest_of(call):
+                # One write per engine message, however many events it makes.
+                events = []
                 for delta in message.choices:
                     finish = FINISH_REASONS.get(delta.finish_reason)
                     if delta.text:
-                        yield chunk([self.delta_choice(delta.index, delta.text, None)])
+                        events.append(chunk([self.delta_choice(delta.index, delta.text, None)]))
                     if finish:
-                        yield chunk([self.delta_choice(delta.index, "", finish)])
+                        events.append(chunk([self.delta_choice(delta.index, "", finish)]))
                 if message.HasField("usage") and include_usage:
-                    yield chunk([], usage=self.usage_json(message.usage))
+                    events.append(chunk([], usage=self.usage_json(message.usage)))
+                if events:
+                    yield b"".join(events)
         except grpc.aio.AioRpcError as exc:
             # The 200 is already sent: report the failure in-stream, then end.
             yield sse.event(from_rpc_error(exc).body())

@@ -106,52 +106,73 @@ def sample(
 
 @dataclass
 class Prefilled:
-    """A group after its prefill: the rows still running and their KV."""
+    """Groups after their prefill: the rows still running and their left-padded KV."""
 
     rows: list[Row]
     cache: object
-    length: int
+    mask: torch.Tensor  # [rows, columns], 1 = real token
     counts: torch.Tensor
     seen: torch.Tensor
     results: list[tuple[Row, ChoiceDelta, bool]]
 
 
 def prefill(
-    ctx: ModelContext, progress: GroupProgress, prefix_cache, read_cache: bool
+    ctx: ModelContext, progresses: list[GroupProgress], prefix_cache, read_cache: bool
 ) -> Prefilled:
-    """Compute a group's prompt once, reusing cached prefix blocks when allowed,
-    then sample the first token of each of its n rows."""
+    """Compute the prompts of several groups in one forward pass (left-padded),
+    then sample the first token of each of their rows.
+
+    A lone group may start from cached prefix blocks (`read_cache`); groups
+    prefilled together never do, so they share one starting column.
+    """
     from transformers import DynamicCache
 
-    prompt = progress.group.prompt_ids
-    cached, layers = prefix_cache.lookup(prompt) if read_cache else (0, [])
-    progress.cached_tokens = cached
+    device = ctx.device
+    prompts = [p.group.prompt_ids for p in progresses]
+    cached, layers = (0, [])
+    if read_cache and len(progresses) == 1:
+        cached, layers = prefix_cache.lookup(prompts[0])
+        progresses[0].cached_tokens = cached
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    positions = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    for i, prompt in enumerate(prompts):
+        start = width - len(prompt)
+        ids[i, start:] = torch.tensor(prompt, dtype=torch.long, device=device)
+        mask[i, start:] = 1
+        positions[i, start:] = torch.arange(len(prompt), device=device)
     cache = DynamicCache(ddp_cache_data=layers) if cached else DynamicCache()
-    ids = torch.tensor([prompt[cached:]], dtype=torch.long, device=ctx.device)
-    positions = torch.arange(cached, len(prompt), device=ctx.device).unsqueeze(0)
     out = ctx.model(
-        input_ids=ids,
-        position_ids=positions,
+        input_ids=ids[:, cached:],
+        attention_mask=mask if len(prompts) > 1 else None,
+        position_ids=positions[:, cached:],
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
     )
-    prefix_cache.store(prompt, cache)
-    n = progress.group.n
-    if n > 1:
-        cache.batch_repeat_interleave(n)
-    logits = out.logits[:, -1, :].float().repeat(n, 1)
-    counts = torch.zeros((n, ctx.vocab_width), dtype=torch.float32, device=ctx.device)
-    seen = torch.zeros((n, ctx.vocab_width), dtype=torch.bool, device=ctx.device)
-    seen[:, torch.tensor(prompt, dtype=torch.long, device=ctx.device)] = True
-    rows = [Row(ctx, progress, i) for i in range(n)]
-    results = sample(ctx, rows, logits, counts, seen)
-    keep = [i for i, (_, _, done) in enumerate(results) if not done]
-    if len(keep) < n and keep:
-        index = torch.tensor(keep, dtype=torch.long, device=ctx.device)
+    for i, prompt in enumerate(prompts):
+        prefix_cache.store(prompt, cache, row=i, start=width - len(prompt))
+
+    # One row per choice: group i's KV is repeated for its n rows.
+    owner = [i for i, p in enumerate(progresses) for _ in range(p.group.n)]
+    rows = [Row(ctx, p, j) for p in progresses for j in range(p.group.n)]
+    index = torch.tensor(owner, dtype=torch.long, device=device)
+    if owner != list(range(len(prompts))):
         cache.batch_select_indices(index)
-        counts, seen = counts[index], seen[index]
-    return Prefilled([rows[i] for i in keep], cache, len(prompt), counts, seen, results)
+    logits = out.logits[:, -1, :].float()[index]
+    mask = mask[index]
+    counts = torch.zeros((len(rows), ctx.vocab_width), dtype=torch.float32, device=device)
+    seen = torch.zeros((len(rows), ctx.vocab_width), dtype=torch.bool, device=device)
+    for r, i in enumerate(owner):
+        seen[r, torch.tensor(prompts[i], dtype=torch.long, device=device)] = True
+    results = sample(ctx, rows, logits, counts, seen)
+    keep = [r for r, (_, _, done) in enumerate(results) if not done]
+    if len(keep) < len(rows) and keep:
+        index = torch.tensor(keep, dtype=torch.long, device=device)
+        cache.batch_select_indices(index)
+        mask, counts, seen = mask[index], counts[index], seen[index]
+    return Prefilled([rows[r] for r in keep], cache, mask, counts, seen, results)
 
 
 def _pad_left(tensor: torch.Tensor, amount: int, dim: int) -> torch.Tensor:
@@ -188,16 +209,13 @@ class Lane:
     def add(self, new: Prefilled) -> None:
         if not new.rows:
             return
-        device = self.ctx.device
-        rows = len(new.rows)
-        mask = torch.ones((rows, new.length), dtype=torch.long, device=device)
-        positions = torch.full((rows,), new.length, dtype=torch.long, device=device)
+        positions = new.mask.sum(dim=1)
         if not self.rows:
-            self.rows, self.cache, self.mask = list(new.rows), new.cache, mask
+            self.rows, self.cache, self.mask = list(new.rows), new.cache, new.mask
             self.positions, self.counts, self.seen = positions, new.counts, new.seen
             return
-        width = max(self.kv_columns, new.length)
-        grow_old, grow_new = width - self.kv_columns, width - new.length
+        width = max(self.kv_columns, new.mask.shape[1])
+        grow_old, grow_new = width - self.kv_columns, width - new.mask.shape[1]
         for old_layer, new_layer in zip(self.cache.layers, new.cache.layers, strict=True):
             old_layer.keys = torch.cat(
                 [_pad_left(old_layer.keys, grow_old, 2), _pad_left(new_layer.keys, grow_new, 2)]
@@ -205,7 +223,7 @@ class Lane:
             old_layer.values = torch.cat(
                 [_pad_left(old_layer.values, grow_old, 2), _pad_left(new_layer.values, grow_new, 2)]
             )
-        self.mask = torch.cat([_pad_left(self.mask, grow_old, 1), _pad_left(mask, grow_new, 1)])
+        self.mask = torch.cat([_pad_left(self.mask, grow_old, 1), _pad_left(new.mask, grow_new, 1)])
         self.positions = torch.cat([self.positions, positions])
         self.counts = torch.cat([self.counts, new.counts])
         self.seen = torch.cat([self.seen, new.seen])

@@ -50,6 +50,18 @@ class PrefixCache:
     def cached_tokens(self) -> int:
         return len(self._blocks) * BLOCK_TOKENS
 
+    def peek(self, prompt: tuple[int, ...]) -> int:
+        """How many prompt tokens a lookup would reuse (without touching recency)."""
+        if not self.enabled:
+            return 0
+        usable = (len(prompt) - 1) // BLOCK_TOKENS
+        hits = 0
+        for digest in _block_digests(prompt, usable):
+            if digest not in self._blocks:
+                break
+            hits += 1
+        return hits * BLOCK_TOKENS
+
     def lookup(
         self, prompt: tuple[int, ...]
     ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -79,8 +91,9 @@ class PrefixCache:
         self.hit_tokens_total += tokens
         return tokens, layers
 
-    def store(self, prompt: tuple[int, ...], cache) -> None:
-        """Keep each full block of `prompt` from row 0 of a freshly prefilled cache."""
+    def store(self, prompt: tuple[int, ...], cache, row: int = 0, start: int = 0) -> None:
+        """Keep each full block of `prompt`, whose KV sits in `row` of a freshly
+        prefilled cache from column `start` on (after any left padding)."""
         if not self.enabled:
             return
         blocks = len(prompt) // BLOCK_TOKENS
@@ -89,10 +102,10 @@ class PrefixCache:
             if digest in self._blocks:
                 self._blocks.move_to_end(digest)
                 continue
-            span = slice(i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS)
+            span = slice(start + i * BLOCK_TOKENS, start + (i + 1) * BLOCK_TOKENS)
             self._blocks[digest] = _Block(
-                keys=[k[0, :, span, :].clone() for k, _ in layers],
-                values=[v[0, :, span, :].clone() for _, v in layers],
+                keys=[k[row, :, span, :].clone() for k, _ in layers],
+                values=[v[row, :, span, :].clone() for _, v in layers],
             )
         while len(self._blocks) > self.max_blocks:
             self._blocks.popitem(last=False)

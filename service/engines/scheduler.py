@@ -42,6 +42,11 @@ def queue_full(limit: int) -> EngineError:
     )
 
 
+# Prompt tokens prefilled in one forward pass at most, so a burst of long
+# prompts does not stall the running rows' next step for too long.
+PREFILL_TOKEN_BUDGET = 4096
+
+
 @dataclass
 class _Waiting:
     job: GenerationJob
@@ -164,37 +169,50 @@ class Scheduler:
         self._isolated = [lane for lane in self._isolated if lane.rows]
 
     def _admit(self) -> None:
+        """Admit waiting groups while the batch has room. Unseeded groups with
+        nothing cached are prefilled together in one forward pass; a group with
+        a cached prefix, or a seeded one, is prefilled on its own."""
+        together: list[GroupProgress] = []
+        room = self.limits.max_batch - self._running_rows()
         while self._waiting:
             waiting = self._waiting[0]
-            if (
-                self.limits.serial
-                and self._groups_left
-                and id(waiting.job) not in self._groups_left
-            ):
-                return
+            job = waiting.job
+            if self.limits.serial and self._groups_left and id(job) not in self._groups_left:
+                break
             group = waiting.groups[0]
-            running = self._running_rows()
-            if running and running + group.n > self.limits.max_batch and not self.limits.serial:
-                return
+            busy = self._running_rows() > 0 or together
+            if busy and group.n > room and not self.limits.serial:
+                break
             waiting.groups.popleft()
+            room -= group.n
             with self._lock:
-                self._groups_left.setdefault(id(waiting.job), len(waiting.job.spec.groups))
+                self._groups_left.setdefault(id(job), len(job.spec.groups))
                 if not waiting.groups:
                     self._waiting.popleft()
                     self._submitted -= 1
-            self._start_group(waiting.job, group)
+            progress = GroupProgress(job, group, rows_left=group.n)
+            if job.spec.seed is not None:
+                self._prefill([progress], isolated=True)
+            elif self.prefix_cache.peek(group.prompt_ids):
+                self._prefill([progress], isolated=False)
+            else:
+                together.append(progress)
+                if sum(len(p.group.prompt_ids) for p in together) >= PREFILL_TOKEN_BUDGET:
+                    self._prefill(together, isolated=False)
+                    together = []
+        if together:
+            self._prefill(together, isolated=False)
 
-    def _start_group(self, job: GenerationJob, group) -> None:
-        progress = GroupProgress(job, group, rows_left=group.n)
-        seeded = job.spec.seed is not None
+    def _prefill(self, progresses: list[GroupProgress], isolated: bool) -> None:
         try:
-            new = prefill(self.ctx, progress, self.prefix_cache, read_cache=not seeded)
+            new = prefill(self.ctx, progresses, self.prefix_cache, read_cache=not isolated)
         except Exception:
-            log.exception("prefill failed (request %s)", job.spec.request_id)
-            self._fail(job)
+            log.exception("prefill failed")
+            for job in {id(p.job): p.job for p in progresses}.values():
+                self._fail(job)
             return
         self._deliver(new.results)
-        if seeded:
+        if isolated:
             lane = Lane(self.ctx)
             lane.add(new)
             if lane.rows:
