@@ -56,7 +56,7 @@ breaking: $(BUF)
 	$(BUF) breaking --against '.git#branch=main'
 
 bench: setup proto model
-	$(PY) bench/generation_throughput.py
+	$(PY) bench/serving.py
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache
