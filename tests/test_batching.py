@@ -267,3 +267,14 @@ def test_queue_full_is_503_with_retry_after(tiny_queue_stack):
         running.cancel()
         final = wait_until(lambda: (s := inference_status(status)).active_generations == 0 and s)
         assert final.cancelled_generations_total == 2
+
+
+def test_padded_prefill_of_different_lengths_equals_alone(generation_stub):
+    """Prompts of one request are prefilled together, left-padded to the longest."""
+    prompts = ["A", "The river ran quietly past the old mill, and the miller", "Cats sleep"]
+    together = texts_of(generation_stub, prompt_request(*prompts, max_tokens=20, temperature=0,
+                                                        ignore_eos=True))
+    for i, prompt in enumerate(prompts):
+        alone = texts_of(generation_stub, prompt_request(prompt, max_tokens=20, temperature=0,
+                                                         ignore_eos=True))
+        assert together[i] == alone[0], prompt
