@@ -58,25 +58,39 @@ def apply_penalties(
     return logits
 
 
-def filter_logits(logits: torch.Tensor, options: SamplingOptions) -> torch.Tensor:
-    """Temperature, then top-k, top-p and min-p truncation (1-D logits)."""
-    logits = logits / options.temperature
-    if options.top_k > 0 and options.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, options.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if options.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
+def filter_rows(logits: torch.Tensor, options: list[SamplingOptions]) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p truncation, each row with its
+    own options (logits [rows, vocab]); truncated tokens become -inf."""
+
+    def column(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=logits.dtype, device=logits.device).unsqueeze(1)
+
+    logits = logits / column([o.temperature for o in options])
+    vocab = logits.shape[-1]
+    for row, opts in enumerate(options):
+        if 0 < opts.top_k < vocab:
+            kth = torch.topk(logits[row], opts.top_k).values[-1]
+            logits[row] = logits[row].masked_fill(logits[row] < kth, float("-inf"))
+    if any(o.top_p < 1.0 for o in options):
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         # Drop a token once the mass before it already reaches top_p; the most
-        # likely token always stays.
-        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= options.top_p
-        drop_sorted[0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        # likely token always stays. Rows without top_p get a bound never reached.
+        top_p = column([o.top_p if o.top_p < 1.0 else 2.0 for o in options])
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    if options.min_p > 0.0:
+    if any(o.min_p > 0.0 for o in options):
         probs = torch.softmax(logits, dim=-1)
-        logits = logits.masked_fill(probs < options.min_p * probs.max(), float("-inf"))
+        floor = column([o.min_p for o in options]) * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     return logits
+
+
+def filter_logits(logits: torch.Tensor, options: SamplingOptions) -> torch.Tensor:
+    """filter_rows for one row of 1-D logits."""
+    return filter_rows(logits.unsqueeze(0), [options])[0]
 
 
 def choose_tokens(
@@ -86,11 +100,26 @@ def choose_tokens(
 ) -> list[int]:
     """One next token per row of `logits` [rows, vocab] (already penalised and masked).
 
-    Greedy rows share one argmax; a sampled row draws from its own generator.
+    Greedy rows take the argmax. Sampled rows are filtered together, then each
+    draws one uniform number from its own generator and takes the token where
+    that number falls in its cumulative distribution (inverse-CDF sampling:
+    the same distribution as torch.multinomial, at a fraction of its cost per
+    row). A zero-probability token can never be chosen.
     """
     tokens = torch.argmax(logits, dim=-1).tolist()
-    for row, opts in enumerate(options):
-        if not opts.greedy:
-            probs = torch.softmax(filter_logits(logits[row], opts), dim=-1)
-            tokens[row] = int(torch.multinomial(probs, 1, generator=generators[row]))
+    sampled = [row for row, opts in enumerate(options) if not opts.greedy]
+    if not sampled:
+        return tokens
+    index = torch.tensor(sampled, dtype=torch.long, device=logits.device)
+    probs = torch.softmax(filter_rows(logits[index], [options[r] for r in sampled]), dim=-1)
+    cdf = torch.cumsum(probs, dim=-1)
+    draws = torch.stack(
+        [torch.rand((), generator=generators[r], device=logits.device) for r in sampled]
+    ).to(cdf.dtype)
+    # Scale by the row's total mass so rounding can never push a draw past the end.
+    points = (draws * cdf[:, -1]).unsqueeze(1)
+    chosen = torch.searchsorted(cdf, points, right=True).squeeze(1)
+    chosen = torch.minimum(chosen, torch.tensor(logits.shape[-1] - 1, device=logits.device))
+    for row, token in zip(sampled, chosen.tolist(), strict=True):
+        tokens[row] = token
     return tokens

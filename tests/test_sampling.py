@@ -73,3 +73,22 @@ def test_penalties_apply_to_their_own_rows():
     out = apply_penalties(logits, [SamplingOptions(), SamplingOptions(frequency_penalty=1.0)],
                           counts, counts > 0)
     assert torch.allclose(out, torch.tensor([[1.0, 1.0], [0.0, 1.0]]))
+
+
+def test_sampling_follows_the_distribution_and_never_picks_masked_tokens():
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    logits = probs.log().unsqueeze(0)  # the masked token is -inf
+    generator = torch.Generator().manual_seed(123)
+    draws = [choose_tokens(logits.clone(), [SamplingOptions()], [generator])[0]
+             for _ in range(4000)]
+    freq = torch.bincount(torch.tensor(draws), minlength=4).float() / len(draws)
+    assert freq[3] == 0
+    assert torch.allclose(freq[:3], probs[:3], atol=0.03)
+
+
+def test_rows_filter_with_their_own_options():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0], [1.0, 4.0, 3.0, 2.0]])
+    from service.sampling import filter_rows
+
+    out = filter_rows(logits, [SamplingOptions(top_k=1), SamplingOptions()])
+    assert torch.isinf(out[0]).sum() == 3 and torch.isfinite(out[1]).all()
