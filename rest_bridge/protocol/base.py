@@ -24,6 +24,27 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool | None = None
 
 
+class GenerationFields(OpenAIBaseModel):
+    """The fields chat and text completions share (streaming and sampling)."""
+
+    model: str
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+
+
 Model = TypeVar("Model", bound=OpenAIBaseModel)
 
 
