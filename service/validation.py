@@ -19,6 +19,7 @@ from service.generation_job import PromptGroup, ValidatedGeneration
 from service.sampling import SamplingOptions
 
 MAX_N = 128
+MAX_PROMPTS = 2048
 MAX_STOP_SEQUENCES = 4
 SEED_MAX = 2**32 - 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -71,8 +72,15 @@ class CheckedParams:
     ignore_eos: bool = False
 
 
-def _number(param: str, value: float | None, default: float, low: float, high: float,
-            *, low_open: bool = False) -> float:
+def _number(
+    param: str,
+    value: float | None,
+    default: float,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = False,
+) -> float:
     if value is None:
         return default
     if not math.isfinite(value):
@@ -106,6 +114,11 @@ def check_input(params: GenerateParams) -> None:
     else:
         if not params.prompts:
             raise invalid_parameter("prompt", "'prompt' must not be empty.")
+        if len(params.prompts) > MAX_PROMPTS:
+            raise invalid_parameter(
+                "prompt",
+                f"'prompt' takes at most {MAX_PROMPTS} prompts; got {len(params.prompts)}.",
+            )
 
 
 def check_params(params: GenerateParams) -> CheckedParams:
@@ -146,8 +159,7 @@ def check_params(params: GenerateParams) -> CheckedParams:
         raise invalid_parameter(
             "seed", f"'seed' must be an integer from 0 to {SEED_MAX}; got {params.seed}."
         )
-    return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed,
-                         params.ignore_eos)
+    return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed, params.ignore_eos)
 
 
 def check_token_ids(params: GenerateParams, vocab_size: int) -> None:
@@ -227,4 +239,3 @@ def resolve(
         seed=checked.seed,
         ignore_eos=checked.ignore_eos,
     )
-

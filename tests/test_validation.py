@@ -54,6 +54,12 @@ def test_row_seeds():
     assert row_seeds(None, 2) != row_seeds(None, 2)
 
 
+def test_prompt_count_is_capped():
+    with pytest.raises(EngineError) as err:
+        check_params(GenerateParams(model="m", prompts=("x",) * 2049))
+    assert err.value.param == "prompt"
+
+
 def test_nan_is_refused_naming_the_field():
     with pytest.raises(EngineError) as err:
         check_params(GenerateParams(model="m", prompts=("x",), top_p=float("nan")))

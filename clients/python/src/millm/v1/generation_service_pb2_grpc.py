@@ -51,8 +51,9 @@ class GenerationServiceServicer:
         response carries `metadata`; each choice's last delta carries its finish
         reason; the last response carries `usage`. Bad input fails before any
         response with INVALID_ARGUMENT (or NOT_FOUND for an unknown model) and a
-        google.rpc.ErrorInfo whose reason is the OpenAI error code. Cancelling
-        the call stops generation within one decode step.
+        google.rpc.ErrorInfo whose reason is the OpenAI error code; a full
+        queue is RESOURCE_EXHAUSTED with reason queue_full. Cancelling the call
+        stops generation within one decode step.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
