@@ -53,3 +53,36 @@ def test_bridge_without_engine(tmp_path):
         assert json.loads(content)["error"]["code"] == "engine_unavailable"
     finally:
         bridge.stop()
+
+
+def test_bridge_balances_over_several_engines(stack, tmp_path, server_stub):
+    """With two engine targets, gRPC's round_robin policy spreads the calls."""
+    import grpc
+
+    from millm.v1 import server_service_pb2_grpc
+    from tests.conftest import inference_status
+
+    second, second_port = harness.start_engine(tmp_path)
+    bridge = None
+    try:
+        harness.wait_serving(second, second_port)
+        targets = f"127.0.0.1:{stack.grpc_port},127.0.0.1:{second_port}"
+        bridge, port = harness.start_bridge(tmp_path, stack.grpc_port,
+                                            MILLM_ENGINE_TARGETS=targets)
+        harness.wait_http(bridge, f"http://127.0.0.1:{port}/readyz")
+        with grpc.insecure_channel(f"127.0.0.1:{second_port}") as channel:
+            second_stub = server_service_pb2_grpc.ServerServiceStub(channel)
+            before = (inference_status(server_stub).completed_generations_total,
+                      inference_status(second_stub).completed_generations_total)
+            for _ in range(8):
+                reply, _ = post(port, "/v1/completions",
+                                {"model": MODEL, "prompt": "The river", "max_tokens": 2})
+                assert reply.status == 200
+            after = (inference_status(server_stub).completed_generations_total,
+                     inference_status(second_stub).completed_generations_total)
+        served = [a - b for a, b in zip(after, before, strict=True)]
+        assert sum(served) == 8 and min(served) >= 2, served
+    finally:
+        if bridge is not None:
+            bridge.stop()
+        second.stop()
