@@ -85,3 +85,56 @@ class StopMatcher:
                     best = k
                     break
         return best
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-to-character map, inverted: the character each byte is spelled as."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = list(printable), 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def byte_level_table(tokenizer) -> list[bytes] | None:
+    """The bytes of every token id, when the tokenizer is byte-level BPE (GPT-2,
+    Llama 3, Qwen, the demo model); None otherwise. Special tokens decode to
+    their own text, as `decode(skip_special_tokens=False)` gives them."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or type(backend.decoder).__name__ != "ByteLevel":
+        return None
+    alphabet = _byte_level_alphabet()
+    added = {t.content for t in tokenizer.added_tokens_decoder.values()}
+    table = []
+    for piece in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))):
+        if piece is None:
+            table.append(b"")
+        elif piece in added:
+            table.append(piece.encode())
+        elif all(ch in alphabet for ch in piece):
+            table.append(bytes(alphabet[ch] for ch in piece))
+        else:
+            return None  # not the byte-level spelling after all: use the generic path
+    return table
+
+
+class ByteLevelDetokenizer:
+    """IncrementalDetokenizer's fast path for byte-level tokenizers: each token
+    is a run of bytes, fed to an incremental UTF-8 decoder that releases only
+    complete characters. Same output, no decode call per token."""
+
+    def __init__(self, table: list[bytes]):
+        import codecs
+
+        self._table = table
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._utf8.decode(self._table[token_id])
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)

@@ -71,3 +71,23 @@ def test_stop_matcher_holds_back_only_possible_prefixes():
     matcher = StopMatcher(("STOP",))
     assert matcher.push("abcST") == ("abc", False)
     assert matcher.push("x") == ("STx", False)
+
+
+def test_byte_level_fast_path_matches_hf_decode(tokenizer):
+    import random
+
+    from service.text_output import ByteLevelDetokenizer, byte_level_table
+
+    table = byte_level_table(tokenizer)
+    assert table is not None and len(table) == len(tokenizer)
+    rng = random.Random(7)
+    for _ in range(50):
+        # Random ids make stray continuation bytes and cut characters.
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 40))]
+        fast = ByteLevelDetokenizer(table)
+        pieces = [fast.push(i) for i in ids] + [fast.flush()]
+        assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=False)
+    text = "日本語の🙂 émoji"
+    fast = ByteLevelDetokenizer(table)
+    pieces = [fast.push(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    assert "".join(pieces) == text and all("\ufffd" not in p for p in pieces)

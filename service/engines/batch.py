@@ -17,7 +17,7 @@ import torch
 
 from service.generation_job import ChoiceDelta, FinishReason, GenerationJob, PromptGroup
 from service.sampling import SamplingOptions, apply_penalties, choose_tokens
-from service.text_output import IncrementalDetokenizer, StopMatcher
+from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
 
 
 @dataclass
@@ -31,6 +31,8 @@ class ModelContext:
     eos_ids: torch.Tensor
     banned_ids: torch.Tensor  # special tokens generation must never emit
     eos_set: frozenset[int] = field(default_factory=frozenset)
+    # Bytes of every token when the tokenizer is byte-level (fast detokenizing).
+    token_bytes: list[bytes] | None = None
 
 
 @dataclass
@@ -54,7 +56,11 @@ class Row:
         self.ignore_eos = spec.ignore_eos
         self.max_tokens = group.max_tokens
         self.generator = torch.Generator(device=ctx.device).manual_seed(group.row_seeds[offset])
-        self.detokenizer = IncrementalDetokenizer(ctx.decoder, list(group.prompt_ids))
+        self.detokenizer = (
+            ByteLevelDetokenizer(ctx.token_bytes)
+            if ctx.token_bytes is not None
+            else IncrementalDetokenizer(ctx.decoder, list(group.prompt_ids))
+        )
         self.stopper = StopMatcher(spec.stop)
         self.generated = 0
         self.last_token = -1

@@ -19,6 +19,7 @@ from service.engines.batch import ModelContext
 from service.engines.prefix_cache import PrefixCache
 from service.engines.scheduler import Scheduler, SchedulerLimits
 from service.generation_job import GenerationJob
+from service.text_output import byte_level_table
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ class TransformersEngine(Engine):
             eos_ids=torch.tensor(sorted(self._eos_ids), dtype=torch.long, device=self.device),
             banned_ids=self._banned_ids,
             eos_set=self._eos_ids,
+            token_bytes=byte_level_table(self.decoder),
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()
