@@ -71,6 +71,16 @@ def context_length_exceeded(param: str, message: str) -> EngineError:
     return EngineError(grpc.StatusCode.INVALID_ARGUMENT, "context_length_exceeded", message, param)
 
 
+def queue_full(limit: int) -> EngineError:
+    return EngineError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "queue_full",
+        f"The engine's request queue is full ({limit} waiting); retry shortly.",
+        None,
+        SERVER_ERROR,
+    )
+
+
 def internal_error() -> EngineError:
     # Never echo the exception text: it can carry prompt content or paths.
     return EngineError(

@@ -19,6 +19,8 @@ import shutil
 import sys
 import time
 
+from service.chat_template import CHATML
+
 MODEL_ID = "millm-tiny"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB_SIZE = 768
@@ -30,15 +32,7 @@ TRAIN_SEQ = 96
 # Marker written last: a directory without it is an interrupted build.
 METADATA_FILE = "millm_model.json"
 
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-
 CORPUS = pathlib.Path(__file__).with_name("corpus.txt")
-
 
 def parse_corpus(text: str) -> tuple[list[str], list[list[tuple[str, str]]]]:
     """Split the corpus into prose paragraphs and conversations."""
@@ -58,15 +52,12 @@ def parse_corpus(text: str) -> tuple[list[str], list[list[tuple[str, str]]]]:
             prose.append(" ".join(lines))
     return prose, chats
 
-
 def render_chatml(turns: list[tuple[str, str]]) -> str:
     return "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in turns)
-
 
 def training_documents() -> list[str]:
     prose, chats = parse_corpus(CORPUS.read_text(encoding="utf-8"))
     return prose + [render_chatml(turns) for turns in chats]
-
 
 def build_tokenizer(documents: list[str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -90,10 +81,9 @@ def build_tokenizer(documents: list[str]):
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
     )
-    fast.chat_template = CHATML_TEMPLATE
+    fast.chat_template = CHATML
     fast.model_max_length = CONTEXT_WINDOW
     return fast
-
 
 def build_model(tokenizer, documents: list[str]):
     import torch
@@ -138,17 +128,14 @@ def build_model(tokenizer, documents: list[str]):
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     return model, float(loss.detach())
 
-
 def weights_revision(model_dir: pathlib.Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(model_dir.glob("*.safetensors")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
-
 def is_built(models_dir: pathlib.Path) -> bool:
     return (models_dir / MODEL_ID / METADATA_FILE).is_file()
-
 
 def build(models_dir: pathlib.Path) -> pathlib.Path:
     import torch
@@ -176,7 +163,6 @@ def build(models_dir: pathlib.Path) -> pathlib.Path:
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)
     return target
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the millm-tiny demo model.")

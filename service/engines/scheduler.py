@@ -20,26 +20,15 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-import grpc
 import torch
 
 from service.engines.base import EngineStatus
 from service.engines.batch import GroupProgress, Lane, ModelContext, Row, prefill
 from service.engines.prefix_cache import PrefixCache
-from service.errors import EngineError, internal_error
+from service.errors import internal_error, queue_full
 from service.generation_job import GenerationJob, GroupDone, GroupFailed, StepOutput
 
 log = logging.getLogger(__name__)
-
-
-def queue_full(limit: int) -> EngineError:
-    return EngineError(
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        "queue_full",
-        f"The engine's request queue is full ({limit} waiting); retry shortly.",
-        None,
-        "server_error",
-    )
 
 
 # Prompt tokens prefilled in one forward pass at most, so a burst of long

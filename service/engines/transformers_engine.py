@@ -14,6 +14,7 @@ import threading
 
 import torch
 
+from service.chat_template import CHATML
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.batch import ModelContext
 from service.engines.prefix_cache import PrefixCache
@@ -23,13 +24,6 @@ from service.text_output import byte_level_table
 
 log = logging.getLogger(__name__)
 
-# Used when a checkpoint ships no chat template of its own.
-CHATML_FALLBACK = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
 
 def _pick_device(requested: str) -> torch.device:
@@ -113,7 +107,7 @@ class TransformersEngine(Engine):
         return self.info
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        template = None if self.tokenizer.chat_template else CHATML_FALLBACK
+        template = None if self.tokenizer.chat_template else CHATML
         with self._encode_lock:
             text = self.tokenizer.apply_chat_template(
                 messages, chat_template=template, add_generation_prompt=True, tokenize=False
