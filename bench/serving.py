@@ -15,11 +15,15 @@ next request when the previous one ends) and prints:
   4. time to first token with a 512-token shared system prompt, prefix cache
      cold vs warm.
 
-Every generation is a fixed length (ignore_eos). The clients run in this
-process: on a small machine they compete with the engine and the bridge for
-the same cores, which the figures include.
+Every generation runs to its max_tokens (ignore_eos); lengths vary around
+--tokens (see request_length). The clients run in this
+process. With two or more cores the engines get the first core to themselves
+and the bridges and the clients share the rest, as in a deployment where the
+engine owns its cores (only one engine is busy at a time); --no-pin lets the
+OS schedule everything everywhere, which on two cores measures scheduling
+contention between three busy processes more than the bridge.
 
-Usage: python bench/serving.py [--tokens 64] [--clients 1,4,16,64]
+Usage: python bench/serving.py [--tokens 64] [--clients 1,4,16,64] [--no-pin]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -93,6 +98,14 @@ async def grpc_stream(stub, prompt: str, tokens: int, system: str | None = None)
     return first, produced
 
 
+def request_length(client: int, request: int, mean: int) -> int:
+    """Lengths spread evenly over [mean/2, 3*mean/2], the same sequence on every
+    path. Equal lengths would keep closed-loop clients in lockstep: all finishing
+    on one step and arriving again as one burst, which measures bursts rather
+    than steady serving."""
+    return mean // 2 + (client * 7 + request * 13) % (mean + 1)
+
+
 async def load(kind: str, target, clients: int, per_client: int, tokens: int):
     """Closed loop: `clients` concurrent clients, `per_client` requests each."""
     samples: list[tuple[float, int]] = []
@@ -100,13 +113,14 @@ async def load(kind: str, target, clients: int, per_client: int, tokens: int):
     async def client(c: int):
         for r in range(per_client):
             prompt = PROMPTS[(c + r) % len(PROMPTS)]
+            length = request_length(c, r, tokens)
             if kind == "rest":
-                body = {"model": MODEL, "prompt": prompt, "max_tokens": tokens,
+                body = {"model": MODEL, "prompt": prompt, "max_tokens": length,
                         "temperature": 1.0, "ignore_eos": True, "stream": True,
                         "stream_options": {"include_usage": True}}
                 samples.append(await http_stream(target, body))
             else:
-                samples.append(await grpc_stream(target, prompt, tokens))
+                samples.append(await grpc_stream(target, prompt, length))
 
     started = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(clients)))
@@ -166,6 +180,14 @@ async def prefix_ttft(stub, system: str, trials: int = 5) -> tuple[float, float]
     return statistics.median(cold) * 1000, statistics.median(warm) * 1000
 
 
+def split_cpus(pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(engine cores, everything else); (None, None) when not pinning."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return None, None
+    return {cpus[0]}, set(cpus[1:])
+
+
 # -- main ---------------------------------------------------------------------------------------
 
 
@@ -177,11 +199,19 @@ async def measure(args, ports) -> dict:
         await grpc_stream(stub, "warm up", 8)
     for clients in args.clients:
         per_client = max(1, args.requests // clients)
-        for mode in ("batched", "serial"):
-            results[("rest", mode, clients)] = await load(
-                "rest", ports[mode]["http"], clients, per_client, args.tokens)
-        results[("grpc", "batched", clients)] = await load(
-            "grpc", stubs["batched"], clients, per_client, args.tokens)
+        # REST and gRPC against the batched engine take turns, and each figure
+        # is the median of its rounds, so drift on a noisy machine hits both.
+        rounds: dict[str, list[dict]] = {"rest": [], "grpc": []}
+        for _ in range(args.rounds):
+            rounds["rest"].append(await load("rest", ports["batched"]["http"], clients,
+                                             per_client, args.tokens))
+            rounds["grpc"].append(await load("grpc", stubs["batched"], clients,
+                                             per_client, args.tokens))
+        for kind, samples in rounds.items():
+            results[(kind, "batched", clients)] = {
+                key: statistics.median(s[key] for s in samples) for key in samples[0]}
+        results[("rest", "serial", clients)] = await load(
+            "rest", ports["serial"]["http"], clients, per_client, args.tokens)
     system = shared_system_prompt(512)
     results["prefix"] = await prefix_ttft(stubs["batched"], system)
     for channel in channels.values():
@@ -192,21 +222,29 @@ async def measure(args, ports) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=64,
+    parser.add_argument("--requests", type=int, default=128,
                         help="requests per load level (at least one per client)")
     parser.add_argument("--clients", default="1,4,16,64")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating REST/gRPC rounds per load level (medians reported)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="do not give the engines a core of their own")
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
+    engine_cpus, other_cpus = split_cpus(pin=not args.no_pin)
+    if other_cpus:
+        os.sched_setaffinity(0, other_cpus)
     processes, ports = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         try:
             for mode in ("batched", "serial"):
-                engine, grpc_port = harness.start_engine(
-                    tmp, MILLM_BATCHING="continuous" if mode == "batched" else "serial")
+                batching = "continuous" if mode == "batched" else "serial"
+                engine, grpc_port = harness.start_engine(tmp, engine_cpus,
+                                                         MILLM_BATCHING=batching)
                 processes.append(engine)
                 harness.wait_serving(engine, grpc_port)
-                bridge, http_port = harness.start_bridge(tmp, grpc_port)
+                bridge, http_port = harness.start_bridge(tmp, grpc_port, other_cpus)
                 processes.append(bridge)
                 harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
                 ports[mode] = {"grpc": grpc_port, "http": http_port}
@@ -214,9 +252,14 @@ def main() -> int:
         finally:
             for process in processes:
                 process.stop()
+    if engine_cpus:
+        os.sched_setaffinity(0, engine_cpus)  # the baseline gets the engine's core
     baseline = transformers_baseline(max(4, args.requests // 8), args.tokens)
 
-    print(f"\nmillm-tiny, {args.tokens} tokens per request, closed-loop streaming clients\n")
+    placement = (f"engines on CPU {sorted(engine_cpus)}, bridges and clients on "
+                 f"{sorted(other_cpus)}" if engine_cpus else "no CPU pinning")
+    print(f"\nmillm-tiny, {args.tokens // 2}-{args.tokens * 3 // 2} tokens per request, "
+          f"closed-loop streaming clients, {placement}\n")
     print(f"{'clients':>7} | {'REST batched':>20} | {'REST serial':>20} | {'gRPC batched':>20} "
           f"| {'batched/serial':>14} | {'REST/gRPC':>9} | {'+p50 TTFT':>9}")
     print(f"{'':>7} | {'tok/s  p50/p95 ms':>20} | {'tok/s  p50/p95 ms':>20} | "

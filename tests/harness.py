@@ -36,11 +36,14 @@ def models_dir() -> pathlib.Path:
 
 
 class Process:
-    def __init__(self, args: list[str], env: dict[str, str], log_path: pathlib.Path):
+    def __init__(self, args: list[str], env: dict[str, str], log_path: pathlib.Path,
+                 cpus: set[int] | None = None):
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        # The benchmark gives each process its own cores; threads inherit them.
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=pin)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -58,7 +61,8 @@ class Process:
         self._log.close()
 
 
-def start_engine(tmp: pathlib.Path, **env_overrides: str) -> tuple[Process, int]:
+def start_engine(tmp: pathlib.Path, cpus: set[int] | None = None,
+                 **env_overrides: str) -> tuple[Process, int]:
     port = free_port()
     env = {
         **os.environ,
@@ -69,7 +73,8 @@ def start_engine(tmp: pathlib.Path, **env_overrides: str) -> tuple[Process, int]
         "MILLM_TORCH_THREADS": "1",
         **env_overrides,
     }
-    return Process([sys.executable, "-m", "service"], env, tmp / f"engine-{port}.log"), port
+    return Process([sys.executable, "-m", "service"], env, tmp / f"engine-{port}.log",
+                   cpus), port
 
 
 def wait_serving(process: Process, port: int, timeout: float = 90) -> None:
@@ -89,7 +94,8 @@ def wait_serving(process: Process, port: int, timeout: float = 90) -> None:
     raise RuntimeError(f"engine not SERVING after {timeout}s:\n{process.log()}")
 
 
-def start_bridge(tmp: pathlib.Path, engine_port: int, **env_overrides: str) -> tuple[Process, int]:
+def start_bridge(tmp: pathlib.Path, engine_port: int, cpus: set[int] | None = None,
+                 **env_overrides: str) -> tuple[Process, int]:
     port = free_port()
     env = {
         **os.environ,
@@ -99,7 +105,8 @@ def start_bridge(tmp: pathlib.Path, engine_port: int, **env_overrides: str) -> t
         "MILLM_LOG_LEVEL": "WARNING",
         **env_overrides,
     }
-    return Process([sys.executable, "-m", "rest_bridge"], env, tmp / f"bridge-{port}.log"), port
+    return Process([sys.executable, "-m", "rest_bridge"], env, tmp / f"bridge-{port}.log",
+                   cpus), port
 
 
 def wait_http(process: Process, url: str, timeout: float = 60, want: int = 200) -> None:
