@@ -6,7 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)

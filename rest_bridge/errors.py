@@ -1,9 +1,10 @@
 """OpenAI error envelopes, and the one table from engine statuses to HTTP.
 
 The engine sends a gRPC status whose google.rpc.ErrorInfo carries the OpenAI
-code as `reason` and `param`/`type` as metadata. `from_rpc_error` reads that
-back; STATUS_TO_HTTP (with REASON_TO_HTTP for codes whose HTTP status differs
-from their gRPC status's usual one) is the only place HTTP statuses are chosen.
+code as `reason` and `param`, `type` and `http_status` as metadata: the
+engine's table of error codes (service/errors.py ERROR_CODES) decides a code's
+HTTP status, and `from_rpc_error` reads it back. STATUS_TO_HTTP covers statuses
+that carry no ErrorInfo status (a peer that is not a miLLM engine).
 """
 
 from __future__ import annotations
@@ -30,11 +31,6 @@ STATUS_TO_HTTP: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
-# Codes whose HTTP status is not their gRPC status's default.
-REASON_TO_HTTP: dict[str, int] = {
-    "queue_full": 503,  # backpressure is the server's state, not the caller's rate
-}
-
 
 # A 503 is temporary by definition: tell clients (the OpenAI SDKs honour it) when to retry.
 RETRY_SOON = {"Retry-After": "1"}
@@ -96,7 +92,8 @@ def from_rpc_error(error: grpc.aio.AioRpcError) -> OpenAIError:
                                type=SERVER_ERROR, code="engine_timeout")
         return OpenAIError(500, "The inference engine failed; see the engine log.",
                            type=SERVER_ERROR, code="internal_error")
-    status = REASON_TO_HTTP.get(info.reason) or STATUS_TO_HTTP.get(code, 500)
+    declared = info.metadata.get("http_status", "")
+    status = int(declared) if declared.isdigit() else STATUS_TO_HTTP.get(code, 500)
     headers = RETRY_SOON if status == 503 else None
     return OpenAIError(
         status,

@@ -1,10 +1,13 @@
-"""The engine's one error type and its translation to a rich gRPC status.
+"""The engine's one error type, the table of every error code, and the
+translation to a rich gRPC status.
 
 Every refusal is an EngineError carrying the OpenAI error `code` (sent as
 google.rpc.ErrorInfo.reason), the offending `param` and the OpenAI error
-`type` (both in ErrorInfo.metadata). The REST bridge turns these back into the
-OpenAI envelope through a single table, so a gRPC caller and an HTTP caller see
-the same code and message.
+`type` (both in ErrorInfo.metadata), plus the HTTP status the code stands for
+(metadata `http_status`). ERROR_CODES is the only place a code's gRPC status,
+HTTP status and type are chosen: the REST bridge reads them from ErrorInfo, so
+a gRPC caller and an HTTP caller see the same code and message, and a new
+feature adds its codes here as rows.
 """
 
 from __future__ import annotations
@@ -21,72 +24,132 @@ ERROR_DOMAIN = "millm.ai"
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
 
+_S = grpc.StatusCode
+
+
+@dataclass(frozen=True)
+class ErrorCode:
+    status: grpc.StatusCode
+    http_status: int
+    type: str = INVALID_REQUEST
+
+
+# Every code the engine answers with, including those of features still to be
+# built (their rows are here so the mapping is complete from the start).
+ERROR_CODES: dict[str, ErrorCode] = {
+    # request validation
+    "invalid_parameter": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "field_not_honoured": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "unused_fields_refused": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "special_token_in_content": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "context_length_exceeded": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    # models
+    "model_not_found": ErrorCode(_S.NOT_FOUND, 404),
+    "model_not_loaded": ErrorCode(_S.UNAVAILABLE, 503, SERVER_ERROR),
+    "model_busy": ErrorCode(_S.UNAVAILABLE, 503, SERVER_ERROR),
+    "model_load_failed": ErrorCode(_S.INTERNAL, 500, SERVER_ERROR),
+    "unsupported_quantization": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "insufficient_memory": ErrorCode(_S.RESOURCE_EXHAUSTED, 503),
+    # backpressure: the server's state, not the caller's rate, hence 503
+    "queue_full": ErrorCode(_S.RESOURCE_EXHAUSTED, 503, SERVER_ERROR),
+    # scoring and structured output
+    "invalid_scoring_request": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "non_finite_logits": ErrorCode(_S.INTERNAL, 500, SERVER_ERROR),
+    "no_chat_template": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "response_format_unsupported": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "constrained_output_invalid": ErrorCode(_S.INTERNAL, 500, SERVER_ERROR),
+    # steering
+    "profile_not_found": ErrorCode(_S.NOT_FOUND, 404),
+    "invalid_feature_index": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    # failures
+    "internal_error": ErrorCode(_S.INTERNAL, 500, SERVER_ERROR),
+}
+
 
 @dataclass
 class EngineError(Exception):
     """A refusal or failure that a caller should see as it is."""
 
-    status: grpc.StatusCode
     code: str
     message: str
     param: str | None = None
-    type: str = INVALID_REQUEST
+
+    def __post_init__(self) -> None:
+        if self.code not in ERROR_CODES:
+            raise ValueError(f"error code {self.code!r} is not in ERROR_CODES")
 
     def __str__(self) -> str:
         return self.message
 
+    @property
+    def status(self) -> grpc.StatusCode:
+        return ERROR_CODES[self.code].status
+
+    @property
+    def type(self) -> str:
+        return ERROR_CODES[self.code].type
+
     def to_status(self) -> grpc.Status:
+        entry = ERROR_CODES[self.code]
         info = error_details_pb2.ErrorInfo(reason=self.code, domain=ERROR_DOMAIN)
-        info.metadata["type"] = self.type
+        info.metadata["type"] = entry.type
+        info.metadata["http_status"] = str(entry.http_status)
         if self.param is not None:
             info.metadata["param"] = self.param
         detail = any_pb2.Any()
         detail.Pack(info)
         proto = status_pb2.Status(
-            code=getattr(code_pb2, self.status.name), message=self.message, details=[detail]
+            code=getattr(code_pb2, entry.status.name), message=self.message, details=[detail]
         )
         return rpc_status.to_status(proto)
 
 
 def invalid_parameter(param: str, message: str) -> EngineError:
-    return EngineError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_parameter", message, param)
+    return EngineError("invalid_parameter", message, param)
+
+
+def field_not_honoured(param: str, message: str) -> EngineError:
+    return EngineError("field_not_honoured", message, param)
+
+
+def unused_fields_refused(locations: list[str]) -> EngineError:
+    return EngineError(
+        "unused_fields_refused",
+        "Strict mode: the request has fields that would go unused: "
+        + ", ".join(locations) + ".",
+        locations[0],
+    )
+
+
+def special_token_in_content(param: str, token: str) -> EngineError:
+    return EngineError(
+        "special_token_in_content",
+        f"'{param}' contains the text of the special token {token!r}; message text may not "
+        "spell the model's control tokens.",
+        param,
+    )
 
 
 def model_not_found(model: str) -> EngineError:
-    return EngineError(
-        grpc.StatusCode.NOT_FOUND,
-        "model_not_found",
-        f"The model '{model}' does not exist.",
-        "model",
-    )
+    return EngineError("model_not_found", f"The model '{model}' does not exist.", "model")
 
 
 def model_not_loaded(message: str) -> EngineError:
-    return EngineError(
-        grpc.StatusCode.UNAVAILABLE, "model_not_loaded", message, "model", SERVER_ERROR
-    )
+    return EngineError("model_not_loaded", message, "model")
 
 
 def context_length_exceeded(param: str, message: str) -> EngineError:
-    return EngineError(grpc.StatusCode.INVALID_ARGUMENT, "context_length_exceeded", message, param)
+    return EngineError("context_length_exceeded", message, param)
 
 
 def queue_full(limit: int) -> EngineError:
     return EngineError(
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        "queue_full",
-        f"The engine's request queue is full ({limit} waiting); retry shortly.",
-        None,
-        SERVER_ERROR,
+        "queue_full", f"The engine's request queue is full ({limit} waiting); retry shortly."
     )
 
 
 def internal_error() -> EngineError:
     # Never echo the exception text: it can carry prompt content or paths.
     return EngineError(
-        grpc.StatusCode.INTERNAL,
-        "internal_error",
-        "The engine failed while processing the request; see the engine log.",
-        None,
-        SERVER_ERROR,
+        "internal_error", "The engine failed while processing the request; see the engine log."
     )

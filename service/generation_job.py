@@ -46,6 +46,8 @@ class ValidatedGeneration:
     stop: tuple[str, ...]
     seed: int | None
     ignore_eos: bool = False
+    # Locations of fields the request carried but nothing used (reported back).
+    ignored_fields: tuple[str, ...] = ()
 
     @property
     def prompt_tokens(self) -> int:

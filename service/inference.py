@@ -21,7 +21,14 @@ from service.engines.transformers_engine import TransformersEngine
 from service.errors import invalid_parameter, model_not_found, model_not_loaded
 from service.generation_job import GenerationJob, StepOutput, ValidatedGeneration
 from service.model_registry import ModelEntry, ModelRegistry
-from service.validation import GenerateParams, check_params, check_token_ids, resolve
+from service.validation import (
+    GenerateParams,
+    check_fields,
+    check_no_special_tokens,
+    check_params,
+    check_token_ids,
+    resolve,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,7 @@ class GenerationStarted:
     seed: int | None
     seed_scope: str | None
     prompt_tokens: int
+    ignored_fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,23 @@ class GenerationFinished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+
+
+def continuation(turns) -> tuple[list[dict[str, str]], str | None]:
+    """(messages to render with the generation prompt, partial answer to append).
+
+    A conversation that ends with an assistant message is a truncated answer
+    to continue (a client's Continue button): rendering it as a closed turn
+    would make the model start a new answer instead.
+    """
+    messages = [
+        # OpenAI's developer role is the system role for templates.
+        {"role": "system" if t.role == "developer" else t.role, "content": t.content}
+        for t in turns
+    ]
+    if messages and messages[-1]["role"] == "assistant":
+        return messages[:-1], messages[-1]["content"]
+    return messages, None
 
 
 class InferenceService:
@@ -142,27 +167,40 @@ class InferenceService:
 
     async def prepare(self, params: GenerateParams) -> ValidatedGeneration:
         """Validate a request completely, before anything is generated."""
+        if not params.model:
+            raise invalid_parameter("model", "You must provide a model parameter.")
+        if self.loaded is not None and params.model == self.loaded.id:
+            entry = self.engine.entry  # no disk scan on the hot path
+        else:
+            entry = self.registry.get(params.model)
+        if entry is None:
+            raise model_not_found(params.model)
+        # Which fields this route and engine honour is known without the model,
+        # so a field that cannot be honoured is refused before any load.
+        ignored = check_fields(params, entry.engine)
+        if ignored:
+            log.warning("request_fields_unused request_id=%s locations=%s",
+                        params.request_id or "-", ",".join(ignored))
         engine = self._serving_engine(params.model)
         checked = check_params(params)
         info = self.loaded
+        if params.messages is not None:
+            check_no_special_tokens(params, engine.special_tokens)
         if params.prompts is not None:
             check_token_ids(params, info.vocab_size)
 
         def tokenize() -> list[list[int]]:
             if params.messages is not None:
-                messages = [
-                    # OpenAI's developer role is the system role for templates.
-                    {"role": "system" if t.role == "developer" else t.role, "content": t.content}
-                    for t in params.messages
-                ]
-                return [engine.encode_chat(messages)]
+                return [engine.encode_chat(*continuation(params.messages))]
             return [
-                list(p) if isinstance(p, tuple) else engine.encode_text(p) for p in params.prompts
+                list(p) if isinstance(p, tuple)
+                else engine.encode_text(p, parse_special=params.parse_special_tokens)
+                for p in params.prompts
             ]
 
         prompt_ids = await asyncio.to_thread(tokenize)
         request_id = params.request_id or uuid.uuid4().hex
-        return resolve(params, checked, prompt_ids, info.context_window, request_id)
+        return resolve(params, checked, prompt_ids, info.context_window, request_id, ignored)
 
     async def generate(
         self, spec: ValidatedGeneration
@@ -182,6 +220,7 @@ class InferenceService:
                 # Seeded groups run in a lane of their own (engines/scheduler.py).
                 seed_scope="request" if spec.seed is not None else None,
                 prompt_tokens=spec.prompt_tokens,
+                ignored_fields=spec.ignored_fields,
             )
             async for step in job.events():
                 yield step

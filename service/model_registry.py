@@ -19,6 +19,8 @@ class ModelEntry:
     owned_by: str
     # A content revision recorded at build time; None when nobody recorded one.
     revision: str | None
+    # The engine that serves it; every checkpoint directory is a transformers one.
+    engine: str = "transformers"
 
 
 def _entry(path: pathlib.Path) -> ModelEntry:

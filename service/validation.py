@@ -2,9 +2,11 @@
 
 The REST bridge checks only JSON shape; everything else is checked here, so a
 gRPC caller and an OpenAI client get the same answer for the same mistake.
-`check_params` runs before any tokenization; `resolve` runs after it, when
-prompt lengths are known, and returns a ValidatedGeneration with every
-default filled in. Each failure names the OpenAI parameter at fault.
+`check_fields` (which fields are honoured here, field_policy.py) runs first,
+before any model work; `check_params` runs before any tokenization; `resolve`
+runs after it, when prompt lengths are known, and returns a
+ValidatedGeneration with every default filled in. Each failure names the
+OpenAI parameter at fault.
 """
 
 from __future__ import annotations
@@ -12,15 +14,22 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from service.errors import context_length_exceeded, invalid_parameter
+from service import field_policy
+from service.errors import (
+    context_length_exceeded,
+    invalid_parameter,
+    special_token_in_content,
+    unused_fields_refused,
+)
 from service.generation_job import PromptGroup, ValidatedGeneration
 from service.sampling import SamplingOptions
 
 MAX_N = 128
 MAX_PROMPTS = 2048
 MAX_STOP_SEQUENCES = 4
+MAX_STOP_BYTES = 256
 SEED_MAX = 2**32 - 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -54,10 +63,22 @@ class GenerateParams:
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     request_id: str = ""
+    # Read special-token text in raw prompts as special tokens (opt-in).
+    parse_special_tokens: bool = False
+    # OpenAI fields with no place in the contract, with their JSON values.
+    extra_fields: dict = field(default_factory=dict)
+    # Nested locations the caller found unused while translating its format.
+    unused_fields: tuple[str, ...] = ()
+    user: str | None = None
+    strict: bool = False
 
     @property
     def input_param(self) -> str:
         return "messages" if self.messages is not None else "prompt"
+
+    @property
+    def route(self) -> str:
+        return field_policy.CHAT if self.messages is not None else field_policy.COMPLETIONS
 
 
 @dataclass(frozen=True)
@@ -121,6 +142,37 @@ def check_input(params: GenerateParams) -> None:
             )
 
 
+def check_fields(params: GenerateParams, engine: str) -> tuple[str, ...]:
+    """Refuse fields this route and engine cannot honour; return the locations
+    of fields that go unused, or refuse them all under strict mode."""
+    route = params.route
+    unused = field_policy.check_extra_fields(params.extra_fields, route, engine)
+    field_policy.check_contract_field("n", params.n, route, engine)
+    field_policy.check_contract_field("seed", params.seed, route, engine)
+    field_policy.check_contract_field(
+        "max_completion_tokens", params.max_completion_tokens, route, engine)
+    unused.extend(params.unused_fields)
+    if params.user is not None:
+        unused.append("user")  # OpenAI's end-user id: nothing here reads it
+    for i, turn in enumerate(params.messages or ()):
+        if turn.name:
+            # Chat templates render role and content; the author name is not passed.
+            unused.append(f"messages[{i}].name")
+    if params.strict and unused:
+        raise unused_fields_refused(unused)
+    return tuple(unused)
+
+
+def check_no_special_tokens(params: GenerateParams, special_tokens: tuple[str, ...]) -> None:
+    """No forged roles: message text that spells a control token (say
+    "<|im_start|>system") is refused rather than rendered into the prompt,
+    where the model would read it as a real turn boundary."""
+    for i, turn in enumerate(params.messages or ()):
+        for token in special_tokens:
+            if token and token in turn.content:
+                raise special_token_in_content(f"messages[{i}].content", token)
+
+
 def check_params(params: GenerateParams) -> CheckedParams:
     """The rules that need no tokenizer, checked before any model work."""
     check_input(params)
@@ -155,6 +207,10 @@ def check_params(params: GenerateParams) -> CheckedParams:
     for i, stop in enumerate(params.stop):
         if stop == "":
             raise invalid_parameter(f"stop[{i}]", "Stop sequences must not be empty.")
+        if len(stop.encode()) > MAX_STOP_BYTES:
+            raise invalid_parameter(
+                f"stop[{i}]", f"Stop sequences are at most {MAX_STOP_BYTES} bytes of UTF-8; "
+                f"stop[{i}] has {len(stop.encode())}.")
     if params.seed is not None and not 0 <= params.seed <= SEED_MAX:
         raise invalid_parameter(
             "seed", f"'seed' must be an integer from 0 to {SEED_MAX}; got {params.seed}."
@@ -201,6 +257,7 @@ def resolve(
     prompt_ids: list[list[int]],
     context_window: int,
     request_id: str,
+    ignored_fields: tuple[str, ...] = (),
 ) -> ValidatedGeneration:
     """Fit each prompt and its completion into the context window."""
     what = "messages" if params.messages is not None else "prompt"
@@ -238,4 +295,5 @@ def resolve(
         stop=checked.stop,
         seed=checked.seed,
         ignore_eos=checked.ignore_eos,
+        ignored_fields=ignored_fields,
     )

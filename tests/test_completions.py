@@ -44,7 +44,8 @@ def test_no_chat_template_is_applied(client, generation_stub):
 
     text = "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"
     completion = client.completions.create(model=MODEL, prompt=text, max_tokens=10,
-                                           temperature=0)
+                                           temperature=0,
+                                           extra_body={"parse_special_tokens": True})
     chat = client.chat.completions.create(model=MODEL, max_tokens=10, temperature=0,
                                           messages=[{"role": "user", "content": "Hello!"}])
     # The raw prompt spelled out as the ChatML the template renders answers alike...
@@ -53,6 +54,15 @@ def test_no_chat_template_is_applied(client, generation_stub):
     # ...while the bare question, without the template, is a different prompt.
     plain = client.completions.create(model=MODEL, prompt="Hello!", max_tokens=10, temperature=0)
     assert plain.usage.prompt_tokens < chat.usage.prompt_tokens
+
+
+def test_special_token_text_in_a_prompt_stays_text(client):
+    text = "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"
+    as_text = client.completions.create(model=MODEL, prompt=text, max_tokens=1)
+    parsed = client.completions.create(model=MODEL, prompt=text, max_tokens=1,
+                                       extra_body={"parse_special_tokens": True})
+    # Each control token is one id when parsed and several characters' worth when not.
+    assert parsed.usage.prompt_tokens + 3 <= as_text.usage.prompt_tokens
 
 
 def test_token_id_prompts(client):

@@ -24,8 +24,12 @@ def as_rpc_error(error: engine_errors.EngineError) -> grpc.aio.AioRpcError:
         (engine_errors.context_length_exceeded("messages", "too long"), 400,
          "invalid_request_error"),
         (engine_errors.internal_error(), 500, "server_error"),
-        (engine_errors.EngineError(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue_full", "full",
-                                   None, "server_error"), 503, "server_error"),
+        (engine_errors.queue_full(4), 503, "server_error"),
+        (engine_errors.field_not_honoured("tools", "no tools"), 400, "invalid_request_error"),
+        (engine_errors.EngineError("constrained_output_invalid", "bad json"), 500,
+         "server_error"),
+        (engine_errors.EngineError("profile_not_found", "no such profile", "profile"), 404,
+         "invalid_request_error"),
     ],
 )
 def test_engine_errors_map_to_openai_envelopes(error, http, type_):
@@ -35,6 +39,18 @@ def test_engine_errors_map_to_openai_envelopes(error, http, type_):
     assert body == {"message": error.message, "type": type_, "param": error.param,
                     "code": error.code}
     assert ("Retry-After" in mapped.headers) == (http == 503)
+
+
+@pytest.mark.parametrize("code", sorted(engine_errors.ERROR_CODES))
+def test_every_code_in_the_table_reaches_http_as_listed(code):
+    entry = engine_errors.ERROR_CODES[code]
+    mapped = from_rpc_error(as_rpc_error(engine_errors.EngineError(code, "m", "p")))
+    assert (mapped.status, mapped.code, mapped.type) == (entry.http_status, code, entry.type)
+
+
+def test_unknown_code_is_a_programming_error():
+    with pytest.raises(ValueError):
+        engine_errors.EngineError("no_such_code", "m")
 
 
 def test_status_without_error_info():

@@ -19,6 +19,29 @@ from rest_bridge.errors import OpenAIError
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
+    def top_level_extras(self) -> dict:
+        """Keys of the body itself that the schema does not declare, with their
+        values: the engine decides whether each is refused or reported."""
+        return dict(self.model_extra or {})
+
+    def nested_unused(self) -> list[str]:
+        """Locations of undeclared keys below the top level, such as
+        "messages[2].foo": nothing in miLLM reads them."""
+        found: list[str] = []
+        for name in type(self).model_fields:
+            _walk(getattr(self, name), name, found)
+        return found
+
+
+def _walk(value, location: str, found: list[str]) -> None:
+    if isinstance(value, OpenAIBaseModel):
+        found.extend(f"{location}.{key}" for key in (value.model_extra or {}))
+        for name in type(value).model_fields:
+            _walk(getattr(value, name), f"{location}.{name}", found)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _walk(item, f"{location}[{i}]", found)
+
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool | None = None
@@ -43,6 +66,7 @@ class GenerationFields(OpenAIBaseModel):
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None
+    user: str | None = None
 
 
 Model = TypeVar("Model", bound=OpenAIBaseModel)

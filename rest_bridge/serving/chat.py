@@ -25,7 +25,12 @@ def _content_text(message: ChatMessage, index: int) -> str:
         return content
     texts = []
     for j, part in enumerate(content):
-        if part.type != "text" or part.text is None:
+        if part.type == "text" and part.text is None:
+            raise OpenAIError(400, "Missing required parameter: "
+                              f"'messages[{index}].content[{j}].text'.",
+                              param=f"messages[{index}].content[{j}].text",
+                              code="missing_required_parameter")
+        if part.type != "text":
             # The contract carries text only; silently dropping an image would
             # answer a different question than the one asked.
             raise OpenAIError(

@@ -28,7 +28,9 @@ class CompletionHandler(GenerationHandler):
     def to_pb(self, request: CompletionRequest) -> generation_service_pb2.GenerateRequest:
         return generation_service_pb2.GenerateRequest(
             model=request.model,
-            prompt=generation_pb2.PromptInput(prompts=_prompts(request.prompt)),
+            prompt=generation_pb2.PromptInput(
+                prompts=_prompts(request.prompt),
+                parse_special_tokens=bool(request.parse_special_tokens)),
             sampling=sampling_to_pb(request),
         )
 

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
-from rest_bridge.serving import sse
+from rest_bridge.serving import ignored_fields, sse
 from rest_bridge.serving.disconnect import unless_disconnected
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,21 @@ def sampling_to_pb(request) -> generation_pb2.SamplingParams:
     if stop is not None:
         sampling.stop.extend([stop] if isinstance(stop, str) else stop)
     return sampling
+
+
+STRICT_HEADER = "X-miLLM-Strict"
+_STRICT_VALUES = {"true": True, "1": True, "false": False, "0": False}
+
+
+def strict_mode(http_request: Request) -> bool:
+    value = http_request.headers.get(STRICT_HEADER)
+    if value is None:
+        return False
+    strict = _STRICT_VALUES.get(value.strip().lower())
+    if strict is None:
+        raise OpenAIError(400, f"The {STRICT_HEADER} header must be true, 1, false or 0.",
+                          param=STRICT_HEADER, code="invalid_parameter")
+    return strict
 
 
 async def _rest_of(call) -> AsyncIterator[generation_service_pb2.GenerateResponse]:
@@ -102,8 +117,28 @@ class GenerationHandler(abc.ABC):
 
     # -- shared machinery -------------------------------------------------------------
 
-    async def handle(self, request, http_request: Request):
+    def request_pb(self, request, http_request: Request) -> generation_service_pb2.GenerateRequest:
+        """The subclass's translation plus what every route sends: strict mode,
+        the fields this schema does not map (the engine judges them) and the
+        user id (which the engine reports as unused)."""
+        strict = strict_mode(http_request)
+        if request.stream and (request.n or 1) > 1:
+            raise OpenAIError(400, "'n' above 1 is not served with 'stream': true; stream one "
+                              "choice per request, or drop 'stream'.", param="n",
+                              code="field_not_honoured")
         pb = self.to_pb(request)
+        pb.strict = strict
+        pb.extra_fields.update(request.top_level_extras())
+        unused = request.nested_unused()
+        if request.stream_options is not None and not request.stream:
+            unused.append("stream_options")  # it shapes streams only
+        pb.unused_fields.extend(unused)
+        if request.user is not None:
+            pb.user = request.user
+        return pb
+
+    async def handle(self, request, http_request: Request):
+        pb = self.request_pb(request, http_request)
         call = self.engine.generation.Generate(pb)
         try:
             first = await call.read()
@@ -128,6 +163,9 @@ class GenerationHandler(abc.ABC):
         if meta.HasField("seed"):
             scope = SEED_SCOPES.get(meta.seed_scope, "best-effort")
             headers["X-miLLM-Seed"] = f'{meta.seed};scope="{scope}"'
+        ignored = ignored_fields.header_value(list(meta.ignored_fields))
+        if ignored is not None:
+            headers[ignored_fields.HEADER] = ignored
         return headers
 
     def _base(self, meta) -> dict:

@@ -58,13 +58,19 @@ class Engine(abc.ABC):
     def load(self) -> LoadedModel:
         """Load weights and tokenizer (blocking; call from a worker thread)."""
 
+    @property
     @abc.abstractmethod
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Render a conversation with the chat template and tokenize it."""
+    def special_tokens(self) -> tuple[str, ...]:
+        """The text of every control token, which message text may not spell."""
 
     @abc.abstractmethod
-    def encode_text(self, text: str) -> list[int]:
-        """Tokenize a raw prompt."""
+    def encode_chat(self, messages: list[dict[str, str]], partial: str | None = None) -> list[int]:
+        """Render a conversation with the chat template and its generation
+        prompt, append `partial` (an answer to continue) raw, and tokenize."""
+
+    @abc.abstractmethod
+    def encode_text(self, text: str, parse_special: bool = False) -> list[int]:
+        """Tokenize a raw prompt; special-token text stays text unless parse_special."""
 
     @abc.abstractmethod
     def start(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -19,11 +19,11 @@ from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.batch import ModelContext
 from service.engines.prefix_cache import PrefixCache
 from service.engines.scheduler import Scheduler, SchedulerLimits
+from service.errors import invalid_parameter
 from service.generation_job import GenerationJob
 from service.text_output import byte_level_table
 
 log = logging.getLogger(__name__)
-
 
 
 def _pick_device(requested: str) -> torch.device:
@@ -51,6 +51,7 @@ class TransformersEngine(Engine):
         self.info: LoadedModel | None = None
         self._eos_ids: frozenset[int] = frozenset()
         self._banned_ids: torch.Tensor | None = None
+        self._special_tokens: tuple[str, ...] = ()
         self._scheduler: Scheduler | None = None
         # Encoding runs on worker threads, decoding on the model thread. A HF
         # tokenizer is not safe to share across threads (its Rust backend
@@ -82,6 +83,9 @@ class TransformersEngine(Engine):
         banned = {i for i in tokenizer.all_special_ids if i not in eos_ids}
         banned.update(range(len(tokenizer), vocab_size))
         self._banned_ids = torch.tensor(sorted(banned), dtype=torch.long, device=self.device)
+        self._special_tokens = tuple(sorted(
+            {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+            | set(tokenizer.all_special_tokens)))
         self._eos_ids = frozenset(eos_ids)
 
         quant = getattr(config, "quantization_config", None)
@@ -106,18 +110,33 @@ class TransformersEngine(Engine):
         )
         return self.info
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    @property
+    def special_tokens(self) -> tuple[str, ...]:
+        return self._special_tokens
+
+    def encode_chat(self, messages: list[dict[str, str]], partial: str | None = None) -> list[int]:
+        from jinja2 import TemplateError
+
         template = None if self.tokenizer.chat_template else CHATML
         with self._encode_lock:
-            text = self.tokenizer.apply_chat_template(
-                messages, chat_template=template, add_generation_prompt=True, tokenize=False
-            )
-            # The rendered template already holds any BOS it wants.
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    messages, chat_template=template, add_generation_prompt=True, tokenize=False
+                )
+            except TemplateError as exc:
+                # Templates refuse conversations they cannot render (say, roles
+                # that do not alternate): the caller's to fix.
+                raise invalid_parameter("messages", f"The chat template refused the "
+                                        f"conversation: {exc}") from None
+            # A truncated answer is continued from where it stopped. The
+            # rendered template already holds any BOS it wants.
+            return self.tokenizer(text + (partial or ""), add_special_tokens=False)["input_ids"]
 
-    def encode_text(self, text: str) -> list[int]:
+    def encode_text(self, text: str, parse_special: bool = False) -> list[int]:
         with self._encode_lock:
-            return self.tokenizer(text, add_special_tokens=True)["input_ids"]
+            # Unless asked, text that spells a special token stays text.
+            return self.tokenizer(text, add_special_tokens=True,
+                                  split_special_tokens=not parse_special)["input_ids"]
 
     # -- running jobs -------------------------------------------------------------
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
+from google.protobuf import json_format
+
 from millm.v1 import generation_pb2, generation_service_pb2, generation_service_pb2_grpc
 from service.generation_job import FinishReason, StepOutput
 from service.inference import GenerationFinished, GenerationStarted, InferenceService
@@ -66,6 +68,11 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         repetition_penalty=_opt(s, "repetition_penalty"),
         ignore_eos=s.ignore_eos,
         request_id=request.request_id,
+        parse_special_tokens=which == "prompt" and request.prompt.parse_special_tokens,
+        extra_fields=json_format.MessageToDict(request.extra_fields),
+        unused_fields=tuple(request.unused_fields),
+        user=request.user if request.HasField("user") else None,
+        strict=request.strict,
     )
 
 
@@ -77,6 +84,7 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
             model=event.model,
             system_fingerprint=event.system_fingerprint,
             prompt_tokens=event.prompt_tokens,
+            ignored_fields=event.ignored_fields,
         )
         if event.seed is not None:
             metadata.seed = event.seed

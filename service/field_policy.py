@@ -1,0 +1,107 @@
+"""Which request fields each route and engine honours: the field_not_honoured
+table, and the ignored-fields report.
+
+A field is honoured (it does what OpenAI says), reported (it changes nothing,
+so the response names it in its ignored fields) or refused (it would change
+the output and cannot be honoured here: 400 field_not_honoured naming it).
+Nothing is dropped silently. A field whose value means "no change" (null,
+`n: 1`, `logprobs: false`, `tools: []`, ...) is accepted everywhere.
+
+Fields with a place in the contract (n, seed, max_completion_tokens) are
+checked from the request itself; OpenAI fields without one arrive in
+GenerateRequest.extra_fields with their JSON values and are checked here by
+name. When a later feature makes a field honoured, its row changes here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.errors import field_not_honoured
+
+CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"
+TRANSFORMERS, GGUF = "transformers", "gguf"
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    # Values that ask for nothing (null always does).
+    no_change: tuple = ()
+    # (route, engine) pairs where the field is honoured.
+    honoured: frozenset[tuple[str, str]] = frozenset()
+    # Why it is refused elsewhere, finishing "'<field>' is not honoured: ..."
+    why: str = "this server does not implement it"
+
+
+NOT_YET = "not implemented yet"
+
+# OpenAI (and miLLM extension) fields that change the output and have no field
+# in the contract yet.
+EXTRA_FIELD_RULES: dict[str, FieldRule] = {
+    "logprobs": FieldRule((False,), why="log-probabilities are " + NOT_YET),
+    "top_logprobs": FieldRule((0,), why="log-probabilities are " + NOT_YET),
+    "allowed_token_ids": FieldRule(why="scoring mode is " + NOT_YET),
+    "return_tokens_as_token_ids": FieldRule((False,), why="scoring mode is " + NOT_YET),
+    "add_special_tokens": FieldRule((True,), why="scoring mode is " + NOT_YET),
+    "response_format": FieldRule(({"type": "text"},), why="structured output is " + NOT_YET),
+    "profile": FieldRule(why="steering profiles are " + NOT_YET),
+    "steering_intensity": FieldRule(why="steering is " + NOT_YET),
+    "steering": FieldRule(why="per-request steering vectors are " + NOT_YET),
+    "extra_messages": FieldRule(([],), why="extra_messages rows are " + NOT_YET),
+    "dimensions": FieldRule(why="embeddings with chosen dimensions are " + NOT_YET),
+    "tools": FieldRule(([],), why="tool calling is not supported"),
+    "tool_choice": FieldRule(("none",), why="tool calling is not supported"),
+    "functions": FieldRule(([],), why="function calling is not supported"),
+    "function_call": FieldRule(("none",), why="function calling is not supported"),
+    "logit_bias": FieldRule(({},), why="logit bias is not supported"),
+    "best_of": FieldRule((1,), why="best_of is not supported; use n"),
+    "echo": FieldRule((False,), why="echoing the prompt is not supported"),
+    "suffix": FieldRule(("",), why="insertion (suffix) is not supported"),
+    "audio": FieldRule(why="audio output is not supported"),
+    "modalities": FieldRule((["text"],), why="only text output is supported"),
+}
+
+# Contract fields whose honouring depends on the route or engine; checked by
+# check_contract_fields.
+GENERATING = frozenset((route, engine) for route in (CHAT, COMPLETIONS)
+                       for engine in (TRANSFORMERS, GGUF))
+ON_TRANSFORMERS = frozenset({(CHAT, TRANSFORMERS), (COMPLETIONS, TRANSFORMERS)})
+
+CONTRACT_FIELD_RULES: dict[str, FieldRule] = {
+    # n above 1: rows of one batch on the transformers engine
+    "n": FieldRule((1,), ON_TRANSFORMERS, "several choices are not served here"),
+    "seed": FieldRule((), ON_TRANSFORMERS, "seeds are not yet measured to reproduce here"),
+    "max_completion_tokens": FieldRule((), GENERATING, "nothing is generated here"),
+}
+
+
+def _same(a, b) -> bool:
+    """JSON equality: true is not 1, but 1 is 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def _asks_for_change(rule: FieldRule, value) -> bool:
+    return value is not None and not any(_same(value, v) for v in rule.no_change)
+
+
+def check_extra_fields(extra: dict, route: str, engine: str) -> list[str]:
+    """Refuse the first output-changing extra field not honoured here; return
+    the names of the extra fields that are simply unused (to be reported)."""
+    unused = []
+    for name, value in extra.items():
+        rule = EXTRA_FIELD_RULES.get(name)
+        if rule is None:
+            unused.append(name)
+        elif _asks_for_change(rule, value) and (route, engine) not in rule.honoured:
+            raise field_not_honoured(name, f"'{name}' is not honoured: {rule.why}.")
+    return unused
+
+
+def check_contract_field(name: str, value, route: str, engine: str) -> None:
+    rule = CONTRACT_FIELD_RULES[name]
+    if _asks_for_change(rule, value) and (route, engine) not in rule.honoured:
+        raise field_not_honoured(name, f"'{name}' is not honoured: {rule.why}.")
