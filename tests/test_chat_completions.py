@@ -225,3 +225,23 @@ def test_context_length_exceeded(client):
 def test_stream_refused_before_it_starts(client):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=HELLO, stream=True)
+
+
+def test_a_trailing_assistant_message_is_continued_not_restarted(client):
+    partial = "Good"
+    messages = [*HELLO, {"role": "assistant", "content": partial}]
+    continued = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                               temperature=0)
+    # What continuing means: the conversation before the partial, rendered with
+    # the generation prompt, then the partial as raw text.
+    rendered = f"<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n{partial}"
+    raw = client.completions.create(model=MODEL, prompt=rendered, max_tokens=8, temperature=0,
+                                    extra_body={"parse_special_tokens": True})
+    assert continued.choices[0].message.content == raw.choices[0].text
+    assert continued.usage.prompt_tokens == raw.usage.prompt_tokens
+    # Restarting would close the partial turn and open a new one: a longer prompt.
+    closed = (f"<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n{partial}"
+              "<|im_end|>\n<|im_start|>assistant\n")
+    restarted = client.completions.create(model=MODEL, prompt=closed, max_tokens=1,
+                                          extra_body={"parse_special_tokens": True})
+    assert restarted.usage.prompt_tokens > continued.usage.prompt_tokens

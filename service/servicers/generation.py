@@ -7,6 +7,7 @@ import contextlib
 from google.protobuf import json_format
 
 from millm.v1 import generation_pb2, generation_service_pb2, generation_service_pb2_grpc
+from service.errors import invalid_parameter
 from service.generation_job import FinishReason, StepOutput
 from service.inference import GenerationFinished, GenerationStarted, InferenceService
 from service.servicers.error_handling import stream_errors
@@ -34,6 +35,13 @@ _FINISH = {
 
 def _opt(message, name: str):
     return getattr(message, name) if message.HasField(name) else None
+
+
+def _extra_fields(request) -> dict:
+    try:
+        return json_format.MessageToDict(request.extra_fields)
+    except ValueError as exc:  # NaN or infinity: not JSON
+        raise invalid_parameter("extra_fields", f"'extra_fields' must hold JSON: {exc}") from None
 
 
 def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateParams:
@@ -69,7 +77,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         ignore_eos=s.ignore_eos,
         request_id=request.request_id,
         parse_special_tokens=which == "prompt" and request.prompt.parse_special_tokens,
-        extra_fields=json_format.MessageToDict(request.extra_fields),
+        extra_fields=_extra_fields(request),
         unused_fields=tuple(request.unused_fields),
         user=request.user if request.HasField("user") else None,
         strict=request.strict,
