@@ -178,9 +178,11 @@ class InferenceService:
         # Which fields this route and engine honour is known without the model,
         # so a field that cannot be honoured is refused before any load.
         ignored = check_fields(params, entry.engine)
+        request_id = params.request_id or uuid.uuid4().hex
         if ignored:
+            # Locations only: values can hold anything the client typed.
             log.warning("request_fields_unused request_id=%s locations=%s",
-                        params.request_id or "-", ",".join(ignored))
+                        request_id, ",".join(ignored))
         engine = self._serving_engine(params.model)
         checked = check_params(params)
         info = self.loaded
@@ -199,7 +201,6 @@ class InferenceService:
             ]
 
         prompt_ids = await asyncio.to_thread(tokenize)
-        request_id = params.request_id or uuid.uuid4().hex
         return resolve(params, checked, prompt_ids, info.context_window, request_id, ignored)
 
     async def generate(
