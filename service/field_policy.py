@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.errors import field_not_honoured
+from service.errors import EngineError
 
 CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"
 TRANSFORMERS, GGUF = "transformers", "gguf"
@@ -31,6 +31,10 @@ class FieldRule:
     honoured: frozenset[tuple[str, str]] = frozenset()
     # Why it is refused elsewhere, finishing "'<field>' is not honoured: ..."
     why: str = "this server does not implement it"
+    code: str = "field_not_honoured"
+
+    def refuse(self, name: str) -> EngineError:
+        return EngineError(self.code, f"'{name}' is not honoured: {self.why}.", name)
 
 
 NOT_YET = "not implemented yet"
@@ -43,7 +47,9 @@ EXTRA_FIELD_RULES: dict[str, FieldRule] = {
     "allowed_token_ids": FieldRule(why="scoring mode is " + NOT_YET),
     "return_tokens_as_token_ids": FieldRule((False,), why="scoring mode is " + NOT_YET),
     "add_special_tokens": FieldRule((True,), why="scoring mode is " + NOT_YET),
-    "response_format": FieldRule(({"type": "text"},), why="structured output is " + NOT_YET),
+    # On chat, response_format is a contract field; anywhere else it arrives here.
+    "response_format": FieldRule(({"type": "text"},), why="structured output is served on chat "
+                                 "completions only", code="response_format_unsupported"),
     "profile": FieldRule(why="steering profiles are " + NOT_YET),
     "steering_intensity": FieldRule(why="steering is " + NOT_YET),
     "steering": FieldRule(why="per-request steering vectors are " + NOT_YET),
@@ -72,6 +78,9 @@ CONTRACT_FIELD_RULES: dict[str, FieldRule] = {
     "n": FieldRule((1,), ON_TRANSFORMERS, "several choices are not served here"),
     "seed": FieldRule((), ON_TRANSFORMERS, "seeds are not yet measured to reproduce here"),
     "max_completion_tokens": FieldRule((), GENERATING, "nothing is generated here"),
+    "response_format": FieldRule((), frozenset({(CHAT, TRANSFORMERS)}),
+                                 "structured output needs the transformers engine's token masks",
+                                 "response_format_unsupported"),
 }
 
 
@@ -97,11 +106,11 @@ def check_extra_fields(extra: dict, route: str, engine: str) -> list[str]:
         if rule is None:
             unused.append(name)
         elif _asks_for_change(rule, value) and (route, engine) not in rule.honoured:
-            raise field_not_honoured(name, f"'{name}' is not honoured: {rule.why}.")
+            raise rule.refuse(name)
     return unused
 
 
 def check_contract_field(name: str, value, route: str, engine: str) -> None:
     rule = CONTRACT_FIELD_RULES[name]
     if _asks_for_change(rule, value) and (route, engine) not in rule.honoured:
-        raise field_not_honoured(name, f"'{name}' is not honoured: {rule.why}.")
+        raise rule.refuse(name)

@@ -48,6 +48,9 @@ class ValidatedGeneration:
     ignore_eos: bool = False
     # Locations of fields the request carried but nothing used (reported back).
     ignored_fields: tuple[str, ...] = ()
+    # response_format, and its compiled grammar (each row gets a matcher of it).
+    constraint: object = None
+    grammar: object = None
 
     @property
     def prompt_tokens(self) -> int:

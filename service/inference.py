@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.scheduler import SchedulerLimits
 from service.engines.transformers_engine import TransformersEngine
-from service.errors import invalid_parameter, model_not_found, model_not_loaded
-from service.generation_job import GenerationJob, StepOutput, ValidatedGeneration
+from service.errors import EngineError, invalid_parameter, model_not_found, model_not_loaded
+from service.generation_job import FinishReason, GenerationJob, StepOutput, ValidatedGeneration
 from service.model_registry import ModelEntry, ModelRegistry
+from service.structured_output import Constraint, document_problem
 from service.validation import (
     GenerateParams,
     check_fields,
@@ -56,6 +57,7 @@ class GenerationStarted:
     seed_scope: str | None
     prompt_tokens: int
     ignored_fields: tuple[str, ...] = ()
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,28 @@ class GenerationFinished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+
+
+class DocumentCheck:
+    """Validates each constrained choice when it ends, before its last delta
+    leaves the engine: "stop" is only ever reported for a document that parses
+    and, for json_schema, validates. A choice cut by max_tokens ends "length"
+    and is not checked (its text is incomplete by definition)."""
+
+    def __init__(self, constraint: Constraint):
+        self.constraint = constraint
+        self.texts: dict[int, list[str]] = {}
+
+    def check(self, step: StepOutput) -> None:
+        for delta in step.deltas:
+            self.texts.setdefault(delta.index, []).append(delta.text)
+            if delta.finish_reason == FinishReason.STOP:
+                problem = document_problem(self.constraint, "".join(self.texts[delta.index]))
+                if problem is not None:
+                    # The problem text can quote the output: it goes to the caller only.
+                    log.error("constrained output of choice %d failed validation", delta.index)
+                    raise EngineError("constrained_output_invalid", f"Choice {delta.index} "
+                                      f"finished a document that is not valid: {problem}.")
 
 
 def continuation(turns) -> tuple[list[dict[str, str]], str | None]:
@@ -201,7 +225,11 @@ class InferenceService:
             ]
 
         prompt_ids = await asyncio.to_thread(tokenize)
-        return resolve(params, checked, prompt_ids, info.context_window, request_id, ignored)
+        grammar = None
+        if checked.constraint is not None:
+            grammar = await asyncio.to_thread(engine.grammar_for, checked.constraint)
+        return resolve(params, checked, prompt_ids, info.context_window, request_id, ignored,
+                       grammar)
 
     async def generate(
         self, spec: ValidatedGeneration
@@ -222,8 +250,12 @@ class InferenceService:
                 seed_scope="request" if spec.seed is not None else None,
                 prompt_tokens=spec.prompt_tokens,
                 ignored_fields=spec.ignored_fields,
+                constraint=spec.constraint,
             )
+            documents = DocumentCheck(spec.constraint) if spec.constraint else None
             async for step in job.events():
+                if documents is not None:
+                    documents.check(step)
                 yield step
         finally:
             # Closed before or between events: the model thread drops the job.

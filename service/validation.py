@@ -25,6 +25,14 @@ from service.errors import (
 )
 from service.generation_job import PromptGroup, ValidatedGeneration
 from service.sampling import SamplingOptions
+from service.structured_output import (
+    JSON_OBJECT,
+    JSON_SCHEMA,
+    NAME_PATTERN,
+    Constraint,
+    check_schema,
+    unsupported,
+)
 
 MAX_N = 128
 MAX_PROMPTS = 2048
@@ -71,6 +79,8 @@ class GenerateParams:
     unused_fields: tuple[str, ...] = ()
     user: str | None = None
     strict: bool = False
+    # ("json_object" | "json_schema", name, schema as sent); None for free text.
+    response_format: tuple[str, str, object] | None = None
 
     @property
     def input_param(self) -> str:
@@ -91,6 +101,7 @@ class CheckedParams:
     stop: tuple[str, ...]
     seed: int | None
     ignore_eos: bool = False
+    constraint: Constraint | None = None
 
 
 def _number(
@@ -151,6 +162,7 @@ def check_fields(params: GenerateParams, engine: str) -> tuple[str, ...]:
     field_policy.check_contract_field("seed", params.seed, route, engine)
     field_policy.check_contract_field(
         "max_completion_tokens", params.max_completion_tokens, route, engine)
+    field_policy.check_contract_field("response_format", params.response_format, route, engine)
     unused.extend(params.unused_fields)
     if params.user is not None:
         unused.append("user")  # OpenAI's end-user id: nothing here reads it
@@ -171,6 +183,27 @@ def check_no_special_tokens(params: GenerateParams, special_tokens: tuple[str, .
         for token in special_tokens:
             if token and token in turn.content:
                 raise special_token_in_content(f"messages[{i}].content", token)
+
+
+def check_response_format(params: GenerateParams) -> Constraint | None:
+    if params.response_format is None:
+        return None
+    kind, name, schema = params.response_format
+    if params.stop:
+        # A stop string could cut a document short and have it reported complete.
+        raise unsupported("response_format", "'stop' cannot be combined with 'response_format'.")
+    if params.ignore_eos:
+        raise unsupported("response_format", "'ignore_eos' cannot be combined with "
+                          "'response_format': a finished document must end the choice.")
+    if kind == JSON_OBJECT:
+        return Constraint(JSON_OBJECT)
+    if kind != JSON_SCHEMA:
+        raise unsupported("response_format.type", f"Unknown response_format type {kind!r}.")
+    if not NAME_PATTERN.fullmatch(name):
+        raise invalid_parameter("response_format.json_schema.name",
+                                "'response_format.json_schema.name' must be 1 to 64 letters, "
+                                "digits, '_' or '-'.")
+    return Constraint(JSON_SCHEMA, name, check_schema(schema))
 
 
 def check_params(params: GenerateParams) -> CheckedParams:
@@ -215,7 +248,8 @@ def check_params(params: GenerateParams) -> CheckedParams:
         raise invalid_parameter(
             "seed", f"'seed' must be an integer from 0 to {SEED_MAX}; got {params.seed}."
         )
-    return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed, params.ignore_eos)
+    return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed,
+                         params.ignore_eos, check_response_format(params))
 
 
 def check_token_ids(params: GenerateParams, vocab_size: int) -> None:
@@ -258,6 +292,7 @@ def resolve(
     context_window: int,
     request_id: str,
     ignored_fields: tuple[str, ...] = (),
+    grammar: object = None,
 ) -> ValidatedGeneration:
     """Fit each prompt and its completion into the context window."""
     what = "messages" if params.messages is not None else "prompt"
@@ -296,4 +331,6 @@ def resolve(
         seed=checked.seed,
         ignore_eos=checked.ignore_eos,
         ignored_fields=ignored_fields,
+        constraint=checked.constraint,
+        grammar=grammar,
     )

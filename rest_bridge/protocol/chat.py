@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import Field
+
 from rest_bridge.protocol.base import GenerationFields, OpenAIBaseModel
 
 
@@ -17,5 +21,19 @@ class ChatMessage(OpenAIBaseModel):
     name: str | None = None
 
 
+class JsonSchemaSpec(OpenAIBaseModel):
+    name: str
+    strict: bool | None = None
+    # "schema" would shadow a BaseModel attribute, hence the alias.
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: str
+    json_schema: JsonSchemaSpec | None = None
+
+
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage]
+    response_format: ResponseFormat | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.errors import OpenAIError
-from rest_bridge.protocol.chat import ChatCompletionRequest, ChatMessage
+from rest_bridge.protocol.chat import ChatCompletionRequest, ChatMessage, ResponseFormat
 from rest_bridge.serving.generation import GenerationHandler, sampling_to_pb
 
 ROLES = {
@@ -43,6 +43,31 @@ def _content_text(message: ChatMessage, index: int) -> str:
     return "".join(texts)
 
 
+def _response_format(fmt: ResponseFormat) -> generation_pb2.ResponseFormat:
+    out = generation_pb2.ResponseFormat()
+    if fmt.type == "text":
+        out.text.SetInParent()
+    elif fmt.type == "json_object":
+        out.json_object.SetInParent()
+    elif fmt.type == "json_schema":
+        spec = fmt.json_schema
+        if spec is None:
+            raise OpenAIError(400, "Missing required parameter: 'response_format.json_schema'.",
+                              param="response_format.json_schema",
+                              code="missing_required_parameter")
+        out.json_schema.name = spec.name
+        if spec.strict is not None:
+            out.json_schema.strict = spec.strict
+        if spec.schema_ is not None:
+            out.json_schema.schema.update(spec.schema_)
+        out.json_schema.description = spec.description or ""
+    else:
+        raise OpenAIError(400, f"Unknown response_format type '{fmt.type}'; expected text, "
+                          "json_object or json_schema.", param="response_format.type",
+                          code="invalid_parameter")
+    return out
+
+
 class ChatCompletionHandler(GenerationHandler):
     id_prefix = "chatcmpl-"
     object_name = "chat.completion"
@@ -58,11 +83,14 @@ class ChatCompletionHandler(GenerationHandler):
             )
             for i, m in enumerate(request.messages)
         ]
-        return generation_service_pb2.GenerateRequest(
+        pb = generation_service_pb2.GenerateRequest(
             model=request.model,
             chat=generation_pb2.ChatInput(messages=messages),
             sampling=sampling_to_pb(request),
         )
+        if request.response_format is not None:
+            pb.response_format.CopyFrom(_response_format(request.response_format))
+        return pb
 
     def choice_count(self, request: ChatCompletionRequest) -> int:
         return request.n or 1

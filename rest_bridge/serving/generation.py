@@ -163,6 +163,11 @@ class GenerationHandler(abc.ABC):
         if meta.HasField("seed"):
             scope = SEED_SCOPES.get(meta.seed_scope, "best-effort")
             headers["X-miLLM-Seed"] = f'{meta.seed};scope="{scope}"'
+        if meta.constraint == generation_pb2.OUTPUT_CONSTRAINT_JSON_OBJECT:
+            headers["X-miLLM-Constrained"] = "json_object"
+        elif meta.constraint == generation_pb2.OUTPUT_CONSTRAINT_JSON_SCHEMA:
+            name = meta.constraint_name.replace("\\", "\\\\").replace('"', '\\"')
+            headers["X-miLLM-Constrained"] = f'json_schema;name="{name}"'
         ignored = ignored_fields.header_value(list(meta.ignored_fields))
         if ignored is not None:
             headers[ignored_fields.HEADER] = ignored

@@ -72,6 +72,10 @@ class Engine(abc.ABC):
     def encode_text(self, text: str, parse_special: bool = False) -> list[int]:
         """Tokenize a raw prompt; special-token text stays text unless parse_special."""
 
+    def grammar_for(self, constraint):
+        """The compiled grammar of a response_format (blocking; worker thread)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot constrain output")
+
     @abc.abstractmethod
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start running submitted jobs."""

@@ -11,6 +11,7 @@ or its caller goes away; columns that no remaining row uses are trimmed.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +19,8 @@ import torch
 from service.generation_job import ChoiceDelta, FinishReason, GenerationJob, PromptGroup
 from service.sampling import SamplingOptions, apply_penalties, choose_tokens
 from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,6 +65,12 @@ class Row:
             else IncrementalDetokenizer(ctx.decoder, list(group.prompt_ids))
         )
         self.stopper = StopMatcher(spec.stop)
+        # response_format: this row's own place in the grammar.
+        self.matcher = None
+        if spec.grammar is not None:
+            import xgrammar
+
+            self.matcher = xgrammar.GrammarMatcher(spec.grammar)
         self.generated = 0
         self.last_token = -1
 
@@ -73,6 +82,10 @@ class Row:
         """Take the sampled token; return its delta and whether the row is done."""
         self.generated += 1
         self.progress.completion_tokens += 1
+        if self.matcher is not None and not self.matcher.accept_token(token):
+            # The mask allowed only tokens the grammar accepts; this is a bug,
+            # and the document check after the row ends will refuse the output.
+            log.error("grammar refused a token its own mask allowed")
         if token in eos:
             return ChoiceDelta(self.index, self._final_text(), (token,), FinishReason.STOP), True
         text, hit = self.stopper.push(self.detokenizer.push(token))
@@ -99,6 +112,9 @@ def sample(
     for i, row in enumerate(rows):
         if row.ignore_eos:
             logits[i, ctx.eos_ids] = float("-inf")
+    constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
+    if constrained:
+        _apply_grammar_masks(ctx, rows, logits, constrained)
     tokens = choose_tokens(logits, options, [r.generator for r in rows])
     results = []
     for i, (row, token) in enumerate(zip(rows, tokens, strict=True)):
@@ -108,6 +124,17 @@ def sample(
             seen[i, token] = True
         results.append((row, delta, done))
     return results
+
+
+def _apply_grammar_masks(ctx: ModelContext, rows, logits: torch.Tensor, constrained) -> None:
+    """-inf on every token that cannot continue each constrained row's document
+    (special tokens other than end-of-sequence are banned already)."""
+    import xgrammar
+
+    bitmask = xgrammar.allocate_token_bitmask(len(rows), ctx.vocab_width)
+    for i in constrained:
+        rows[i].matcher.fill_next_token_bitmask(bitmask, i)
+    xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=constrained)
 
 
 @dataclass

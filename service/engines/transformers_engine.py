@@ -21,6 +21,7 @@ from service.engines.prefix_cache import PrefixCache
 from service.engines.scheduler import Scheduler, SchedulerLimits
 from service.errors import invalid_parameter
 from service.generation_job import GenerationJob
+from service.structured_output import GrammarCache
 from service.text_output import byte_level_table
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class TransformersEngine(Engine):
         self._eos_ids: frozenset[int] = frozenset()
         self._banned_ids: torch.Tensor | None = None
         self._special_tokens: tuple[str, ...] = ()
+        self.grammars: GrammarCache | None = None
         self._scheduler: Scheduler | None = None
         # Encoding runs on worker threads, decoding on the model thread. A HF
         # tokenizer is not safe to share across threads (its Rust backend
@@ -99,6 +101,7 @@ class TransformersEngine(Engine):
             quantization = str(method) if method else "unrecorded"
         self.model, self.tokenizer = model, tokenizer
         self.decoder = copy.deepcopy(tokenizer)
+        self.grammars = GrammarCache(copy.deepcopy(tokenizer), vocab_size, sorted(eos_ids))
         self.info = LoadedModel(
             id=self.entry.id,
             engine=self.kind,
@@ -137,6 +140,9 @@ class TransformersEngine(Engine):
             # Unless asked, text that spells a special token stays text.
             return self.tokenizer(text, add_special_tokens=True,
                                   split_special_tokens=not parse_special)["input_ids"]
+
+    def grammar_for(self, constraint):
+        return self.grammars.get(constraint)
 
     # -- running jobs -------------------------------------------------------------
 

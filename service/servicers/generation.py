@@ -26,6 +26,10 @@ _SEED_SCOPES = {
     "batch-shape": generation_pb2.SEED_SCOPE_BATCH_SHAPE,
     "best-effort": generation_pb2.SEED_SCOPE_BEST_EFFORT,
 }
+_CONSTRAINTS = {
+    "json_object": generation_pb2.OUTPUT_CONSTRAINT_JSON_OBJECT,
+    "json_schema": generation_pb2.OUTPUT_CONSTRAINT_JSON_SCHEMA,
+}
 _FINISH = {
     None: generation_pb2.FINISH_REASON_UNSPECIFIED,
     FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
@@ -42,6 +46,25 @@ def _extra_fields(request) -> dict:
         return json_format.MessageToDict(request.extra_fields)
     except ValueError as exc:  # NaN or infinity: not JSON
         raise invalid_parameter("extra_fields", f"'extra_fields' must hold JSON: {exc}") from None
+
+
+def _response_format(request) -> tuple[str, str, object] | None:
+    if not request.HasField("response_format"):
+        return None
+    fmt = request.response_format
+    which = fmt.WhichOneof("format")
+    if which == "json_object":
+        return ("json_object", "", None)
+    if which == "json_schema":
+        schema = None
+        if fmt.json_schema.HasField("schema"):
+            try:
+                schema = json_format.MessageToDict(fmt.json_schema.schema)
+            except ValueError as exc:  # NaN or infinity: not JSON
+                raise invalid_parameter("response_format.json_schema.schema",
+                                        f"The schema must be JSON: {exc}") from None
+        return ("json_schema", fmt.json_schema.name, schema)
+    return None  # text, or nothing chosen: free text
 
 
 def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateParams:
@@ -81,6 +104,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         unused_fields=tuple(request.unused_fields),
         user=request.user if request.HasField("user") else None,
         strict=request.strict,
+        response_format=_response_format(request),
     )
 
 
@@ -94,6 +118,9 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
             prompt_tokens=event.prompt_tokens,
             ignored_fields=event.ignored_fields,
         )
+        if event.constraint is not None:
+            metadata.constraint = _CONSTRAINTS[event.constraint.kind]
+            metadata.constraint_name = event.constraint.name
         if event.seed is not None:
             metadata.seed = event.seed
             metadata.seed_scope = _SEED_SCOPES[event.seed_scope]

@@ -1,3 +1,4 @@
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -16,6 +17,12 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_ASSISTANT: _ClassVar[Role]
     ROLE_TOOL: _ClassVar[Role]
     ROLE_FUNCTION: _ClassVar[Role]
+
+class OutputConstraint(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTPUT_CONSTRAINT_UNSPECIFIED: _ClassVar[OutputConstraint]
+    OUTPUT_CONSTRAINT_JSON_OBJECT: _ClassVar[OutputConstraint]
+    OUTPUT_CONSTRAINT_JSON_SCHEMA: _ClassVar[OutputConstraint]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -36,6 +43,9 @@ ROLE_USER: Role
 ROLE_ASSISTANT: Role
 ROLE_TOOL: Role
 ROLE_FUNCTION: Role
+OUTPUT_CONSTRAINT_UNSPECIFIED: OutputConstraint
+OUTPUT_CONSTRAINT_JSON_OBJECT: OutputConstraint
+OUTPUT_CONSTRAINT_JSON_SCHEMA: OutputConstraint
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -112,8 +122,38 @@ class SamplingParams(_message.Message):
     ignore_eos: bool
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
+class ResponseFormat(_message.Message):
+    __slots__ = ("text", "json_object", "json_schema")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    text: TextFormat
+    json_object: JsonObjectFormat
+    json_schema: JsonSchemaFormat
+    def __init__(self, text: _Optional[_Union[TextFormat, _Mapping]] = ..., json_object: _Optional[_Union[JsonObjectFormat, _Mapping]] = ..., json_schema: _Optional[_Union[JsonSchemaFormat, _Mapping]] = ...) -> None: ...
+
+class TextFormat(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JsonObjectFormat(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JsonSchemaFormat(_message.Message):
+    __slots__ = ("name", "strict", "schema", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    strict: bool
+    schema: _struct_pb2.Struct
+    description: str
+    def __init__(self, name: _Optional[str] = ..., strict: _Optional[bool] = ..., schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+
 class ResponseMetadata(_message.Message):
-    __slots__ = ("id", "created", "model", "system_fingerprint", "seed", "seed_scope", "prompt_tokens", "ignored_fields")
+    __slots__ = ("id", "created", "model", "system_fingerprint", "seed", "seed_scope", "prompt_tokens", "ignored_fields", "constraint", "constraint_name")
     ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +162,8 @@ class ResponseMetadata(_message.Message):
     SEED_SCOPE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IGNORED_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_NAME_FIELD_NUMBER: _ClassVar[int]
     id: str
     created: int
     model: str
@@ -130,7 +172,9 @@ class ResponseMetadata(_message.Message):
     seed_scope: SeedScope
     prompt_tokens: int
     ignored_fields: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., system_fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., seed_scope: _Optional[_Union[SeedScope, str]] = ..., prompt_tokens: _Optional[int] = ..., ignored_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+    constraint: OutputConstraint
+    constraint_name: str
+    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., system_fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., seed_scope: _Optional[_Union[SeedScope, str]] = ..., prompt_tokens: _Optional[int] = ..., ignored_fields: _Optional[_Iterable[str]] = ..., constraint: _Optional[_Union[OutputConstraint, str]] = ..., constraint_name: _Optional[str] = ...) -> None: ...
 
 class ChoiceDelta(_message.Message):
     __slots__ = ("index", "text", "token_ids", "finish_reason")

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "chat", "prompt", "sampling", "request_id", "strict", "extra_fields", "unused_fields", "user")
+    __slots__ = ("model", "chat", "prompt", "sampling", "request_id", "strict", "extra_fields", "unused_fields", "user", "response_format")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class GenerateRequest(_message.Message):
     EXTRA_FIELDS_FIELD_NUMBER: _ClassVar[int]
     UNUSED_FIELDS_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
     model: str
     chat: _generation_pb2.ChatInput
     prompt: _generation_pb2.PromptInput
@@ -28,7 +29,8 @@ class GenerateRequest(_message.Message):
     extra_fields: _struct_pb2.Struct
     unused_fields: _containers.RepeatedScalarFieldContainer[str]
     user: str
-    def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[_generation_pb2.ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., strict: _Optional[bool] = ..., extra_fields: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unused_fields: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ...) -> None: ...
+    response_format: _generation_pb2.ResponseFormat
+    def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[_generation_pb2.ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., strict: _Optional[bool] = ..., extra_fields: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unused_fields: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., response_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("metadata", "choices", "usage")
