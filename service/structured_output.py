@@ -60,15 +60,8 @@ class Constraint:
         return self.kind + ":" + json.dumps(self.schema, sort_keys=True, separators=(",", ":"))
 
 
-def integral_numbers(value):
-    """Struct carries every number as a double; a schema's 3.0 means 3."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: integral_numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [integral_numbers(v) for v in value]
-    return value
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 class _SchemaWalk:
@@ -128,17 +121,22 @@ class _SchemaWalk:
             self.problems.append(f"$ref {ref!r} at {_pointer(here)} (no such definition)")
 
 
-def check_schema(schema) -> dict:
+def check_schema(schema_json: str) -> dict:
     """The schema if it is within the supported subset and limits, else a 400
     naming every unsupported keyword with its JSON pointer."""
-    if not isinstance(schema, dict):
-        raise unsupported("response_format.json_schema.schema",
-                          "'response_format.json_schema.schema' must be a JSON object.")
-    size = len(json.dumps(schema, separators=(",", ":")).encode())
+    param = "response_format.json_schema.schema"
+    size = len(schema_json.encode())
     if size > MAX_SCHEMA_BYTES:
         raise unsupported("response_format", f"The schema is {size} bytes; at most "
                           f"{MAX_SCHEMA_BYTES}.")
-    schema = integral_numbers(schema)
+    if not schema_json:
+        raise unsupported(param, f"'{param}' is required for json_schema.")
+    try:
+        schema = json.loads(schema_json, parse_constant=_not_json)
+    except (ValueError, RecursionError) as exc:
+        raise unsupported(param, f"'{param}' is not JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise unsupported(param, f"'{param}' must be a JSON object.")
     walk = _SchemaWalk(schema)
     walk.walk(schema, [], 0)
     if walk.problems:

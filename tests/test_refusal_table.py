@@ -48,6 +48,11 @@ ROWS = [
     # -- JSON syntax and types (the bridge) ---------------------------------------------
     ("malformed-json", CHAT, b'{"model": ', {}, 400, "invalid_json", None, BRIDGE),
     ("array-body", CHAT, b"[1, 2]", {}, 400, "invalid_json", None, BRIDGE),
+    ("body-nested-too-deep", CHAT, b'{"model": "m", "messages": [], "x": ' + b"[" * 200
+     + b"]" * 200 + b"}", {}, 400, "invalid_json", None, BRIDGE),
+    ("body-past-the-parser", CHAT, b"[" * 100_000, {}, 400, "invalid_json", None, BRIDGE),
+    ("extra-field-nested-too-deep", CHAT, chat(x=json.loads("[" * 40 + "]" * 40)), {}, 400,
+     "invalid_parameter", "x", BRIDGE),
     ("nan", CHAT, b'{"model": "m", "messages": [], "temperature": NaN}', {}, 400,
      "invalid_json", None, BRIDGE),
     ("temperature-string", CHAT, chat(temperature="hot"), {}, 400, "invalid_type",

@@ -122,22 +122,48 @@ def _describe(errors: list[dict], field_names: set[str]) -> OpenAIError:
                        code="invalid_type")
 
 
+# Deeper bodies are refused: a parser's recursion and protobuf's nesting limit
+# (about 100 messages, and a JSON level costs two in a Struct) are both finite.
+MAX_BODY_DEPTH = 128
+MAX_EXTRA_FIELD_DEPTH = 32
+
+
+def json_depth(value) -> int:
+    """Nesting depth of a parsed JSON value (a scalar is 0, [] and [1] are 1),
+    level by level rather than by recursion."""
+    depth, level = 0, [value]
+    while containers := [v for v in level if isinstance(v, dict | list)]:
+        depth += 1
+        level = [c for item in containers
+                 for c in (item.values() if isinstance(item, dict) else item)]
+    return depth
+
+
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _invalid_json(reason: str) -> OpenAIError:
+    return OpenAIError(
+        400,
+        f"We could not parse the JSON body of your request ({reason}). The body must be a "
+        "JSON object.",
+        code="invalid_json",
+    )
+
+
 def parse_body(raw: bytes, model: type[Model]) -> Model:
+    too_deep = f"nested deeper than {MAX_BODY_DEPTH} levels"
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise _invalid_json(too_deep) from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise OpenAIError(
-            400,
-            f"We could not parse the JSON body of your request ({exc}). The body must be a "
-            "JSON object.",
-            code="invalid_json",
-        ) from None
+        raise _invalid_json(str(exc)) from None
     if not isinstance(data, dict):
         raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+    if json_depth(data) > MAX_BODY_DEPTH:
+        raise _invalid_json(too_deep)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.errors import OpenAIError
 from rest_bridge.protocol.chat import ChatCompletionRequest, ChatMessage, ResponseFormat
@@ -59,7 +61,7 @@ def _response_format(fmt: ResponseFormat) -> generation_pb2.ResponseFormat:
         if spec.strict is not None:
             out.json_schema.strict = spec.strict
         if spec.schema_ is not None:
-            out.json_schema.schema.update(spec.schema_)
+            out.json_schema.schema_json = json.dumps(spec.schema_, separators=(",", ":"))
         out.json_schema.description = spec.description or ""
     else:
         raise OpenAIError(400, f"Unknown response_format type '{fmt.type}'; expected text, "

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
+from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
 from rest_bridge.serving import ignored_fields, sse
 from rest_bridge.serving.disconnect import unless_disconnected
 
@@ -128,7 +129,13 @@ class GenerationHandler(abc.ABC):
                               code="field_not_honoured")
         pb = self.to_pb(request)
         pb.strict = strict
-        pb.extra_fields.update(request.top_level_extras())
+        extras = request.top_level_extras()
+        for name, value in extras.items():
+            if json_depth(value) > MAX_EXTRA_FIELD_DEPTH:
+                raise OpenAIError(400, f"'{name}' is nested deeper than "
+                                  f"{MAX_EXTRA_FIELD_DEPTH} levels.", param=name,
+                                  code="invalid_parameter")
+        pb.extra_fields.update(extras)
         unused = request.nested_unused()
         if request.stream_options is not None and not request.stream:
             unused.append("stream_options")  # it shapes streams only

@@ -36,6 +36,10 @@ class ModelContext:
     eos_set: frozenset[int] = field(default_factory=frozenset)
     # Bytes of every token when the tokenizer is byte-level (fast detokenizing).
     token_bytes: list[bytes] | None = None
+    # Tokens holding a control character (U+0000-U+001F): never part of a
+    # compact JSON document, though xgrammar's bounded-string rules let some
+    # through, so constrained rows mask them too.
+    control_ids: torch.Tensor | None = None
 
 
 @dataclass
@@ -135,6 +139,9 @@ def _apply_grammar_masks(ctx: ModelContext, rows, logits: torch.Tensor, constrai
     for i in constrained:
         rows[i].matcher.fill_next_token_bitmask(bitmask, i)
     xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=constrained)
+    if ctx.control_ids is not None and len(ctx.control_ids):
+        rows_index = torch.tensor(constrained, dtype=torch.long, device=logits.device)
+        logits[rows_index.unsqueeze(1), ctx.control_ids.unsqueeze(0)] = float("-inf")
 
 
 @dataclass

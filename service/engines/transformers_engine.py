@@ -141,6 +141,13 @@ class TransformersEngine(Engine):
             return self.tokenizer(text, add_special_tokens=True,
                                   split_special_tokens=not parse_special)["input_ids"]
 
+    def _control_ids(self) -> torch.Tensor:
+        table = byte_level_table(self.decoder)
+        pieces = (table if table is not None else
+                  [self.decoder.decode([i]).encode() for i in range(len(self.decoder))])
+        ids = [i for i, piece in enumerate(pieces) if any(b < 0x20 for b in piece)]
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
     def grammar_for(self, constraint):
         return self.grammars.get(constraint)
 
@@ -156,6 +163,7 @@ class TransformersEngine(Engine):
             banned_ids=self._banned_ids,
             eos_set=self._eos_ids,
             token_bytes=byte_level_table(self.decoder),
+            control_ids=self._control_ids(),
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()

@@ -56,14 +56,7 @@ def _response_format(request) -> tuple[str, str, object] | None:
     if which == "json_object":
         return ("json_object", "", None)
     if which == "json_schema":
-        schema = None
-        if fmt.json_schema.HasField("schema"):
-            try:
-                schema = json_format.MessageToDict(fmt.json_schema.schema)
-            except ValueError as exc:  # NaN or infinity: not JSON
-                raise invalid_parameter("response_format.json_schema.schema",
-                                        f"The schema must be JSON: {exc}") from None
-        return ("json_schema", fmt.json_schema.name, schema)
+        return ("json_schema", fmt.json_schema.name, fmt.json_schema.schema_json)
     return None  # text, or nothing chosen: free text
 
 

@@ -1,4 +1,3 @@
-from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -141,16 +140,16 @@ class JsonObjectFormat(_message.Message):
     def __init__(self) -> None: ...
 
 class JsonSchemaFormat(_message.Message):
-    __slots__ = ("name", "strict", "schema", "description")
+    __slots__ = ("name", "strict", "description", "schema_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
-    SCHEMA_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     strict: bool
-    schema: _struct_pb2.Struct
     description: str
-    def __init__(self, name: _Optional[str] = ..., strict: _Optional[bool] = ..., schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+    schema_json: str
+    def __init__(self, name: _Optional[str] = ..., strict: _Optional[bool] = ..., description: _Optional[str] = ..., schema_json: _Optional[str] = ...) -> None: ...
 
 class ResponseMetadata(_message.Message):
     __slots__ = ("id", "created", "model", "system_fingerprint", "seed", "seed_scope", "prompt_tokens", "ignored_fields", "constraint", "constraint_name")
