@@ -57,6 +57,7 @@ breaking: $(BUF)
 
 bench: setup proto model
 	$(PY) bench/serving.py
+	$(PY) bench/structured_output.py
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache

@@ -13,6 +13,7 @@ import logging
 import threading
 
 import torch
+import xgrammar
 
 from service.chat_template import CHATML
 from service.engines.base import Engine, EngineStatus, LoadedModel
@@ -164,6 +165,7 @@ class TransformersEngine(Engine):
             eos_set=self._eos_ids,
             token_bytes=byte_level_table(self.decoder),
             control_ids=self._control_ids(),
+            batch_matcher=xgrammar.BatchGrammarMatcher(max_threads=1),
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()
