@@ -16,6 +16,7 @@ from rest_bridge.routes import not_served, router
 from rest_bridge.serving.chat import ChatCompletionHandler
 from rest_bridge.serving.completions import CompletionHandler
 from rest_bridge.serving.disconnect import ClientDisconnected
+from rest_bridge.serving.embeddings import EmbeddingsHandler
 from rest_bridge.serving.models import ModelsHandler
 from rest_bridge.unserved import is_openai_endpoint
 
@@ -30,6 +31,7 @@ def create_app(config: BridgeConfig) -> FastAPI:
         app.state.chat = ChatCompletionHandler(engine)
         app.state.completions = CompletionHandler(engine)
         app.state.models = ModelsHandler(engine)
+        app.state.embeddings = EmbeddingsHandler(engine)
         log.info("bridge forwarding to %s", engine.target)
         yield
         await engine.close()

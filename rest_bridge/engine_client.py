@@ -13,7 +13,12 @@ import json
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from millm.v1 import generation_service_pb2_grpc, model_service_pb2_grpc, server_service_pb2_grpc
+from millm.v1 import (
+    embedding_service_pb2_grpc,
+    generation_service_pb2_grpc,
+    model_service_pb2_grpc,
+    server_service_pb2_grpc,
+)
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -59,6 +64,7 @@ class EngineClient:
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
+        self.embeddings = embedding_service_pb2_grpc.EmbeddingServiceStub(self.channel)
 
     async def is_serving(self, timeout: float = 2.0) -> bool:
         try:

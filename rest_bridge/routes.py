@@ -12,6 +12,7 @@ from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import parse_body
 from rest_bridge.protocol.chat import ChatCompletionRequest
 from rest_bridge.protocol.completions import CompletionRequest
+from rest_bridge.protocol.embeddings import EmbeddingRequest
 from rest_bridge.unserved import is_openai_endpoint
 
 router = APIRouter()
@@ -45,6 +46,12 @@ async def chat_completions(request: Request):
 async def completions(request: Request):
     body = parse_body(await read_body(request), CompletionRequest)
     return await request.app.state.completions.handle(body, request)
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request):
+    body = parse_body(await read_body(request), EmbeddingRequest)
+    return await request.app.state.embeddings.handle(body, request)
 
 
 @router.get("/v1/models")

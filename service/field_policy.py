@@ -42,18 +42,20 @@ NOT_YET = "not implemented yet"
 # OpenAI (and miLLM extension) fields that change the output and have no field
 # in the contract yet.
 EXTRA_FIELD_RULES: dict[str, FieldRule] = {
-    "logprobs": FieldRule((False,), why="log-probabilities are " + NOT_YET),
-    "top_logprobs": FieldRule((0,), why="log-probabilities are " + NOT_YET),
-    "allowed_token_ids": FieldRule(why="scoring mode is " + NOT_YET),
-    "return_tokens_as_token_ids": FieldRule((False,), why="scoring mode is " + NOT_YET),
-    "add_special_tokens": FieldRule((True,), why="scoring mode is " + NOT_YET),
+    # Routes that serve these map them into the contract; elsewhere they arrive here.
+    "logprobs": FieldRule((False,), why="log-probabilities are not served on this route"),
+    "top_logprobs": FieldRule((0,), why="this route takes 'logprobs' for alternatives"),
+    "allowed_token_ids": FieldRule(why="scoring is not served on this route"),
+    "return_tokens_as_token_ids": FieldRule((False,), why="no tokens are returned here"),
+    "add_special_tokens": FieldRule((True,), why="only raw prompts choose their special "
+                                    "tokens"),
     # On chat, response_format is a contract field; anywhere else it arrives here.
     "response_format": FieldRule(({"type": "text"},), why="structured output is served on chat "
                                  "completions only", code="response_format_unsupported"),
     "profile": FieldRule(why="steering profiles are " + NOT_YET),
     "steering_intensity": FieldRule(why="steering is " + NOT_YET),
     "steering": FieldRule(why="per-request steering vectors are " + NOT_YET),
-    "extra_messages": FieldRule(([],), why="extra_messages rows are " + NOT_YET),
+    "extra_messages": FieldRule(([],), why="extra conversations are served on chat only"),
     "dimensions": FieldRule(why="embeddings with chosen dimensions are " + NOT_YET),
     "tools": FieldRule(([],), why="tool calling is not supported"),
     "tool_choice": FieldRule(("none",), why="tool calling is not supported"),
@@ -61,7 +63,7 @@ EXTRA_FIELD_RULES: dict[str, FieldRule] = {
     "function_call": FieldRule(("none",), why="function calling is not supported"),
     "logit_bias": FieldRule(({},), why="logit bias is not supported"),
     "best_of": FieldRule((1,), why="best_of is not supported; use n"),
-    "echo": FieldRule((False,), why="echoing the prompt is not supported"),
+    "echo": FieldRule((False,), why="only raw prompts can be echoed"),
     "suffix": FieldRule(("",), why="insertion (suffix) is not supported"),
     "audio": FieldRule(why="audio output is not supported"),
     "modalities": FieldRule((["text"],), why="only text output is supported"),
@@ -78,6 +80,13 @@ CONTRACT_FIELD_RULES: dict[str, FieldRule] = {
     "n": FieldRule((1,), ON_TRANSFORMERS, "several choices are not served here"),
     "seed": FieldRule((), ON_TRANSFORMERS, "seeds are not yet measured to reproduce here"),
     "max_completion_tokens": FieldRule((), GENERATING, "nothing is generated here"),
+    "logprobs": FieldRule((), ON_TRANSFORMERS, "this engine gives no per-token distribution"),
+    "allowed_token_ids": FieldRule((), ON_TRANSFORMERS,
+                                   "this engine gives no per-token distribution"),
+    "echo": FieldRule((), frozenset({(COMPLETIONS, TRANSFORMERS)}),
+                      "only raw prompts on the transformers engine can be echoed"),
+    "extra_messages": FieldRule((), frozenset({(CHAT, TRANSFORMERS)}),
+                                "extra conversations are served on chat completions only"),
     "response_format": FieldRule((), frozenset({(CHAT, TRANSFORMERS)}),
                                  "structured output needs the transformers engine's token masks",
                                  "response_format_unsupported"),

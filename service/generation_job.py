@@ -51,6 +51,13 @@ class ValidatedGeneration:
     # response_format, and its compiled grammar (each row gets a matcher of it).
     constraint: object = None
     grammar: object = None
+    # Log-probabilities: alternatives per token, None when not asked for.
+    logprobs: int | None = None
+    # Scoring mode: one forward pass per prompt, nothing sampled.
+    scoring: bool = False
+    echo: bool = False
+    allowed_token_ids: tuple[int, ...] | None = None
+    prompt_texts: tuple[str, ...] = ()  # echo: each prompt as text
 
     @property
     def prompt_tokens(self) -> int:
@@ -63,6 +70,8 @@ class ChoiceDelta:
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
+    # engines.reading.TokenScore per text-bearing token, when logprobs were asked for.
+    logprobs: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,7 @@ def merge_steps(first: StepOutput, second: StepOutput) -> StepOutput:
         before = merged.get(d.index)
         merged[d.index] = d if before is None else ChoiceDelta(
             d.index, before.text + d.text, before.token_ids + d.token_ids,
-            d.finish_reason or before.finish_reason,
+            d.finish_reason or before.finish_reason, before.logprobs + d.logprobs,
         )
     return StepOutput(tuple(merged.values()))
 

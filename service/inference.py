@@ -9,26 +9,46 @@ fit) and hands validated jobs to the engine.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from service import field_policy
+from service.engines import reading
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.scheduler import SchedulerLimits
 from service.engines.transformers_engine import TransformersEngine
-from service.errors import EngineError, invalid_parameter, model_not_found, model_not_loaded
-from service.generation_job import FinishReason, GenerationJob, StepOutput, ValidatedGeneration
+from service.errors import (
+    EngineError,
+    context_length_exceeded,
+    invalid_parameter,
+    model_not_found,
+    model_not_loaded,
+    unused_fields_refused,
+)
+from service.generation_job import (
+    ChoiceDelta,
+    FinishReason,
+    GenerationJob,
+    StepOutput,
+    ValidatedGeneration,
+)
 from service.model_registry import ModelEntry, ModelRegistry
 from service.structured_output import Constraint, document_problem
 from service.validation import (
     GenerateParams,
+    check_allowed_token_ids,
     check_fields,
     check_no_special_tokens,
     check_params,
     check_token_ids,
+    conversations,
+    refuse_if_strict,
     resolve,
+    scoring_unused,
 )
 
 log = logging.getLogger(__name__)
@@ -61,6 +81,13 @@ class GenerationStarted:
 
 
 @dataclass(frozen=True)
+class Echoed:
+    """Echoed prompts: (prompt index, text, reading.TokenScore per token or ())."""
+
+    prompts: tuple
+
+
+@dataclass(frozen=True)
 class GenerationFinished:
     prompt_tokens: int
     completion_tokens: int
@@ -87,6 +114,28 @@ class DocumentCheck:
                     log.error("constrained output of choice %d failed validation", delta.index)
                     raise EngineError("constrained_output_invalid", f"Choice {delta.index} "
                                       f"finished a document that is not valid: {problem}.")
+
+
+@dataclass(frozen=True)
+class EmbedParams:
+    model: str
+    inputs: tuple  # str or tuple of token ids
+    request_id: str = ""
+    extra_fields: dict = dataclasses.field(default_factory=dict)
+    unused_fields: tuple[str, ...] = ()
+    user: str | None = None
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    vectors: list[list[float]]
+    prompt_tokens: int
+    model: str
+    ignored_fields: tuple[str, ...]
+
+
+MAX_EMBED_INPUTS = 2048
 
 
 def continuation(turns) -> tuple[list[dict[str, str]], str | None]:
@@ -189,38 +238,52 @@ class InferenceService:
             f"The model '{model_id}' is on disk but not loaded, and {serving}."
         )
 
+    def _entry(self, model_id: str) -> ModelEntry:
+        if not model_id:
+            raise invalid_parameter("model", "You must provide a model parameter.")
+        if self.loaded is not None and model_id == self.loaded.id:
+            return self.engine.entry  # no disk scan on the hot path
+        entry = self.registry.get(model_id)
+        if entry is None:
+            raise model_not_found(model_id)
+        return entry
+
     async def prepare(self, params: GenerateParams) -> ValidatedGeneration:
         """Validate a request completely, before anything is generated."""
-        if not params.model:
-            raise invalid_parameter("model", "You must provide a model parameter.")
-        if self.loaded is not None and params.model == self.loaded.id:
-            entry = self.engine.entry  # no disk scan on the hot path
-        else:
-            entry = self.registry.get(params.model)
-        if entry is None:
-            raise model_not_found(params.model)
+        entry = self._entry(params.model)
         # Which fields this route and engine honour is known without the model,
         # so a field that cannot be honoured is refused before any load.
         ignored = check_fields(params, entry.engine)
         request_id = params.request_id or uuid.uuid4().hex
+        engine = self._serving_engine(params.model)
+        checked = check_params(params)
+        if checked.scoring:
+            ignored.extend(scoring_unused(params))
+        refuse_if_strict(params, ignored)
         if ignored:
             # Locations only: values can hold anything the client typed.
             log.warning("request_fields_unused request_id=%s locations=%s",
                         request_id, ",".join(ignored))
-        engine = self._serving_engine(params.model)
-        checked = check_params(params)
         info = self.loaded
         if params.messages is not None:
             check_no_special_tokens(params, engine.special_tokens)
+            if checked.scoring and not engine.has_chat_template:
+                raise EngineError("no_chat_template", f"The model '{info.id}' has no chat "
+                                  "template, so there is no prompt it was trained to score; "
+                                  "send the rendered prompt to /v1/completions.", "messages")
         if params.prompts is not None:
             check_token_ids(params, info.vocab_size)
+        check_allowed_token_ids(params, info.vocab_size)
 
         def tokenize() -> list[list[int]]:
             if params.messages is not None:
-                return [engine.encode_chat(*continuation(params.messages))]
+                return [engine.encode_chat(*continuation(turns))
+                        for _, turns in conversations(params)]
+            add_special = params.add_special_tokens is not False
             return [
                 list(p) if isinstance(p, tuple)
-                else engine.encode_text(p, parse_special=params.parse_special_tokens)
+                else engine.encode_text(p, parse_special=params.parse_special_tokens,
+                                        add_special=add_special)
                 for p in params.prompts
             ]
 
@@ -228,30 +291,97 @@ class InferenceService:
         grammar = None
         if checked.constraint is not None:
             grammar = await asyncio.to_thread(engine.grammar_for, checked.constraint)
-        return resolve(params, checked, prompt_ids, info.context_window, request_id, ignored,
-                       grammar)
+        spec = resolve(params, checked, prompt_ids, info.context_window, request_id,
+                       tuple(ignored), grammar)
+        if spec.echo:
+            texts = [p if isinstance(p, str) else await asyncio.to_thread(engine.decode, list(p))
+                     for p in params.prompts]
+            spec = dataclasses.replace(spec, prompt_texts=tuple(texts))
+        return spec
+
+    async def embed(self, params: EmbedParams) -> EmbedResult:
+        """Mean-pooled last hidden layer of each input, from an unsteered pass."""
+        entry = self._entry(params.model)
+        unused = field_policy.check_extra_fields(params.extra_fields, field_policy.EMBEDDINGS,
+                                                 entry.engine)
+        unused.extend(params.unused_fields)
+        if params.user is not None:
+            unused.append("user")
+        if params.strict and unused:
+            raise unused_fields_refused(unused)
+        engine = self._serving_engine(params.model)
+        info = self.loaded
+        if not params.inputs:
+            raise invalid_parameter("input", "'input' must not be empty.")
+        if len(params.inputs) > MAX_EMBED_INPUTS:
+            raise invalid_parameter("input", f"'input' takes at most {MAX_EMBED_INPUTS} items; "
+                                    f"got {len(params.inputs)}.")
+        for i, item in enumerate(params.inputs):
+            if isinstance(item, tuple):
+                bad = next((t for t in item if not 0 <= t < info.vocab_size), None)
+                if bad is not None:
+                    raise invalid_parameter(f"input[{i}]", f"Input {i} holds token id {bad}, "
+                                            f"outside the vocabulary (0-{info.vocab_size - 1}).")
+
+        def tokenize() -> list[list[int]]:
+            return [list(p) if isinstance(p, tuple) else engine.encode_text(p)
+                    for p in params.inputs]
+
+        ids = await asyncio.to_thread(tokenize)
+        for i, tokens in enumerate(ids):
+            if not tokens:
+                raise invalid_parameter(f"input[{i}]", f"Input {i} tokenizes to no tokens.")
+            if len(tokens) > info.context_window:
+                raise context_length_exceeded(
+                    f"input[{i}]", f"This model's maximum context length is "
+                    f"{info.context_window} tokens. However, input {i} has {len(tokens)} "
+                    "tokens. Please shorten it.")
+        vectors = await engine.call(lambda ctx: reading.embed(ctx, ids))
+        return EmbedResult(vectors, sum(len(t) for t in ids), info.id, tuple(unused))
+
+    def _started(self, spec: ValidatedGeneration) -> GenerationStarted:
+        info = self.loaded
+        return GenerationStarted(
+            id=spec.request_id,
+            created=int(time.time()),
+            model=info.id,
+            system_fingerprint=info.system_fingerprint,
+            seed=spec.seed,
+            # Seeded groups run in a lane of their own (engines/scheduler.py).
+            seed_scope="request" if spec.seed is not None else None,
+            prompt_tokens=spec.prompt_tokens,
+            ignored_fields=spec.ignored_fields,
+            constraint=spec.constraint,
+        )
+
+    async def _read(self, spec: ValidatedGeneration, next_token: bool) -> list:
+        """Scoring passes over every prompt (scoring mode, or echo)."""
+        temperature = spec.options.temperature
+        top = spec.logprobs or 0
+        allowed = list(spec.allowed_token_ids) if spec.allowed_token_ids else None
+
+        def run(ctx):
+            return [reading.score_prompt(ctx, list(g.prompt_ids), temperature=temperature,
+                                         allowed=allowed, top=top, echo=spec.echo,
+                                         next_token=next_token) for g in spec.groups]
+
+        return await self.engine.call(run)
 
     async def generate(
         self, spec: ValidatedGeneration
-    ) -> AsyncIterator[GenerationStarted | StepOutput | GenerationFinished]:
+    ) -> AsyncIterator[GenerationStarted | Echoed | StepOutput | GenerationFinished]:
         """Run a prepared generation. Closing the iterator early cancels it."""
-        info = self.loaded
+        if spec.scoring or spec.echo:
+            async for event in self._generate_reading(spec):
+                yield event
+            if spec.scoring or spec.groups[0].max_tokens == 0:
+                return
         job = GenerationJob(spec=spec, loop=asyncio.get_running_loop())
         # Submitting first means a full queue is refused before the stream opens.
         self.engine.submit(job)
         try:
-            yield GenerationStarted(
-                id=spec.request_id,
-                created=int(time.time()),
-                model=info.id,
-                system_fingerprint=info.system_fingerprint,
-                seed=spec.seed,
-                # Seeded groups run in a lane of their own (engines/scheduler.py).
-                seed_scope="request" if spec.seed is not None else None,
-                prompt_tokens=spec.prompt_tokens,
-                ignored_fields=spec.ignored_fields,
-                constraint=spec.constraint,
-            )
+            if not spec.echo:
+                yield self._started(spec)
             documents = DocumentCheck(spec.constraint) if spec.constraint else None
             async for step in job.events():
                 if documents is not None:
@@ -261,3 +391,26 @@ class InferenceService:
             # Closed before or between events: the model thread drops the job.
             job.cancelled.set()
         yield GenerationFinished(spec.prompt_tokens, job.completion_tokens, job.cached_tokens)
+
+    async def _generate_reading(self, spec: ValidatedGeneration):
+        """Scoring mode (the answer is the most probable allowed token, from one
+        forward pass) and echo (the prompt back, with its log-probabilities)."""
+        yield self._started(spec)
+        scored = None
+        if spec.scoring or spec.logprobs is not None:
+            scored = await self._read(spec, next_token=spec.scoring)
+        if spec.echo:
+            yield Echoed(tuple(
+                (i, spec.prompt_texts[i], scored[i].prompt_tokens if scored else ())
+                for i in range(len(spec.groups))))
+        if spec.scoring:
+            yield StepOutput(tuple(
+                ChoiceDelta(g.first_index, s.next.token.text, (s.next.token.token_id,),
+                            FinishReason.LENGTH, (s.next,))
+                for g, s in zip(spec.groups, scored, strict=True)))
+            yield GenerationFinished(spec.prompt_tokens, len(spec.groups), 0)
+        elif spec.groups[0].max_tokens == 0:
+            # Echo alone: every choice is its prompt, with nothing generated.
+            yield StepOutput(tuple(ChoiceDelta(g.first_index + j, "", (), FinishReason.LENGTH)
+                                   for g in spec.groups for j in range(g.n)))
+            yield GenerationFinished(spec.prompt_tokens, 0, 0)

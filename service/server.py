@@ -12,10 +12,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from millm.v1 import (
+    embedding_service_pb2,
+    embedding_service_pb2_grpc,
     generation_service_pb2,
     generation_service_pb2_grpc,
     model_service_pb2,
     model_service_pb2_grpc,
+    scoring_service_pb2,
+    scoring_service_pb2_grpc,
     server_service_pb2,
     server_service_pb2_grpc,
 )
@@ -23,8 +27,10 @@ from service.config import EngineConfig
 from service.engines.scheduler import SchedulerLimits
 from service.inference import InferenceService
 from service.model_registry import ModelRegistry
+from service.servicers.embeddings import EmbeddingServicer
 from service.servicers.generation import GenerationServicer
 from service.servicers.models import ModelServicer
+from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
 
 log = logging.getLogger("millm.engine")
@@ -33,9 +39,11 @@ SERVICE_NAMES = (
     generation_service_pb2.DESCRIPTOR.services_by_name["GenerationService"].full_name,
     model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
     server_service_pb2.DESCRIPTOR.services_by_name["ServerService"].full_name,
+    scoring_service_pb2.DESCRIPTOR.services_by_name["ScoringService"].full_name,
+    embedding_service_pb2.DESCRIPTOR.services_by_name["EmbeddingService"].full_name,
 )
-# Generation needs the model; model listing and status answer while it loads.
-MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0])
+# These need the model; model listing and status answer while it loads.
+MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
 
 GRACE_SECONDS = 5.0
 
@@ -63,6 +71,12 @@ class EngineServer:
         )
         server_service_pb2_grpc.add_ServerServiceServicer_to_server(
             ServerServicer(self.inference), self.server
+        )
+        scoring_service_pb2_grpc.add_ScoringServiceServicer_to_server(
+            ScoringServicer(self.inference), self.server
+        )
+        embedding_service_pb2_grpc.add_EmbeddingServiceServicer_to_server(
+            EmbeddingServicer(self.inference), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

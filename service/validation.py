@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from service import field_policy
 from service.errors import (
+    EngineError,
     context_length_exceeded,
     invalid_parameter,
     special_token_in_content,
@@ -38,8 +39,14 @@ MAX_N = 128
 MAX_PROMPTS = 2048
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_BYTES = 256
+MAX_LOGPROBS = 20
+MIN_SCORING_TEMPERATURE = 0.001
 SEED_MAX = 2**32 - 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def invalid_scoring_request(param: str, message: str) -> EngineError:
+    return EngineError("invalid_scoring_request", message, param)
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,13 @@ class GenerateParams:
     strict: bool = False
     # ("json_object" | "json_schema", name, schema as sent); None for free text.
     response_format: tuple[str, str, object] | None = None
+    # Log-probabilities: alternatives per token (None = not asked for).
+    logprobs: int | None = None
+    allowed_token_ids: tuple[int, ...] = ()
+    echo: bool = False
+    add_special_tokens: bool | None = None
+    # More conversations (extra_messages), each answered as its own choices.
+    extra_chats: tuple[tuple[ChatTurn, ...], ...] = ()
 
     @property
     def input_param(self) -> str:
@@ -102,6 +116,10 @@ class CheckedParams:
     seed: int | None
     ignore_eos: bool = False
     constraint: Constraint | None = None
+    logprobs: int | None = None
+    # Scoring mode: one forward pass per prompt, the most probable token answers.
+    scoring: bool = False
+    echo: bool = False
 
 
 def _number(
@@ -131,18 +149,27 @@ def _positive_int(param: str, value: int | None) -> int | None:
     return value
 
 
+def conversations(params: GenerateParams) -> list[tuple[str, tuple[ChatTurn, ...]]]:
+    """(JSON location, turns) of every conversation in a chat request."""
+    return [("messages", params.messages or ()),
+            *((f"extra_messages[{k}]", turns) for k, turns in enumerate(params.extra_chats))]
+
+
 def check_input(params: GenerateParams) -> None:
+    if params.extra_chats and params.messages is None:
+        raise invalid_parameter("extra_messages", "'extra_messages' needs 'messages'.")
     if params.messages is None and params.prompts is None:
         raise invalid_parameter("messages", "The request has neither 'messages' nor 'prompt'.")
     if params.messages is not None:
-        if not params.messages:
-            raise invalid_parameter("messages", "'messages' must contain at least one message.")
-        for i, turn in enumerate(params.messages):
-            if turn.role not in CHAT_ROLES:
-                raise invalid_parameter(
-                    f"messages[{i}].role",
-                    f"'messages[{i}].role' must be one of {', '.join(CHAT_ROLES)}.",
-                )
+        for where, turns in conversations(params):
+            if not turns:
+                raise invalid_parameter(where, f"'{where}' must contain at least one message.")
+            for i, turn in enumerate(turns):
+                if turn.role not in CHAT_ROLES:
+                    raise invalid_parameter(
+                        f"{where}[{i}].role",
+                        f"'{where}[{i}].role' must be one of {', '.join(CHAT_ROLES)}.",
+                    )
     else:
         if not params.prompts:
             raise invalid_parameter("prompt", "'prompt' must not be empty.")
@@ -153,9 +180,10 @@ def check_input(params: GenerateParams) -> None:
             )
 
 
-def check_fields(params: GenerateParams, engine: str) -> tuple[str, ...]:
+def check_fields(params: GenerateParams, engine: str) -> list[str]:
     """Refuse fields this route and engine cannot honour; return the locations
-    of fields that go unused, or refuse them all under strict mode."""
+    of fields that go unused (strict mode refuses them later, once every
+    unused field is known)."""
     route = params.route
     unused = field_policy.check_extra_fields(params.extra_fields, route, engine)
     field_policy.check_contract_field("n", params.n, route, engine)
@@ -163,26 +191,50 @@ def check_fields(params: GenerateParams, engine: str) -> tuple[str, ...]:
     field_policy.check_contract_field(
         "max_completion_tokens", params.max_completion_tokens, route, engine)
     field_policy.check_contract_field("response_format", params.response_format, route, engine)
+    field_policy.check_contract_field("logprobs", params.logprobs, route, engine)
+    field_policy.check_contract_field("allowed_token_ids", params.allowed_token_ids or None,
+                                      route, engine)
+    field_policy.check_contract_field("echo", params.echo or None, route, engine)
+    field_policy.check_contract_field("extra_messages", params.extra_chats or None, route,
+                                      engine)
     unused.extend(params.unused_fields)
     if params.user is not None:
         unused.append("user")  # OpenAI's end-user id: nothing here reads it
-    for i, turn in enumerate(params.messages or ()):
-        if turn.name:
-            # Chat templates render role and content; the author name is not passed.
-            unused.append(f"messages[{i}].name")
+    for where, turns in conversations(params) if params.messages is not None else ():
+        for i, turn in enumerate(turns):
+            if turn.name:
+                # Chat templates render role and content; the author name is not passed.
+                unused.append(f"{where}[{i}].name")
+    return unused
+
+
+def refuse_if_strict(params: GenerateParams, unused: list[str]) -> None:
     if params.strict and unused:
         raise unused_fields_refused(unused)
-    return tuple(unused)
+
+
+# Sampling fields a scoring pass does not use: it reads the distribution, it
+# does not sample from it.
+SCORING_UNUSED = ("top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                  "repetition_penalty")
+
+
+def scoring_unused(params: GenerateParams) -> list[str]:
+    unused = [name for name in SCORING_UNUSED if getattr(params, name) is not None]
+    if params.stop:
+        unused.append("stop")
+    return unused
 
 
 def check_no_special_tokens(params: GenerateParams, special_tokens: tuple[str, ...]) -> None:
     """No forged roles: message text that spells a control token (say
     "<|im_start|>system") is refused rather than rendered into the prompt,
     where the model would read it as a real turn boundary."""
-    for i, turn in enumerate(params.messages or ()):
-        for token in special_tokens:
-            if token and token in turn.content:
-                raise special_token_in_content(f"messages[{i}].content", token)
+    for where, turns in conversations(params):
+        for i, turn in enumerate(turns):
+            for token in special_tokens:
+                if token and token in turn.content:
+                    raise special_token_in_content(f"{where}[{i}].content", token)
 
 
 def check_response_format(params: GenerateParams) -> Constraint | None:
@@ -223,7 +275,10 @@ def check_params(params: GenerateParams) -> CheckedParams:
     n = params.n if params.n is not None else 1
     if not 1 <= n <= MAX_N:
         raise invalid_parameter("n", f"'n' must be between 1 and {MAX_N}; got {n}.")
-    max_tokens = _positive_int("max_tokens", params.max_tokens)
+    if params.echo and params.max_tokens == 0:
+        max_tokens = 0  # echo alone: the prompt back, nothing generated
+    else:
+        max_tokens = _positive_int("max_tokens", params.max_tokens)
     max_completion = _positive_int("max_completion_tokens", params.max_completion_tokens)
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise invalid_parameter(
@@ -248,8 +303,34 @@ def check_params(params: GenerateParams) -> CheckedParams:
         raise invalid_parameter(
             "seed", f"'seed' must be an integer from 0 to {SEED_MAX}; got {params.seed}."
         )
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_LOGPROBS:
+        raise invalid_parameter("logprobs", f"'logprobs' must be between 0 and {MAX_LOGPROBS}; "
+                                f"got {params.logprobs}.")
+    scoring = _is_scoring(params, max_tokens, n)
+    if scoring and 0 < options.temperature < MIN_SCORING_TEMPERATURE:
+        raise invalid_parameter("temperature", f"A scoring temperature must be 0 or at least "
+                                f"{MIN_SCORING_TEMPERATURE}; smaller ones overflow the logits.")
+    constraint = check_response_format(params)
+    if scoring and constraint is not None:
+        raise invalid_scoring_request("response_format", "Scoring reads the model's own "
+                                      "distribution; 'response_format' cannot apply to it.")
     return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed,
-                         params.ignore_eos, check_response_format(params))
+                         params.ignore_eos, constraint, params.logprobs, scoring, params.echo)
+
+
+def _is_scoring(params: GenerateParams, max_tokens: int | None, n: int) -> bool:
+    """Scoring mode: log-probabilities or allowed ids with max_tokens 1. Allowed
+    ids mean nothing elsewhere, so they require it."""
+    if params.allowed_token_ids:
+        if max_tokens != 1:
+            raise invalid_scoring_request("max_tokens", "'allowed_token_ids' needs scoring "
+                                          "mode: 'max_tokens' (or 'max_completion_tokens') 1.")
+    elif params.logprobs is None or max_tokens != 1:
+        return False
+    if n != 1:
+        raise invalid_scoring_request("n", "Scoring mode answers one choice per prompt; "
+                                      "'n' must be 1.")
+    return True
 
 
 def check_token_ids(params: GenerateParams, vocab_size: int) -> None:
@@ -262,6 +343,16 @@ def check_token_ids(params: GenerateParams, vocab_size: int) -> None:
                     f"Prompt {i} holds token id {bad}, outside the vocabulary "
                     f"(0-{vocab_size - 1}).",
                 )
+
+
+def check_allowed_token_ids(params: GenerateParams, vocab_size: int) -> None:
+    bad = next((t for t in params.allowed_token_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise invalid_scoring_request(
+            "allowed_token_ids", f"Token id {bad} is outside the vocabulary (0-{vocab_size - 1}).")
+    if len(set(params.allowed_token_ids)) != len(params.allowed_token_ids):
+        raise invalid_scoring_request("allowed_token_ids", "'allowed_token_ids' lists an id "
+                                      "twice.")
 
 
 def row_seeds(seed: int | None, n: int) -> tuple[int, ...]:
@@ -296,26 +387,31 @@ def resolve(
 ) -> ValidatedGeneration:
     """Fit each prompt and its completion into the context window."""
     what = "messages" if params.messages is not None else "prompt"
+    labels = ([where for where, _ in conversations(params)] if params.messages is not None
+              else [what if len(prompt_ids) == 1 else f"prompt[{i}]"
+                    for i in range(len(prompt_ids))])
     groups = []
     for i, ids in enumerate(prompt_ids):
-        label = what if len(prompt_ids) == 1 else f"{what}[{i}]"
+        label = labels[i]
         if not ids:
-            raise invalid_parameter(what, f"The {label} tokenizes to no tokens.")
+            refuse = invalid_scoring_request if checked.scoring else invalid_parameter
+            raise refuse(what, f"The {label} tokenizes to no tokens.")
         room = context_window - len(ids)
-        if room < 1 or (checked.max_tokens is not None and checked.max_tokens > room):
-            asked = len(ids) + (checked.max_tokens or 1)
+        wanted = checked.max_tokens if checked.max_tokens is not None else 1
+        if (room < 1 and wanted > 0) or wanted > room:
             raise context_length_exceeded(
                 what,
                 f"This model's maximum context length is {context_window} tokens. However, you "
-                f"requested {asked} tokens ({len(ids)} in the {label}, "
-                f"{checked.max_tokens or 1} in the completion). Please reduce the length of the "
+                f"requested {len(ids) + wanted} tokens ({len(ids)} in the {label}, "
+                f"{wanted} in the completion). Please reduce the length of the "
                 f"{what} or of the completion.",
             )
         groups.append(
             PromptGroup(
                 prompt_ids=tuple(ids),
                 n=checked.n,
-                max_tokens=checked.max_tokens or _default_max_tokens(what, room),
+                max_tokens=(checked.max_tokens if checked.max_tokens is not None
+                            else _default_max_tokens(what, room)),
                 first_index=i * checked.n,
                 # Each prompt is seeded separately: its text does not depend on
                 # where it sits in the list.
@@ -333,4 +429,8 @@ def resolve(
         ignored_fields=ignored_fields,
         constraint=checked.constraint,
         grammar=grammar,
+        logprobs=checked.logprobs,
+        scoring=checked.scoring,
+        echo=checked.echo,
+        allowed_token_ids=tuple(params.allowed_token_ids) or None,
     )

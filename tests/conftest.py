@@ -12,8 +12,10 @@ import openai
 import pytest
 
 from millm.v1 import (
+    embedding_service_pb2_grpc,
     generation_service_pb2_grpc,
     model_service_pb2_grpc,
+    scoring_service_pb2_grpc,
     server_service_pb2,
     server_service_pb2_grpc,
 )
@@ -63,6 +65,16 @@ def channel(stack):
 @pytest.fixture(scope="session")
 def generation_stub(channel):
     return generation_service_pb2_grpc.GenerationServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def scoring_stub(channel):
+    return scoring_service_pb2_grpc.ScoringServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def embedding_stub(channel):
+    return embedding_service_pb2_grpc.EmbeddingServiceStub(channel)
 
 
 @pytest.fixture(scope="session")

@@ -21,15 +21,17 @@ from rest_bridge.errors import OpenAIError
 from rest_bridge.protocol.base import parse_body
 from rest_bridge.protocol.chat import ChatCompletionRequest
 from rest_bridge.protocol.completions import CompletionRequest
+from rest_bridge.protocol.embeddings import EmbeddingRequest
 from rest_bridge.serving.chat import ChatCompletionHandler
 from rest_bridge.serving.completions import CompletionHandler
+from rest_bridge.serving.embeddings import EmbeddingsHandler
 from service.errors import ERROR_CODES
 from tests.conftest import MODEL
 from tests.grpc_helpers import error_info
 from tests.http_helpers import post
 
 BRIDGE = "bridge"
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+CHAT, COMPLETIONS, EMBED = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 HELLO = [{"role": "user", "content": "Hello!"}]
 
 
@@ -39,6 +41,10 @@ def chat(**fields) -> dict:
 
 def text(**fields) -> dict:
     return {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, **fields}
+
+
+def embed(**fields) -> dict:
+    return {"model": MODEL, "input": "a river", **fields}
 
 
 STRICT = {"X-miLLM-Strict": "1"}
@@ -169,12 +175,28 @@ ROWS = [
      "functions", None),
     ("logit-bias", CHAT, chat(logit_bias={"5": 1}), {}, 400, "field_not_honoured", "logit_bias",
      None),
-    ("chat-logprobs", CHAT, chat(logprobs=True), {}, 400, "field_not_honoured", "logprobs",
-     None),
-    ("top-logprobs", CHAT, chat(top_logprobs=2), {}, 400, "field_not_honoured", "top_logprobs",
-     None),
-    ("allowed-token-ids", CHAT, chat(allowed_token_ids=[1, 2]), {}, 400, "field_not_honoured",
-     "allowed_token_ids", None),
+    ("top-logprobs-without-logprobs", CHAT, chat(top_logprobs=2), {}, 400, "invalid_parameter",
+     "top_logprobs", BRIDGE),
+    ("allowed-ids-need-max-tokens-1", CHAT, chat(allowed_token_ids=[1, 2]), {}, 400,
+     "invalid_scoring_request", "max_tokens", None),
+    ("scoring-n-2", COMPLETIONS, text(max_tokens=1, logprobs=1, n=2), {}, 400,
+     "invalid_scoring_request", "n", None),
+    ("allowed-id-out-of-vocab", COMPLETIONS, text(max_tokens=1, allowed_token_ids=[5, 99999]),
+     {}, 400, "invalid_scoring_request", "allowed_token_ids", None),
+    ("allowed-id-twice", COMPLETIONS, text(max_tokens=1, allowed_token_ids=[5, 5]), {}, 400,
+     "invalid_scoring_request", "allowed_token_ids", None),
+    ("scoring-tiny-temperature", COMPLETIONS, text(max_tokens=1, logprobs=1,
+                                                   temperature=0.0005), {}, 400,
+     "invalid_parameter", "temperature", None),
+    ("scoring-empty-prompt", COMPLETIONS, text(prompt="", max_tokens=1, logprobs=0), {}, 400,
+     "invalid_scoring_request", "prompt", None),
+    ("chat-scoring-response-format", CHAT, chat(max_tokens=1, logprobs=True,
+                                                response_format={"type": "json_object"}), {},
+     400, "invalid_scoring_request", "response_format", None),
+    ("logprobs-too-many", COMPLETIONS, text(logprobs=21), {}, 400, "invalid_parameter",
+     "logprobs", None),
+    ("max-tokens-zero-without-echo", COMPLETIONS, text(max_tokens=0), {}, 400,
+     "invalid_parameter", "max_tokens", None),
     ("json-object-on-completions", COMPLETIONS, text(response_format={"type": "json_object"}),
      {}, 400, "response_format_unsupported", "response_format", None),
     ("json-object-with-stop", CHAT, chat(response_format={"type": "json_object"}, stop=["}"]),
@@ -201,17 +223,25 @@ ROWS = [
      "steering_intensity", None),
     ("steering", CHAT, chat(steering=[{"feature": 3, "strength": 2}]), {}, 400,
      "field_not_honoured", "steering", None),
-    ("extra-messages", CHAT, chat(extra_messages=[HELLO]), {}, 400, "field_not_honoured",
-     "extra_messages", None),
+    ("extra-messages-bad-role", CHAT, chat(extra_messages=[HELLO, [{"role": "wizard",
+                                                                     "content": "x"}]]), {},
+     400, "invalid_parameter", "extra_messages[1][0].role", None),
+    ("extra-messages-empty", CHAT, chat(extra_messages=[[]]), {}, 400, "invalid_parameter",
+     "extra_messages[0]", None),
+    ("extra-messages-forged", CHAT, chat(extra_messages=[[{"role": "user",
+                                                          "content": "<|im_end|>"}]]), {}, 400,
+     "special_token_in_content", "extra_messages[0][0].content", None),
+    ("extra-messages-on-completions", COMPLETIONS, text(extra_messages=[HELLO]), {}, 400,
+     "field_not_honoured", "extra_messages", None),
     ("dimensions", CHAT, chat(dimensions=8), {}, 400, "field_not_honoured", "dimensions", None),
     ("audio", CHAT, chat(audio={"voice": "alloy"}), {}, 400, "field_not_honoured", "audio",
      None),
     ("modalities-audio", CHAT, chat(modalities=["text", "audio"]), {}, 400,
      "field_not_honoured", "modalities", None),
-    ("completion-logprobs", COMPLETIONS, text(logprobs=2), {}, 400, "field_not_honoured",
-     "logprobs", None),
+    ("top-logprobs-on-completions", COMPLETIONS, text(top_logprobs=2), {}, 400,
+     "field_not_honoured", "top_logprobs", None),
     ("best-of", COMPLETIONS, text(best_of=2), {}, 400, "field_not_honoured", "best_of", None),
-    ("echo", COMPLETIONS, text(echo=True), {}, 400, "field_not_honoured", "echo", None),
+    ("echo-on-chat", CHAT, chat(echo=True), {}, 400, "field_not_honoured", "echo", None),
     ("suffix", COMPLETIONS, text(suffix="The end."), {}, 400, "field_not_honoured", "suffix",
      None),
     ("completion-tools", COMPLETIONS, text(tools=[{"type": "function"}]), {}, 400,
@@ -232,6 +262,25 @@ ROWS = [
      STRICT, 400, "unused_fields_refused", "stream_options", None),
     ("strict-completion-unknown", COMPLETIONS, text(store=True), STRICT, 400,
      "unused_fields_refused", "store", None),
+    # -- embeddings ---------------------------------------------------------------------------
+    ("embed-dimensions", EMBED, embed(dimensions=8), {}, 400, "field_not_honoured",
+     "dimensions", None),
+    ("embed-no-input", EMBED, embed(input=[]), {}, 400, "invalid_parameter", "input", None),
+    ("embed-empty-string", EMBED, embed(input=["a", ""]), {}, 400, "invalid_parameter",
+     "input[1]", None),
+    ("embed-token-out-of-vocab", EMBED, embed(input=[[1, 2], [99999]]), {}, 400,
+     "invalid_parameter", "input[1]", None),
+    ("embed-too-long", EMBED, embed(input=[[5, 6], [5] * 1100]), {}, 400,
+     "context_length_exceeded", "input[1]", None),
+    ("embed-unknown-model", EMBED, embed(model="nope"), {}, 404, "model_not_found", "model",
+     None),
+    ("embed-strict-user", EMBED, embed(user="u"), STRICT, 400, "unused_fields_refused", "user",
+     None),
+    ("embed-logprobs", EMBED, embed(logprobs=True), {}, 400, "field_not_honoured", "logprobs",
+     None),
+    ("embed-encoding-hex", EMBED, embed(encoding_format="hex"), {}, 400, "invalid_parameter",
+     "encoding_format", BRIDGE),
+    ("embed-input-number", EMBED, embed(input=5), {}, 400, "invalid_type", "input", BRIDGE),
 ]
 
 assert len(ROWS) >= 60
@@ -258,14 +307,15 @@ def _http_request(headers: dict) -> Request:
 
 
 def _translate(route: str, body, headers: dict):
-    schema, handler = ((ChatCompletionRequest, ChatCompletionHandler) if route == CHAT
-                       else (CompletionRequest, CompletionHandler))
+    schema, handler = {CHAT: (ChatCompletionRequest, ChatCompletionHandler),
+                       COMPLETIONS: (CompletionRequest, CompletionHandler),
+                       EMBED: (EmbeddingRequest, EmbeddingsHandler)}[route]
     request = parse_body(_body_bytes(body), schema)
     return handler(engine=None).request_pb(request, _http_request(headers))
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
-def test_grpc(generation_stub, row):
+def test_grpc(generation_stub, embedding_stub, row):
     _, route, body, headers, status, code, param, where = row
     if where == BRIDGE:
         # A JSON-level rule: the bridge refuses while translating, never the engine.
@@ -276,7 +326,10 @@ def test_grpc(generation_stub, row):
         return
     request = _translate(route, body, headers)
     with pytest.raises(grpc.RpcError) as caught:
-        list(generation_stub.Generate(request, timeout=30))
+        if route == EMBED:
+            embedding_stub.Embed(request, timeout=30)
+        else:
+            list(generation_stub.Generate(request, timeout=30))
     info = error_info(caught.value)
     assert caught.value.code() == ERROR_CODES[code].status
     assert (info.reason, info.metadata.get("param")) == (code, param)

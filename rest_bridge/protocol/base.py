@@ -67,6 +67,10 @@ class GenerationFields(OpenAIBaseModel):
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None
     user: str | None = None
+    # Scoring (max_tokens 1): restrict the next token to these ids.
+    allowed_token_ids: list[int] | None = None
+    # Key log-probabilities by "token_id:<id>" instead of the token's text.
+    return_tokens_as_token_ids: bool | None = None
 
 
 Model = TypeVar("Model", bound=OpenAIBaseModel)

@@ -37,3 +37,7 @@ class ResponseFormat(OpenAIBaseModel):
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage]
     response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    # miLLM extension: more conversations, each answered as its own choices.
+    extra_messages: list[list[ChatMessage]] | None = None

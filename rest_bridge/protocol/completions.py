@@ -10,3 +10,7 @@ class CompletionRequest(GenerationFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     # miLLM extension: read special-token text in the prompt as special tokens.
     parse_special_tokens: bool | None = None
+    # Alternatives per token, 0-20; with max_tokens 1 this is scoring mode.
+    logprobs: int | None = None
+    echo: bool | None = None
+    add_special_tokens: bool | None = None

@@ -8,6 +8,7 @@ from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.errors import OpenAIError
 from rest_bridge.protocol.chat import ChatCompletionRequest, ChatMessage, ResponseFormat
 from rest_bridge.serving.generation import GenerationHandler, sampling_to_pb
+from rest_bridge.serving.logprobs import chat_content
 
 ROLES = {
     "system": generation_pb2.ROLE_SYSTEM,
@@ -19,7 +20,7 @@ ROLES = {
 }
 
 
-def _content_text(message: ChatMessage, index: int) -> str:
+def _content_text(message: ChatMessage, index: int, where: str = "messages") -> str:
     content = message.content
     if content is None:
         return ""
@@ -29,8 +30,8 @@ def _content_text(message: ChatMessage, index: int) -> str:
     for j, part in enumerate(content):
         if part.type == "text" and part.text is None:
             raise OpenAIError(400, "Missing required parameter: "
-                              f"'messages[{index}].content[{j}].text'.",
-                              param=f"messages[{index}].content[{j}].text",
+                              f"'{where}[{index}].content[{j}].text'.",
+                              param=f"{where}[{index}].content[{j}].text",
                               code="missing_required_parameter")
         if part.type != "text":
             # The contract carries text only; silently dropping an image would
@@ -38,11 +39,23 @@ def _content_text(message: ChatMessage, index: int) -> str:
             raise OpenAIError(
                 400,
                 f"Content parts of type '{part.type}' are not supported; only text parts are.",
-                param=f"messages[{index}].content[{j}]",
+                param=f"{where}[{index}].content[{j}]",
                 code="unsupported_content_type",
             )
         texts.append(part.text)
     return "".join(texts)
+
+
+def _chat_input(turns: list[ChatMessage], where: str) -> generation_pb2.ChatInput:
+    return generation_pb2.ChatInput(messages=[
+        generation_pb2.ChatMessage(
+            # An unknown role stays ROLE_UNSPECIFIED; the engine refuses it by name.
+            role=ROLES.get(m.role, generation_pb2.ROLE_UNSPECIFIED),
+            content=_content_text(m, i, where),
+            name=m.name or "",
+        )
+        for i, m in enumerate(turns)
+    ])
 
 
 def _response_format(fmt: ResponseFormat) -> generation_pb2.ResponseFormat:
@@ -76,46 +89,60 @@ class ChatCompletionHandler(GenerationHandler):
     chunk_object_name = "chat.completion.chunk"
 
     def to_pb(self, request: ChatCompletionRequest) -> generation_service_pb2.GenerateRequest:
-        messages = [
-            generation_pb2.ChatMessage(
-                # An unknown role stays ROLE_UNSPECIFIED; the engine refuses it by name.
-                role=ROLES.get(m.role, generation_pb2.ROLE_UNSPECIFIED),
-                content=_content_text(m, i),
-                name=m.name or "",
-            )
-            for i, m in enumerate(request.messages)
-        ]
         pb = generation_service_pb2.GenerateRequest(
             model=request.model,
-            chat=generation_pb2.ChatInput(messages=messages),
+            chat=_chat_input(request.messages, "messages"),
             sampling=sampling_to_pb(request),
         )
+        for k, turns in enumerate(request.extra_messages or ()):
+            pb.extra_chats.append(_chat_input(turns, f"extra_messages[{k}]"))
         if request.response_format is not None:
             pb.response_format.CopyFrom(_response_format(request.response_format))
+        if request.logprobs:
+            pb.sampling.logprobs = request.top_logprobs or 0
+        elif request.top_logprobs:
+            raise OpenAIError(400, "'top_logprobs' needs 'logprobs': true.",
+                              param="top_logprobs", code="invalid_parameter")
         return pb
 
-    def choice_count(self, request: ChatCompletionRequest) -> int:
-        return request.n or 1
+    def relabel(self, error: OpenAIError) -> OpenAIError:
+        # The contract's one logprobs field carries chat's top_logprobs count.
+        if error.param == "logprobs":
+            error.param = "top_logprobs"
+            error.message = error.message.replace("'logprobs'", "'top_logprobs'")
+        return error
 
-    def final_choice(self, index: int, text: str, finish: str | None) -> dict:
+    def choice_count(self, request: ChatCompletionRequest) -> int:
+        return (request.n or 1) * (1 + len(request.extra_messages or ()))
+
+    def _logprobs(self, reply, scores: list) -> dict | None:
+        request = reply.request
+        if not request.logprobs:
+            return None  # allowed_token_ids alone constrains without reporting
+        return {"content": chat_content(scores, bool(request.return_tokens_as_token_ids)),
+                "refusal": None}
+
+    def final_choice(self, reply, index: int, text: str, finish: str | None,
+                     scores: list) -> dict:
         return {
             "index": index,
             "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": None,
+            "logprobs": self._logprobs(reply, scores),
             "finish_reason": finish,
         }
 
-    def opening_choices(self, count: int) -> list[dict]:
+    def opening_choices(self, reply, count: int) -> list[dict]:
         return [
             {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
              "finish_reason": None}
             for i in range(count)
         ]
 
-    def delta_choice(self, index: int, text: str, finish: str | None) -> dict:
+    def delta_choice(self, reply, index: int, text: str, finish: str | None,
+                     scores: list) -> dict:
         return {
             "index": index,
             "delta": {"content": text} if text else {},
-            "logprobs": None,
+            "logprobs": self._logprobs(reply, scores) if scores else None,
             "finish_reason": finish,
         }

@@ -41,6 +41,7 @@ _SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens",
     "n", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos",
 )
+# Note: logprobs is mapped by each route (chat's is a flag, completions' a count).
 
 
 def sampling_to_pb(request) -> generation_pb2.SamplingParams:
@@ -58,6 +59,8 @@ def sampling_to_pb(request) -> generation_pb2.SamplingParams:
     stop = request.stop
     if stop is not None:
         sampling.stop.extend([stop] if isinstance(stop, str) else stop)
+    if request.allowed_token_ids is not None:
+        sampling.allowed_token_ids.extend(request.allowed_token_ids)
     return sampling
 
 
@@ -87,7 +90,18 @@ async def _rest_of(call) -> AsyncIterator[generation_service_pb2.GenerateRespons
 class Accumulated:
     texts: dict[int, list[str]] = field(default_factory=dict)
     finish: dict[int, str] = field(default_factory=dict)
+    scores: dict[int, list] = field(default_factory=dict)
     usage: generation_pb2.Usage | None = None
+
+
+@dataclass
+class Reply:
+    """One request's view while its answer is built: the request, the echoed
+    prompts (by prompt index) and per-choice state a route keeps."""
+
+    request: object
+    echoed: dict[int, generation_pb2.EchoedPrompt] = field(default_factory=dict)
+    state: dict = field(default_factory=dict)
 
 
 class GenerationHandler(abc.ABC):
@@ -107,14 +121,21 @@ class GenerationHandler(abc.ABC):
     def choice_count(self, request) -> int: ...
 
     @abc.abstractmethod
-    def final_choice(self, index: int, text: str, finish: str | None) -> dict: ...
+    def final_choice(self, reply: Reply, index: int, text: str, finish: str | None,
+                     scores: list) -> dict: ...
 
     @abc.abstractmethod
-    def opening_choices(self, count: int) -> list[dict]:
-        """Choices of the first chunk (chat announces the role); may be empty."""
+    def opening_choices(self, reply: Reply, count: int) -> list[dict]:
+        """Choices of the first chunk (chat announces the role; an echo sends the
+        prompt); may be empty."""
 
     @abc.abstractmethod
-    def delta_choice(self, index: int, text: str, finish: str | None) -> dict: ...
+    def delta_choice(self, reply: Reply, index: int, text: str, finish: str | None,
+                     scores: list) -> dict: ...
+
+    def relabel(self, error: OpenAIError) -> OpenAIError:
+        """An engine error's param as this route's JSON names it."""
+        return error
 
     # -- shared machinery -------------------------------------------------------------
 
@@ -150,20 +171,21 @@ class GenerationHandler(abc.ABC):
         try:
             first = await call.read()
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from None
+            raise self.relabel(from_rpc_error(exc)) from None
         if first is grpc.aio.EOF or not first.HasField("metadata"):
             call.cancel()
             raise OpenAIError(500, "The engine ended the stream without metadata.",
                               type="server_error", code="internal_error")
         meta = first.metadata
         headers = self.response_headers(meta)
+        reply = Reply(request)
         if request.stream:
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            body = self.stream(call, meta, self.choice_count(request), include_usage)
+            body = self.stream(call, meta, reply, self.choice_count(request), include_usage)
             return StreamingResponse(body, media_type="text/event-stream",
                                      headers={**sse.SSE_HEADERS, **headers})
-        result = await unless_disconnected(http_request, self.collect(call))
-        return JSONResponse(self.response_body(meta, result), headers=headers)
+        result = await unless_disconnected(http_request, self.collect(call, reply))
+        return JSONResponse(self.response_body(meta, reply, result), headers=headers)
 
     def response_headers(self, meta: generation_pb2.ResponseMetadata) -> dict[str, str]:
         headers = {}
@@ -197,35 +219,40 @@ class GenerationHandler(abc.ABC):
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         }
 
-    async def collect(self, call) -> Accumulated:
+    async def collect(self, call, reply: Reply) -> Accumulated:
         acc = Accumulated()
         try:
             async for message in _rest_of(call):
+                for echoed in message.echoed:
+                    reply.echoed[echoed.prompt_index] = echoed
                 for delta in message.choices:
                     acc.texts.setdefault(delta.index, []).append(delta.text)
+                    acc.scores.setdefault(delta.index, []).extend(delta.logprobs)
                     if delta.finish_reason:
                         acc.finish[delta.index] = FINISH_REASONS[delta.finish_reason]
                 if message.HasField("usage"):
                     acc.usage = message.usage
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from None
+            raise self.relabel(from_rpc_error(exc)) from None
         finally:
             call.cancel()
         return acc
 
-    def response_body(self, meta, acc: Accumulated) -> dict:
+    def response_body(self, meta, reply: Reply, acc: Accumulated) -> dict:
         indices = sorted(set(acc.texts) | set(acc.finish))
         body = self._base(meta)
         body["system_fingerprint"] = meta.system_fingerprint
         body["choices"] = [
-            self.final_choice(i, "".join(acc.texts.get(i, [])), acc.finish.get(i))
+            self.final_choice(reply, i, "".join(acc.texts.get(i, [])), acc.finish.get(i),
+                              acc.scores.get(i, []))
             for i in indices
         ]
         usage = acc.usage or generation_pb2.Usage(prompt_tokens=meta.prompt_tokens)
         body["usage"] = self.usage_json(usage)
         return body
 
-    async def stream(self, call, meta, count: int, include_usage: bool) -> AsyncIterator[bytes]:
+    async def stream(self, call, meta, reply: Reply, count: int,
+                     include_usage: bool) -> AsyncIterator[bytes]:
         base = {**self._base(meta), "object": self.chunk_object_name}
 
         def chunk(choices: list[dict], **extra) -> bytes:
@@ -235,25 +262,33 @@ class GenerationHandler(abc.ABC):
             return sse.event(payload)
 
         try:
-            opening = self.opening_choices(count)
-            if opening:
-                yield chunk(opening)
+            opened = False
             async for message in _rest_of(call):
                 # One write per engine message, however many events it makes.
                 events = []
+                for echoed in message.echoed:
+                    reply.echoed[echoed.prompt_index] = echoed
+                if not opened and not message.echoed:
+                    opened = True
+                    opening = self.opening_choices(reply, count)
+                    if opening:
+                        events.append(chunk(opening))
                 for delta in message.choices:
                     finish = FINISH_REASONS.get(delta.finish_reason)
-                    if delta.text:
-                        events.append(chunk([self.delta_choice(delta.index, delta.text, None)]))
+                    scores = list(delta.logprobs)
+                    if delta.text or scores:
+                        events.append(chunk([self.delta_choice(reply, delta.index, delta.text,
+                                                               None, scores)]))
                     if finish:
-                        events.append(chunk([self.delta_choice(delta.index, "", finish)]))
+                        events.append(chunk([self.delta_choice(reply, delta.index, "", finish,
+                                                               [])]))
                 if message.HasField("usage") and include_usage:
                     events.append(chunk([], usage=self.usage_json(message.usage)))
                 if events:
                     yield b"".join(events)
         except grpc.aio.AioRpcError as exc:
             # The 200 is already sent: report the failure in-stream, then end.
-            yield sse.event(from_rpc_error(exc).body())
+            yield sse.event(self.relabel(from_rpc_error(exc)).body())
         finally:
             # A client that went away lands here too (Starlette cancels the
             # body iterator): cancelling the call stops the engine's work.

@@ -69,8 +69,13 @@ class Engine(abc.ABC):
         prompt, append `partial` (an answer to continue) raw, and tokenize."""
 
     @abc.abstractmethod
-    def encode_text(self, text: str, parse_special: bool = False) -> list[int]:
+    def encode_text(self, text: str, parse_special: bool = False,
+                    add_special: bool = True) -> list[int]:
         """Tokenize a raw prompt; special-token text stays text unless parse_special."""
+
+    def call(self, fn):
+        """Run fn(model context) on the model thread; returns an awaitable."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read the model directly")
 
     def grammar_for(self, constraint):
         """The compiled grammar of a response_format (blocking; worker thread)."""

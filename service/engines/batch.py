@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from service.engines import reading
 from service.generation_job import ChoiceDelta, FinishReason, GenerationJob, PromptGroup
 from service.sampling import SamplingOptions, apply_penalties, choose_tokens
 from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
@@ -31,6 +32,7 @@ class ModelContext:
     decoder: object  # the model thread's own tokenizer, for decoding
     device: torch.device
     vocab_width: int  # logits columns (may exceed the tokenizer's vocabulary)
+    vocab_size: int  # ids the tokenizer can decode
     eos_ids: torch.Tensor
     banned_ids: torch.Tensor  # special tokens generation must never emit
     eos_set: frozenset[int] = field(default_factory=frozenset)
@@ -77,6 +79,7 @@ class Row:
             import xgrammar
 
             self.matcher = xgrammar.GrammarMatcher(spec.grammar)
+        self.logprobs = spec.logprobs  # alternatives per token; None: not asked for
         self.generated = 0
         self.last_token = -1
 
@@ -84,9 +87,12 @@ class Row:
         text, hit = self.stopper.push(self.detokenizer.flush())
         return text if hit else text + self.stopper.flush()
 
-    def accept(self, token: int, eos: frozenset[int]) -> tuple[ChoiceDelta, bool]:
-        """Take the sampled token; return its delta and whether the row is done."""
+    def accept(self, token: int, eos: frozenset[int], score=None) -> tuple[ChoiceDelta, bool]:
+        """Take the sampled token; return its delta and whether the row is done.
+        `score` (its log-probability) is reported unless the token is the
+        end-of-sequence one, which adds no text."""
         self.generated += 1
+        scores = (score,) if score is not None and token not in eos else ()
         self.progress.completion_tokens += 1
         if self.matcher is not None and not self.matcher.accept_token(token):
             # The mask allowed only tokens the grammar accepts; this is a bug,
@@ -96,12 +102,12 @@ class Row:
             return ChoiceDelta(self.index, self._final_text(), (token,), FinishReason.STOP), True
         text, hit = self.stopper.push(self.detokenizer.push(token))
         if hit:
-            return ChoiceDelta(self.index, text, (token,), FinishReason.STOP), True
+            return ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores), True
         if self.generated >= self.max_tokens:
             text += self._final_text()
-            return ChoiceDelta(self.index, text, (token,), FinishReason.LENGTH), True
+            return ChoiceDelta(self.index, text, (token,), FinishReason.LENGTH, scores), True
         self.last_token = token
-        return ChoiceDelta(self.index, text, (token,)), False
+        return ChoiceDelta(self.index, text, (token,), None, scores), False
 
 
 def sample(
@@ -122,9 +128,17 @@ def sample(
     if constrained:
         _apply_grammar_masks(ctx, rows, logits, constrained)
     tokens = choose_tokens(logits, options, [r.generator for r in rows])
+    scores = [None] * len(rows)
+    wanting = [i for i, row in enumerate(rows) if row.logprobs is not None]
+    if wanting:
+        found = reading.generation_logprobs(
+            ctx, logits[wanting], [rows[i].options.temperature for i in wanting],
+            [tokens[i] for i in wanting], [rows[i].logprobs for i in wanting])
+        for i, score in zip(wanting, found, strict=True):
+            scores[i] = score
     results = []
     for i, (row, token) in enumerate(zip(rows, tokens, strict=True)):
-        delta, done = row.accept(token, ctx.eos_set)
+        delta, done = row.accept(token, ctx.eos_set, scores[i])
         if not done:
             counts[i, token] += 1
             seen[i, token] = True

@@ -14,6 +14,7 @@ text depends on the request alone, which is what SEED_SCOPE_REQUEST promises.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import queue
@@ -40,6 +41,32 @@ PREFILL_TOKEN_BUDGET = 4096
 class _Waiting:
     job: GenerationJob
     groups: collections.deque = field(default_factory=collections.deque)
+
+
+@dataclass
+class ModelCall:
+    """Work that reads the model without generating (scoring, embeddings): run
+    on the model thread between decode steps, its result handed back to the
+    caller's event loop."""
+
+    fn: object  # fn(ctx) -> result
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+    def run(self, ctx) -> None:
+        try:
+            result, error = self.fn(ctx), None
+        except BaseException as exc:  # handed to the caller, who decides what it means
+            result, error = None, exc
+        self.loop.call_soon_threadsafe(self._settle, result, error)
+
+    def _settle(self, result, error) -> None:
+        if self.future.cancelled():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
 
 
 @dataclass
@@ -80,6 +107,13 @@ class Scheduler:
                 raise queue_full(self.limits.max_queued)
             self._submitted += 1
         self._inbox.put(job)
+
+    def call(self, fn) -> asyncio.Future:
+        """Run fn(ctx) on the model thread; await the returned future."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._inbox.put(ModelCall(fn, future, loop))
+        return future
 
     def status(self) -> EngineStatus:
         with self._lock:
@@ -125,7 +159,11 @@ class Scheduler:
         try:
             item = self._inbox.get(block=idle)
             while item is not None:
-                self._waiting.append(_Waiting(item, collections.deque(item.spec.groups)))
+                if isinstance(item, ModelCall):
+                    if not item.future.cancelled():
+                        item.run(self.ctx)
+                else:
+                    self._waiting.append(_Waiting(item, collections.deque(item.spec.groups)))
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass

@@ -136,10 +136,11 @@ class TransformersEngine(Engine):
             # rendered template already holds any BOS it wants.
             return self.tokenizer(text + (partial or ""), add_special_tokens=False)["input_ids"]
 
-    def encode_text(self, text: str, parse_special: bool = False) -> list[int]:
+    def encode_text(self, text: str, parse_special: bool = False,
+                    add_special: bool = True) -> list[int]:
         with self._encode_lock:
             # Unless asked, text that spells a special token stays text.
-            return self.tokenizer(text, add_special_tokens=True,
+            return self.tokenizer(text, add_special_tokens=add_special,
                                   split_special_tokens=not parse_special)["input_ids"]
 
     def _control_ids(self) -> torch.Tensor:
@@ -160,6 +161,7 @@ class TransformersEngine(Engine):
             decoder=self.decoder,
             device=self.device,
             vocab_width=self.model.get_output_embeddings().weight.shape[0],
+            vocab_size=len(self.tokenizer),
             eos_ids=torch.tensor(sorted(self._eos_ids), dtype=torch.long, device=self.device),
             banned_ids=self._banned_ids,
             eos_set=self._eos_ids,
@@ -169,6 +171,17 @@ class TransformersEngine(Engine):
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()
+
+    def call(self, fn):
+        return self._scheduler.call(fn)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.tokenizer.chat_template)
+
+    def decode(self, ids: list[int]) -> str:
+        with self._encode_lock:
+            return self.tokenizer.decode(ids)
 
     def submit(self, job: GenerationJob) -> None:
         self._scheduler.submit(job)

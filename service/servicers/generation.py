@@ -9,7 +9,7 @@ from google.protobuf import json_format
 from millm.v1 import generation_pb2, generation_service_pb2, generation_service_pb2_grpc
 from service.errors import invalid_parameter
 from service.generation_job import FinishReason, StepOutput
-from service.inference import GenerationFinished, GenerationStarted, InferenceService
+from service.inference import Echoed, GenerationFinished, GenerationStarted, InferenceService
 from service.servicers.error_handling import stream_errors
 from service.validation import ChatTurn, GenerateParams
 
@@ -41,6 +41,11 @@ def _opt(message, name: str):
     return getattr(message, name) if message.HasField(name) else None
 
 
+def turns_from_pb(chat: generation_pb2.ChatInput) -> tuple[ChatTurn, ...]:
+    return tuple(ChatTurn(role=_ROLES.get(m.role, ""), content=m.content, name=m.name)
+                 for m in chat.messages)
+
+
 def _extra_fields(request) -> dict:
     try:
         return json_format.MessageToDict(request.extra_fields)
@@ -64,11 +69,9 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
     s = request.sampling
     messages = prompts = None
     which = request.WhichOneof("input")
+    extra_chats = tuple(turns_from_pb(c) for c in request.extra_chats)
     if which == "chat":
-        messages = tuple(
-            ChatTurn(role=_ROLES.get(m.role, ""), content=m.content, name=m.name)
-            for m in request.chat.messages
-        )
+        messages = turns_from_pb(request.chat)
     elif which == "prompt":
         prompts = tuple(
             tuple(p.token_ids.ids) if p.WhichOneof("kind") == "token_ids" else p.text
@@ -98,7 +101,26 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         user=request.user if request.HasField("user") else None,
         strict=request.strict,
         response_format=_response_format(request),
+        logprobs=_opt(s, "logprobs"),
+        allowed_token_ids=tuple(s.allowed_token_ids),
+        echo=which == "prompt" and request.prompt.echo,
+        add_special_tokens=(request.prompt.add_special_tokens
+                            if which == "prompt" and request.prompt.HasField("add_special_tokens")
+                            else None),
+        extra_chats=extra_chats,
     )
+
+
+def _logprob_to_pb(t) -> generation_pb2.TokenLogprob:
+    out = generation_pb2.TokenLogprob(token_id=t.token_id, text=t.text, bytes=t.bytes)
+    if t.logprob is not None:
+        out.logprob = t.logprob
+    return out
+
+
+def score_to_pb(score) -> generation_pb2.TokenScore:
+    return generation_pb2.TokenScore(token=_logprob_to_pb(score.token),
+                                     top=[_logprob_to_pb(t) for t in score.top])
 
 
 def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
@@ -126,10 +148,16 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
                     text=d.text,
                     token_ids=d.token_ids,
                     finish_reason=_FINISH[d.finish_reason],
+                    logprobs=[score_to_pb(x) for x in d.logprobs],
                 )
                 for d in event.deltas
             ]
         )
+    if isinstance(event, Echoed):
+        return generation_service_pb2.GenerateResponse(echoed=[
+            generation_pb2.EchoedPrompt(prompt_index=i, text=text,
+                                        tokens=[score_to_pb(x) for x in scores])
+            for i, text, scores in event.prompts])
     if isinstance(event, GenerationFinished):
         return generation_service_pb2.GenerateResponse(
             usage=generation_pb2.Usage(

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "chat", "prompt", "sampling", "request_id", "strict", "extra_fields", "unused_fields", "user", "response_format")
+    __slots__ = ("model", "chat", "prompt", "sampling", "request_id", "strict", "extra_fields", "unused_fields", "user", "response_format", "extra_chats")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class GenerateRequest(_message.Message):
     UNUSED_FIELDS_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_CHATS_FIELD_NUMBER: _ClassVar[int]
     model: str
     chat: _generation_pb2.ChatInput
     prompt: _generation_pb2.PromptInput
@@ -30,14 +31,17 @@ class GenerateRequest(_message.Message):
     unused_fields: _containers.RepeatedScalarFieldContainer[str]
     user: str
     response_format: _generation_pb2.ResponseFormat
-    def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[_generation_pb2.ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., strict: _Optional[bool] = ..., extra_fields: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unused_fields: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., response_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ...) -> None: ...
+    extra_chats: _containers.RepeatedCompositeFieldContainer[_generation_pb2.ChatInput]
+    def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[_generation_pb2.ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., strict: _Optional[bool] = ..., extra_fields: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unused_fields: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., response_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ..., extra_chats: _Optional[_Iterable[_Union[_generation_pb2.ChatInput, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("metadata", "choices", "usage")
+    __slots__ = ("metadata", "choices", "usage", "echoed")
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    ECHOED_FIELD_NUMBER: _ClassVar[int]
     metadata: _generation_pb2.ResponseMetadata
     choices: _containers.RepeatedCompositeFieldContainer[_generation_pb2.ChoiceDelta]
     usage: _generation_pb2.Usage
-    def __init__(self, metadata: _Optional[_Union[_generation_pb2.ResponseMetadata, _Mapping]] = ..., choices: _Optional[_Iterable[_Union[_generation_pb2.ChoiceDelta, _Mapping]]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ...) -> None: ...
+    echoed: _containers.RepeatedCompositeFieldContainer[_generation_pb2.EchoedPrompt]
+    def __init__(self, metadata: _Optional[_Union[_generation_pb2.ResponseMetadata, _Mapping]] = ..., choices: _Optional[_Iterable[_Union[_generation_pb2.ChoiceDelta, _Mapping]]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ..., echoed: _Optional[_Iterable[_Union[_generation_pb2.EchoedPrompt, _Mapping]]] = ...) -> None: ...
