@@ -1,25 +1,45 @@
 """`python -m rest_bridge`: run the OpenAI REST bridge."""
 
+import asyncio
 import logging
+import sys
 
 import uvicorn
 
 from rest_bridge.app import create_app
 from rest_bridge.config import parse_config
+from service import api_keys
 
-PROBES = ("/healthz", "/readyz")
+log = logging.getLogger("millm.bridge")
 
 
-class _SkipHealthyProbes(logging.Filter):
-    """Successful liveness/readiness probes are not logged: load balancers send
-    them every few seconds and would drown the requests that matter."""
+class DrainingServer(uvicorn.Server):
+    """SIGTERM (or Ctrl-C) drains first: new requests get 503 with Retry-After
+    and /readyz turns 503, running ones finish for up to drain_seconds, then the
+    server stops. A second signal stops at once."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple) and len(args) == 5:
-            _, _, path, _, status = args
-            return not (path in PROBES and status == 200)
-        return True
+    def __init__(self, config: uvicorn.Config, app, drain_seconds: float):
+        super().__init__(config)
+        self.app, self.drain_seconds = app, drain_seconds
+
+    def handle_exit(self, sig, frame) -> None:
+        access = self.app.state.access
+        if access.draining:
+            super().handle_exit(sig, frame)
+            return
+        access.draining = True
+        self.app.state.metrics.draining.set(1)
+        log.info("draining: %d requests running, up to %.0fs", access.in_flight,
+                 self.drain_seconds)
+        asyncio.get_event_loop().call_soon_threadsafe(
+            lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_seconds
+        while self.app.state.access.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        self.should_exit = True
 
 
 def main() -> int:
@@ -27,18 +47,33 @@ def main() -> int:
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("uvicorn.access").addFilter(_SkipHealthyProbes())
-    uvicorn.run(
-        create_app(config),
-        host=config.host,
-        port=config.http_port,
-        log_level=config.log_level.lower(),
-        loop="uvloop",
-        http="httptools",
-        # The OpenAI SDKs keep connections alive between calls.
-        timeout_keep_alive=30,
+    try:
+        keys = api_keys.from_env()
+        warning = api_keys.check_exposure(keys, config.host)
+    except api_keys.KeyConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    if warning:
+        log.warning("%s", warning)
+    app = create_app(config, keys)
+    server = DrainingServer(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.http_port,
+            log_level=config.log_level.lower(),
+            loop="uvloop",
+            http="httptools",
+            # The OpenAI SDKs keep connections alive between calls.
+            timeout_keep_alive=30,
+            # rest_bridge/access.py writes one JSON line per request instead.
+            access_log=False,
+        ),
+        app,
+        config.drain_seconds,
     )
+    server.run()
     return 0
 
 
-raise SystemExit(main())
+sys.exit(main())

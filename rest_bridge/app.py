@@ -9,9 +9,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rest_bridge.access import AccessMiddleware, BridgeState
 from rest_bridge.config import BridgeConfig
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import SERVER_ERROR, OpenAIError
+from rest_bridge.metrics import BridgeMetrics
 from rest_bridge.routes import not_served, router
 from rest_bridge.serving.chat import ChatCompletionHandler
 from rest_bridge.serving.completions import CompletionHandler
@@ -19,14 +21,16 @@ from rest_bridge.serving.disconnect import ClientDisconnected
 from rest_bridge.serving.embeddings import EmbeddingsHandler
 from rest_bridge.serving.models import ModelsHandler
 from rest_bridge.unserved import is_openai_endpoint
+from service import api_keys
 
 log = logging.getLogger("millm.bridge")
 
 
-def create_app(config: BridgeConfig) -> FastAPI:
+def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = EngineClient(config.engine_targets)
+        engine = EngineClient(config.engine_targets, config.engine_tls_ca,
+                              config.engine_tls_cert, config.engine_tls_key)
         app.state.engine = engine
         app.state.chat = ChatCompletionHandler(engine)
         app.state.completions = CompletionHandler(engine)
@@ -39,10 +43,15 @@ def create_app(config: BridgeConfig) -> FastAPI:
     app = FastAPI(title="miLLM", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
     app.state.config = config
+    app.state.access = BridgeState()
+    app.state.metrics = BridgeMetrics()
     app.include_router(router)
+    app.add_middleware(AccessMiddleware, keys=keys, state=app.state.access,
+                       metrics=app.state.metrics)
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError):
+        request.state.error_code = exc.code  # for the access log and metrics
         return exc.response()
 
     @app.exception_handler(ClientDisconnected)
@@ -70,6 +79,7 @@ def create_app(config: BridgeConfig) -> FastAPI:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
+        request.state.error_code = "internal_error"
         return OpenAIError(500, "The bridge failed to handle the request.", type=SERVER_ERROR,
                            code="internal_error").response()
 

@@ -16,6 +16,13 @@ class BridgeConfig:
     engine_targets: tuple[str, ...] = ("127.0.0.1:50051",)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     log_level: str = "INFO"
+    # On SIGTERM: answer 503 to new requests, finish running ones for up to this long.
+    drain_seconds: float = 30.0
+    # TLS to the engines (PEM files): the CA that signed their certificates, and
+    # this bridge's own certificate and key when they require client certificates.
+    engine_tls_ca: str | None = None
+    engine_tls_cert: str | None = None
+    engine_tls_key: str | None = None
 
 
 def _env(name: str, default: str) -> str:
@@ -52,7 +59,21 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
     parser.add_argument(
         "--log-level", default=_env("MILLM_LOG_LEVEL", "INFO"), help="MILLM_LOG_LEVEL"
     )
+    parser.add_argument(
+        "--drain-seconds", type=float, default=float(_env("MILLM_DRAIN_SECONDS", "30")),
+        help="MILLM_DRAIN_SECONDS: how long in-flight requests may finish after SIGTERM",
+    )
+    parser.add_argument("--engine-tls-ca", default=_env("MILLM_ENGINE_TLS_CA", ""),
+                        help="MILLM_ENGINE_TLS_CA: CA of the engines' certificates; enables TLS")
+    parser.add_argument("--engine-tls-cert", default=_env("MILLM_ENGINE_TLS_CERT", ""),
+                        help="MILLM_ENGINE_TLS_CERT: client certificate for mutual TLS")
+    parser.add_argument("--engine-tls-key", default=_env("MILLM_ENGINE_TLS_KEY", ""),
+                        help="MILLM_ENGINE_TLS_KEY: the client certificate's key")
     args = parser.parse_args(argv)
+    if bool(args.engine_tls_cert) != bool(args.engine_tls_key):
+        parser.error("--engine-tls-cert and --engine-tls-key go together")
+    if args.engine_tls_cert and not args.engine_tls_ca:
+        parser.error("--engine-tls-cert needs --engine-tls-ca")
     targets = tuple(t.strip() for t in args.engine_targets.split(",") if t.strip())
     if not targets:
         parser.error("--engine-targets must name at least one engine")
@@ -62,4 +83,8 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
         engine_targets=targets,
         max_body_bytes=args.max_body_bytes,
         log_level=args.log_level.upper(),
+        drain_seconds=args.drain_seconds,
+        engine_tls_ca=args.engine_tls_ca or None,
+        engine_tls_cert=args.engine_tls_cert or None,
+        engine_tls_key=args.engine_tls_key or None,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import pathlib
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -50,16 +51,22 @@ SERVICE_CONFIG = json.dumps(
 )
 
 
+def _read(path: str | None) -> bytes | None:
+    return pathlib.Path(path).read_bytes() if path else None
+
+
 class EngineClient:
-    def __init__(self, targets: tuple[str, ...]):
+    def __init__(self, targets: tuple[str, ...], tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None):
         self.target = channel_target(targets)
-        self.channel = grpc.aio.insecure_channel(
-            self.target,
-            options=[
-                ("grpc.service_config", SERVICE_CONFIG),
-                ("grpc.enable_retries", 1),
-            ],
-        )
+        options = [("grpc.service_config", SERVICE_CONFIG), ("grpc.enable_retries", 1)]
+        if tls_ca is None:
+            self.channel = grpc.aio.insecure_channel(self.target, options=options)
+        else:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls_ca), private_key=_read(tls_key),
+                certificate_chain=_read(tls_cert))
+            self.channel = grpc.aio.secure_channel(self.target, credentials, options=options)
         self.generation = generation_service_pb2_grpc.GenerationServiceStub(self.channel)
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)

@@ -94,7 +94,13 @@ def from_rpc_error(error: grpc.aio.AioRpcError) -> OpenAIError:
                            type=SERVER_ERROR, code="internal_error")
     declared = info.metadata.get("http_status", "")
     status = int(declared) if declared.isdigit() else STATUS_TO_HTTP.get(code, 500)
-    headers = RETRY_SOON if status == 503 else None
+    headers = dict(RETRY_SOON) if status == 503 else {}
+    if "retry_after_s" in info.metadata:
+        headers["Retry-After"] = info.metadata["retry_after_s"]
+    if "limit" in info.metadata:  # a rate limit: OpenAI's x-ratelimit-* headers
+        headers["x-ratelimit-limit-requests"] = info.metadata["limit"]
+        headers["x-ratelimit-remaining-requests"] = info.metadata.get("remaining", "0")
+        headers["x-ratelimit-reset-requests"] = f"{info.metadata.get('reset_s', '0')}s"
     return OpenAIError(
         status,
         error.details() or info.reason,

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import grpc
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from millm.v1 import server_service_pb2
+from rest_bridge.access import call_metadata
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import parse_body
 from rest_bridge.protocol.chat import ChatCompletionRequest
@@ -71,6 +73,9 @@ async def healthz():
 
 @router.get("/readyz")
 async def readyz(request: Request):
+    if request.app.state.access.draining:
+        return JSONResponse({"status": "draining"}, status_code=503,
+                            headers={"Retry-After": "1"})
     if await request.app.state.engine.is_serving():
         return {"status": "ready"}
     return JSONResponse({"status": "not_ready", "reason": "no engine is SERVING"},
@@ -82,12 +87,31 @@ async def inference_health(request: Request):
     """What the engine's inference backend is doing (ServerService.GetInferenceStatus)."""
     try:
         reply = await request.app.state.engine.server.GetInferenceStatus(
-            server_service_pb2.GetInferenceStatusRequest(), timeout=5
+            server_service_pb2.GetInferenceStatusRequest(), timeout=5,
+            metadata=call_metadata.get(),
         )
     except grpc.aio.AioRpcError as exc:
         raise from_rpc_error(exc) from None
     # Plain JSON numbers (proto's JSON mapping would write int64 as strings).
     return {field.name: getattr(reply, field.name) for field in reply.DESCRIPTOR.fields}
+
+
+@router.post("/api/prefix-cache/clear")
+async def clear_prefix_cache(request: Request):
+    """Drop the engine's prefix cache (ServerService.ClearPrefixCache; admin)."""
+    try:
+        reply = await request.app.state.engine.server.ClearPrefixCache(
+            server_service_pb2.ClearPrefixCacheRequest(), timeout=30,
+            metadata=call_metadata.get())
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc) from None
+    return {"tokens_freed": reply.tokens_freed}
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    registry = request.app.state.metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def not_served(method: str, path: str) -> OpenAIError:

@@ -22,6 +22,14 @@ class EngineConfig:
     max_queued: int = 256
     prefix_cache_tokens: int = 32768
     batching: str = "continuous"
+    # Prometheus metrics on this port (0: off).
+    metrics_port: int = 0
+    # On SIGTERM: stop taking work, finish what runs for up to this long, exit.
+    drain_seconds: float = 30.0
+    # Server TLS (PEM files); with a client CA, callers must present a certificate it signed.
+    tls_cert: pathlib.Path | None = None
+    tls_key: pathlib.Path | None = None
+    tls_client_ca: pathlib.Path | None = None
 
     @property
     def grpc_address(self) -> str:
@@ -82,7 +90,25 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         default=_env("MILLM_BATCHING", "continuous"),
         help="MILLM_BATCHING: continuous, or serial (one request at a time, for comparison)",
     )
+    parser.add_argument(
+        "--metrics-port", type=int, default=int(_env("MILLM_METRICS_PORT", "0")),
+        help="MILLM_METRICS_PORT: Prometheus /metrics on this port (0: off)",
+    )
+    parser.add_argument(
+        "--drain-seconds", type=float, default=float(_env("MILLM_DRAIN_SECONDS", "30")),
+        help="MILLM_DRAIN_SECONDS: how long in-flight work may finish after SIGTERM",
+    )
+    parser.add_argument("--tls-cert", default=_env("MILLM_GRPC_TLS_CERT", ""),
+                        help="MILLM_GRPC_TLS_CERT: server certificate (PEM); enables TLS")
+    parser.add_argument("--tls-key", default=_env("MILLM_GRPC_TLS_KEY", ""),
+                        help="MILLM_GRPC_TLS_KEY: the certificate's private key (PEM)")
+    parser.add_argument("--tls-client-ca", default=_env("MILLM_GRPC_TLS_CLIENT_CA", ""),
+                        help="MILLM_GRPC_TLS_CLIENT_CA: require client certificates it signed")
     args = parser.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.tls_client_ca and not args.tls_cert:
+        parser.error("--tls-client-ca needs --tls-cert and --tls-key")
     for name in ("max_batch", "max_queued"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -105,4 +131,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         max_queued=args.max_queued,
         prefix_cache_tokens=args.prefix_cache_tokens,
         batching=args.batching,
+        metrics_port=args.metrics_port,
+        drain_seconds=args.drain_seconds,
+        tls_cert=pathlib.Path(args.tls_cert) if args.tls_cert else None,
+        tls_key=pathlib.Path(args.tls_key) if args.tls_key else None,
+        tls_client_ca=pathlib.Path(args.tls_client_ca) if args.tls_client_ca else None,
     )

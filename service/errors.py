@@ -61,6 +61,11 @@ ERROR_CODES: dict[str, ErrorCode] = {
     # steering
     "profile_not_found": ErrorCode(_S.NOT_FOUND, 404),
     "invalid_feature_index": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    # access
+    "invalid_api_key": ErrorCode(_S.UNAUTHENTICATED, 401),
+    "permission_error": ErrorCode(_S.PERMISSION_DENIED, 403, "permission_error"),
+    "rate_limit_exceeded": ErrorCode(_S.RESOURCE_EXHAUSTED, 429, "requests"),
+    "draining": ErrorCode(_S.UNAVAILABLE, 503, SERVER_ERROR),
     # failures
     "internal_error": ErrorCode(_S.INTERNAL, 500, SERVER_ERROR),
 }
@@ -73,6 +78,8 @@ class EngineError(Exception):
     code: str
     message: str
     param: str | None = None
+    # More ErrorInfo metadata (a rate limit's retry_after_s, limit, remaining, reset_s).
+    details: dict | None = None
 
     def __post_init__(self) -> None:
         if self.code not in ERROR_CODES:
@@ -96,6 +103,8 @@ class EngineError(Exception):
         info.metadata["http_status"] = str(entry.http_status)
         if self.param is not None:
             info.metadata["param"] = self.param
+        for key, value in (self.details or {}).items():
+            info.metadata[key] = str(value)
         detail = any_pb2.Any()
         detail.Pack(info)
         proto = status_pb2.Status(

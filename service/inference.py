@@ -222,6 +222,11 @@ class InferenceService:
     def status(self) -> EngineStatus | None:
         return self.engine.status() if self.engine is not None else None
 
+    async def clear_prefix_cache(self) -> int:
+        if self.engine is None:
+            raise model_not_loaded("No model is loaded.")
+        return await self.engine.clear_prefix_cache()
+
     # -- generation ----------------------------------------------------------------
 
     def _serving_engine(self, model_id: str) -> Engine:

@@ -23,10 +23,13 @@ from millm.v1 import (
     server_service_pb2,
     server_service_pb2_grpc,
 )
+from service import api_keys
 from service.config import EngineConfig
 from service.engines.scheduler import SchedulerLimits
 from service.inference import InferenceService
+from service.metrics import EngineMetrics
 from service.model_registry import ModelRegistry
+from service.servicers.access import AccessInterceptor, DrainState
 from service.servicers.embeddings import EmbeddingServicer
 from service.servicers.generation import GenerationServicer
 from service.servicers.models import ModelServicer
@@ -49,8 +52,9 @@ GRACE_SECONDS = 5.0
 
 
 class EngineServer:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, keys: api_keys.KeyRing | None = None):
         self.config = config
+        self.keys = keys
         self.inference = InferenceService(
             ModelRegistry(config.models_dir),
             device=config.device,
@@ -62,7 +66,10 @@ class EngineServer:
             prefix_cache_tokens=config.prefix_cache_tokens,
         )
         self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server()
+        self.drain = DrainState()
+        self.metrics = EngineMetrics(self.inference)
+        self.server = grpc.aio.server(
+            interceptors=[AccessInterceptor(keys, self.drain, self.metrics)])
         generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(
             GenerationServicer(self.inference), self.server
         )
@@ -95,29 +102,70 @@ class EngineServer:
         for name in SERVICE_NAMES[1:]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
+    def _credentials(self) -> grpc.ServerCredentials | None:
+        config = self.config
+        if config.tls_cert is None:
+            return None
+        client_ca = config.tls_client_ca.read_bytes() if config.tls_client_ca else None
+        return grpc.ssl_server_credentials(
+            [(config.tls_key.read_bytes(), config.tls_cert.read_bytes())],
+            root_certificates=client_ca, require_client_auth=client_ca is not None)
+
     async def start(self) -> None:
         torch.set_num_threads(self.config.torch_threads)
-        self.port = self.server.add_insecure_port(self.config.grpc_address)
+        credentials = self._credentials()
+        if credentials is None:
+            self.port = self.server.add_insecure_port(self.config.grpc_address)
+        else:
+            self.port = self.server.add_secure_port(self.config.grpc_address, credentials)
         if self.port == 0:
             raise RuntimeError(f"could not listen on {self.config.grpc_address}")
         await self._set_serving(False)
         await self.server.start()
-        log.info("engine listening on %s:%d (loading %s)", self.config.host, self.port,
+        tls = ("" if credentials is None else
+               ", mutual TLS" if self.config.tls_client_ca else ", TLS")
+        log.info("engine listening on %s:%d%s (loading %s)", self.config.host, self.port, tls,
                  self.config.model)
+        if self.config.metrics_port:
+            port = self.metrics.serve(self.config.host, self.config.metrics_port, self.keys)
+            log.info("engine metrics on http://%s:%d/metrics", self.config.host, port)
 
     async def load_startup_model(self) -> None:
         await self.inference.load(self.config.model)
         await self._set_serving(True)
         log.info("engine SERVING %s", self.config.model)
 
+    async def drain_and_stop(self) -> None:
+        """Stop taking work (UNAVAILABLE, health NOT_SERVING), let running calls
+        finish for up to drain_seconds, then stop."""
+        self.drain.draining = True
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        deadline = asyncio.get_running_loop().time() + self.config.drain_seconds
+        while self.drain.in_flight and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.drain.in_flight:
+            log.warning("drain time is up with %d calls running; stopping them",
+                        self.drain.in_flight)
+        await self.stop()
+
     async def stop(self) -> None:
         await self._set_serving(False)
         await self.server.stop(GRACE_SECONDS)
+        self.metrics.stop()
         self.inference.shutdown()
 
 
 async def serve(config: EngineConfig) -> int:
-    engine = EngineServer(config)
+    try:
+        keys = api_keys.from_env()
+        warning = api_keys.check_exposure(keys, config.host)
+    except api_keys.KeyConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    if warning:
+        log.warning("%s", warning)
+    engine = EngineServer(config, keys)
     await engine.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -135,5 +183,5 @@ async def serve(config: EngineConfig) -> int:
     else:
         loader.cancel()
     log.info("engine stopping")
-    await engine.stop()
+    await engine.drain_and_stop()
     return code

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
 from millm.v1 import embedding_service_pb2, generation_pb2
+from rest_bridge.access import call_metadata, request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
@@ -45,7 +46,7 @@ class EmbeddingsHandler:
         if (request.encoding_format or "float") not in ENCODINGS:
             raise OpenAIError(400, "'encoding_format' must be 'float' or 'base64'.",
                               param="encoding_format", code="invalid_parameter")
-        pb = embedding_service_pb2.EmbedRequest(model=request.model,
+        pb = embedding_service_pb2.EmbedRequest(model=request.model, request_id=request_id.get(),
                                                 inputs=_inputs(request.input),
                                                 strict=strict_mode(http_request))
         extras = request.top_level_extras()
@@ -64,7 +65,8 @@ class EmbeddingsHandler:
         encoding = request.encoding_format or "float"
         pb = self.request_pb(request, http_request)
         try:
-            reply = await self.engine.embeddings.Embed(pb, timeout=600)
+            reply = await self.engine.embeddings.Embed(pb, timeout=600,
+                                                       metadata=call_metadata.get())
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         body = {

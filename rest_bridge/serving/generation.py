@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
 from millm.v1 import generation_pb2, generation_service_pb2
+from rest_bridge.access import call_metadata, request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
@@ -150,6 +151,7 @@ class GenerationHandler(abc.ABC):
                               code="field_not_honoured")
         pb = self.to_pb(request)
         pb.strict = strict
+        pb.request_id = request_id.get()
         extras = request.top_level_extras()
         for name, value in extras.items():
             if json_depth(value) > MAX_EXTRA_FIELD_DEPTH:
@@ -167,7 +169,7 @@ class GenerationHandler(abc.ABC):
 
     async def handle(self, request, http_request: Request):
         pb = self.request_pb(request, http_request)
-        call = self.engine.generation.Generate(pb)
+        call = self.engine.generation.Generate(pb, metadata=call_metadata.get())
         try:
             first = await call.read()
         except grpc.aio.AioRpcError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from millm.v1 import model_pb2, model_service_pb2
+from rest_bridge.access import call_metadata
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import from_rpc_error
 
@@ -22,7 +23,8 @@ class ModelsHandler:
 
     async def list(self) -> dict:
         try:
-            reply = await self.engine.models.ListModels(model_service_pb2.ListModelsRequest())
+            reply = await self.engine.models.ListModels(model_service_pb2.ListModelsRequest(),
+                                                        metadata=call_metadata.get())
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         return {
@@ -33,7 +35,7 @@ class ModelsHandler:
     async def get(self, model_id: str) -> dict:
         try:
             reply = await self.engine.models.GetModel(
-                model_service_pb2.GetModelRequest(id=model_id)
+                model_service_pb2.GetModelRequest(id=model_id), metadata=call_metadata.get()
             )
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None

@@ -175,6 +175,14 @@ class TransformersEngine(Engine):
     def call(self, fn):
         return self._scheduler.call(fn)
 
+    async def clear_prefix_cache(self) -> int:
+        def clear(ctx) -> int:  # the cache belongs to the model thread
+            freed = self.prefix_cache.cached_tokens
+            self.prefix_cache.clear()
+            return freed
+
+        return await self.call(clear)
+
     @property
     def has_chat_template(self) -> bool:
         return bool(self.tokenizer.chat_template)

@@ -23,3 +23,8 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
             for name, value in dataclasses.asdict(status).items():
                 setattr(response, name, value)
         return response
+
+    @unary_errors
+    async def ClearPrefixCache(self, request, context):
+        freed = await self._inference.clear_prefix_cache()
+        return server_service_pb2.ClearPrefixCacheResponse(tokens_freed=freed)

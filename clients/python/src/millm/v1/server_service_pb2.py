@@ -24,17 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmillm/v1/server_service.proto\x12\x08millm.v1\"\x1b\n\x19GetInferenceStatusRequest\"\xd0\x05\n\x1aGetInferenceStatusResponse\x12\x18\n\x07\x62\x61\x63kend\x18\x01 \x01(\tR\x07\x62\x61\x63kend\x12\x14\n\x05model\x18\x02 \x01(\tR\x05model\x12-\n\x12\x61\x63tive_generations\x18\x03 \x01(\x03R\x11\x61\x63tiveGenerations\x12\'\n\x0fqueued_requests\x18\x04 \x01(\x03R\x0equeuedRequests\x12\x34\n\x16generated_tokens_total\x18\x05 \x01(\x03R\x14generatedTokensTotal\x12>\n\x1b\x63ompleted_generations_total\x18\x06 \x01(\x03R\x19\x63ompletedGenerationsTotal\x12>\n\x1b\x63\x61ncelled_generations_total\x18\x07 \x01(\x03R\x19\x63\x61ncelledGenerationsTotal\x12\x38\n\x18\x66\x61iled_generations_total\x18\x08 \x01(\x03R\x16\x66\x61iledGenerationsTotal\x12!\n\x0crunning_rows\x18\t \x01(\x03R\x0brunningRows\x12\x14\n\x05lanes\x18\n \x01(\x03R\x05lanes\x12\x1b\n\tmax_batch\x18\x0b \x01(\x03R\x08maxBatch\x12\x1d\n\nmax_queued\x18\x0c \x01(\x03R\tmaxQueued\x12\'\n\x10kv_tokens_in_use\x18\r \x01(\x03R\rkvTokensInUse\x12*\n\x11kv_padding_tokens\x18\x0e \x01(\x03R\x0fkvPaddingTokens\x12.\n\x13prefix_cache_tokens\x18\x0f \x01(\x03R\x11prefixCacheTokens\x12@\n\x1dprefix_cache_hit_tokens_total\x18\x10 \x01(\x03R\x19prefixCacheHitTokensTotal2p\n\rServerService\x12_\n\x12GetInferenceStatus\x12#.millm.v1.GetInferenceStatusRequest\x1a$.millm.v1.GetInferenceStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmillm/v1/server_service.proto\x12\x08millm.v1\"\x19\n\x17\x43learPrefixCacheRequest\"=\n\x18\x43learPrefixCacheResponse\x12!\n\x0ctokens_freed\x18\x01 \x01(\x03R\x0btokensFreed\"\x1b\n\x19GetInferenceStatusRequest\"\xd0\x05\n\x1aGetInferenceStatusResponse\x12\x18\n\x07\x62\x61\x63kend\x18\x01 \x01(\tR\x07\x62\x61\x63kend\x12\x14\n\x05model\x18\x02 \x01(\tR\x05model\x12-\n\x12\x61\x63tive_generations\x18\x03 \x01(\x03R\x11\x61\x63tiveGenerations\x12\'\n\x0fqueued_requests\x18\x04 \x01(\x03R\x0equeuedRequests\x12\x34\n\x16generated_tokens_total\x18\x05 \x01(\x03R\x14generatedTokensTotal\x12>\n\x1b\x63ompleted_generations_total\x18\x06 \x01(\x03R\x19\x63ompletedGenerationsTotal\x12>\n\x1b\x63\x61ncelled_generations_total\x18\x07 \x01(\x03R\x19\x63\x61ncelledGenerationsTotal\x12\x38\n\x18\x66\x61iled_generations_total\x18\x08 \x01(\x03R\x16\x66\x61iledGenerationsTotal\x12!\n\x0crunning_rows\x18\t \x01(\x03R\x0brunningRows\x12\x14\n\x05lanes\x18\n \x01(\x03R\x05lanes\x12\x1b\n\tmax_batch\x18\x0b \x01(\x03R\x08maxBatch\x12\x1d\n\nmax_queued\x18\x0c \x01(\x03R\tmaxQueued\x12\'\n\x10kv_tokens_in_use\x18\r \x01(\x03R\rkvTokensInUse\x12*\n\x11kv_padding_tokens\x18\x0e \x01(\x03R\x0fkvPaddingTokens\x12.\n\x13prefix_cache_tokens\x18\x0f \x01(\x03R\x11prefixCacheTokens\x12@\n\x1dprefix_cache_hit_tokens_total\x18\x10 \x01(\x03R\x19prefixCacheHitTokensTotal2\xcb\x01\n\rServerService\x12_\n\x12GetInferenceStatus\x12#.millm.v1.GetInferenceStatusRequest\x1a$.millm.v1.GetInferenceStatusResponse\x12Y\n\x10\x43learPrefixCache\x12!.millm.v1.ClearPrefixCacheRequest\x1a\".millm.v1.ClearPrefixCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'millm.v1.server_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=43
-  _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=70
-  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_start=73
-  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_end=793
-  _globals['_SERVERSERVICE']._serialized_start=795
-  _globals['_SERVERSERVICE']._serialized_end=907
+  _globals['_CLEARPREFIXCACHEREQUEST']._serialized_start=43
+  _globals['_CLEARPREFIXCACHEREQUEST']._serialized_end=68
+  _globals['_CLEARPREFIXCACHERESPONSE']._serialized_start=70
+  _globals['_CLEARPREFIXCACHERESPONSE']._serialized_end=131
+  _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=133
+  _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=160
+  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_start=163
+  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_end=883
+  _globals['_SERVERSERVICE']._serialized_start=886
+  _globals['_SERVERSERVICE']._serialized_end=1089
 # @@protoc_insertion_point(module_scope)

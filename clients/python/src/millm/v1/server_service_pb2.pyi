@@ -4,6 +4,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ClearPrefixCacheRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClearPrefixCacheResponse(_message.Message):
+    __slots__ = ("tokens_freed",)
+    TOKENS_FREED_FIELD_NUMBER: _ClassVar[int]
+    tokens_freed: int
+    def __init__(self, tokens_freed: _Optional[int] = ...) -> None: ...
+
 class GetInferenceStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

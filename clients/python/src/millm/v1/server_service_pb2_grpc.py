@@ -40,6 +40,11 @@ class ServerServiceStub:
                 request_serializer=millm_dot_v1_dot_server__service__pb2.GetInferenceStatusRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_server__service__pb2.GetInferenceStatusResponse.FromString,
                 _registered_method=True)
+        self.ClearPrefixCache = channel.unary_unary(
+                '/millm.v1.ServerService/ClearPrefixCache',
+                request_serializer=millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheResponse.FromString,
+                _registered_method=True)
 
 
 class ServerServiceServicer:
@@ -53,6 +58,14 @@ class ServerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClearPrefixCache(self, request, context):
+        """Drops every prefix-cache block (an operator's reset; needs an admin key
+        when keys are configured). Running generations are not affected.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ServerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +73,11 @@ def add_ServerServiceServicer_to_server(servicer, server):
                     servicer.GetInferenceStatus,
                     request_deserializer=millm_dot_v1_dot_server__service__pb2.GetInferenceStatusRequest.FromString,
                     response_serializer=millm_dot_v1_dot_server__service__pb2.GetInferenceStatusResponse.SerializeToString,
+            ),
+            'ClearPrefixCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearPrefixCache,
+                    request_deserializer=millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +108,33 @@ class ServerService:
             '/millm.v1.ServerService/GetInferenceStatus',
             millm_dot_v1_dot_server__service__pb2.GetInferenceStatusRequest.SerializeToString,
             millm_dot_v1_dot_server__service__pb2.GetInferenceStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearPrefixCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.ServerService/ClearPrefixCache',
+            millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheRequest.SerializeToString,
+            millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheResponse.FromString,
             options,
             channel_credentials,
             insecure,

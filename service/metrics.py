@@ -1,0 +1,106 @@
+"""The engine's Prometheus metrics, served on MILLM_METRICS_PORT.
+
+RPC counts and durations are recorded as calls end (servicers/access.py);
+batch, queue, KV and model figures are read from the engine at scrape time,
+so they are never stale. With API keys configured the endpoint needs an admin
+key (`Authorization: Bearer`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from service import api_keys
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class _EngineCollector:
+    def __init__(self, inference):
+        self.inference = inference
+
+    def collect(self):
+        loaded = GaugeMetricFamily("millm_engine_model_loaded",
+                                   "1 for the model this engine serves", labels=["model"])
+        if self.inference.loaded is not None:
+            loaded.add_metric([self.inference.loaded.id], 1)
+        yield loaded
+        status = self.inference.status()
+        if status is None:
+            return
+        for name, help_, value in (
+            ("millm_engine_queued_requests", "requests waiting for the batch",
+             status.queued_requests),
+            ("millm_engine_running_rows", "choices being decoded", status.running_rows),
+            ("millm_engine_active_generations", "requests being generated",
+             status.active_generations),
+            ("millm_engine_kv_tokens_in_use", "KV-cache token slots held (padding included)",
+             status.kv_tokens_in_use),
+            ("millm_engine_kv_padding_tokens", "KV-cache slots that are padding",
+             status.kv_padding_tokens),
+            ("millm_engine_prefix_cache_tokens", "tokens held by the prefix cache",
+             status.prefix_cache_tokens),
+            ("millm_engine_max_batch", "running rows allowed", status.max_batch),
+        ):
+            yield GaugeMetricFamily(name, help_, value=value)
+        yield CounterMetricFamily("millm_engine_generated_tokens", "tokens generated",
+                                  value=status.generated_tokens_total)
+        outcomes = CounterMetricFamily("millm_engine_generations", "generations that ended",
+                                       labels=["outcome"])
+        outcomes.add_metric(["completed"], status.completed_generations_total)
+        outcomes.add_metric(["cancelled"], status.cancelled_generations_total)
+        outcomes.add_metric(["failed"], status.failed_generations_total)
+        yield outcomes
+
+
+class EngineMetrics:
+    def __init__(self, inference):
+        self.registry = CollectorRegistry()
+        self.rpcs = Counter("millm_engine_rpcs", "RPCs by method and status code",
+                            ["method", "code"], registry=self.registry)
+        self.rpc_seconds = Histogram("millm_engine_rpc_duration_seconds", "RPC duration",
+                                     ["method"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(_EngineCollector(inference))
+        self._server: WSGIServer | None = None
+
+    def rpc_done(self, method: str, code: str, seconds: float) -> None:
+        self.rpcs.labels(method, code).inc()
+        self.rpc_seconds.labels(method).observe(seconds)
+
+    def serve(self, host: str, port: int, keys: api_keys.KeyRing | None) -> int:
+        app = _guarded(make_wsgi_app(self.registry), keys)
+        self._server = make_server(host, port, app, handler_class=_QuietHandler)
+        threading.Thread(target=self._server.serve_forever, name="millm-metrics",
+                         daemon=True).start()
+        return self._server.server_port
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+
+
+def _guarded(app, keys: api_keys.KeyRing | None):
+    if keys is None:
+        return app
+
+    def guarded(environ, start_response):
+        key = keys.identify(api_keys.bearer(environ.get("HTTP_AUTHORIZATION")))
+        if key is None or not key.allows(api_keys.ADMIN):
+            status = "401 Unauthorized" if key is None else "403 Forbidden"
+            start_response(status, [("Content-Type", "text/plain")])
+            return [b"an admin API key is needed\n"]
+        return app(environ, start_response)
+
+    return guarded
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - scrapes are not worth a log line
+        pass

@@ -1,0 +1,146 @@
+"""Who may call what: the engine's one server interceptor.
+
+For every RPC except health checks and reflection it (1) refuses new work
+while the engine drains, (2) checks the API key in `authorization: Bearer`
+metadata when keys are configured, and its scope (`admin` for the mutating
+RPCs), (3) applies the key's rate limit, and (4) counts the call in flight,
+records it in the metrics and writes one JSON access-log line carrying the
+request id (`x-request-id` metadata) and the key's fingerprint, never the key.
+Streaming RPCs are wrapped the same way as unary ones.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+
+import grpc
+
+from service import api_keys
+from service.errors import EngineError
+from service.rate_limit import RateLimiter
+
+log = logging.getLogger("millm.access")
+
+EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+# RPCs that change the server's state need an admin key.
+ADMIN_METHODS = frozenset({"/millm.v1.ServerService/ClearPrefixCache"})
+
+
+class DrainState:
+    def __init__(self):
+        self.draining = False
+        self.in_flight = 0
+
+
+def _refuse(error: EngineError):
+    status = error.to_status()
+
+    async def abort(context):
+        await context.abort(status.code, status.details, status.trailing_metadata)
+
+    return abort
+
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, keys: api_keys.KeyRing | None, drain: DrainState, metrics=None,
+                 limiter: RateLimiter | None = None):
+        self.keys, self.drain, self.metrics = keys, drain, metrics
+        self.limiter = limiter or RateLimiter()
+
+    def _check(self, method: str, metadata: dict) -> tuple[EngineError | None, str]:
+        """(refusal or None, who: the key's fingerprint or "-")."""
+        if self.drain.draining:
+            return EngineError("draining", "The engine is shutting down; retry against another "
+                               "instance.", details={"retry_after_s": 1}), "-"
+        if self.keys is None:
+            return None, "-"
+        key = self.keys.identify(api_keys.bearer(metadata.get("authorization")))
+        if key is None:
+            return EngineError("invalid_api_key", "Missing or invalid API key: send "
+                               "'authorization: Bearer <key>' metadata."), "-"
+        if method in ADMIN_METHODS and not key.allows(api_keys.ADMIN):
+            return EngineError("permission_error", "This call needs a key with the admin "
+                               "scope."), key.fingerprint
+        decision = self.limiter.check(key.name, key.requests_per_minute)
+        if decision is not None and not decision.allowed:
+            return EngineError(
+                "rate_limit_exceeded",
+                f"Rate limit of {decision.limit} requests per minute reached for this key.",
+                details={"retry_after_s": max(1, math.ceil(decision.retry_after_s)),
+                         "limit": decision.limit, "remaining": decision.remaining,
+                         "reset_s": round(decision.reset_s, 3)}), key.fingerprint
+        return None, key.fingerprint
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        method = details.method
+        if handler is None or method.startswith(EXEMPT_PREFIXES):
+            return handler
+        metadata = {k: v for k, v in (details.invocation_metadata or ())}
+        refusal, who = self._check(method, metadata)
+        request_id = metadata.get("x-request-id", "-")
+        access = self
+
+        def begin():
+            access.drain.in_flight += 1
+            return time.perf_counter()
+
+        def end(started: float, context) -> None:
+            access.drain.in_flight -= 1
+            code = _code_name(context, refusal)
+            seconds = time.perf_counter() - started
+            if access.metrics is not None:
+                access.metrics.rpc_done(method, code, seconds)
+            log.info(json.dumps({"message": "rpc", "method": method, "code": code,
+                                 "duration_us": int(seconds * 1e6), "request_id": request_id,
+                                 "client": who}))
+
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request, context):
+                started = begin()
+                try:
+                    if refusal is not None:
+                        await _refuse(refusal)(context)
+                    return await inner(request, context)
+                finally:
+                    end(started, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def stream(request, context):
+                started = begin()
+                try:
+                    if refusal is not None:
+                        await _refuse(refusal)(context)
+                    async for response in inner_stream(request, context):
+                        yield response
+                finally:
+                    end(started, context)
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        return handler  # no client-streaming RPCs in the contract
+
+
+def _code_name(context, refusal: EngineError | None) -> str:
+    if refusal is not None:
+        return refusal.status.name
+    try:
+        if context.cancelled():
+            return "CANCELLED"
+        code = context.code()
+    except Exception:  # noqa: BLE001 - older grpc.aio contexts have no code()
+        code = None
+    if code is None or code == 0:
+        return "OK"
+    return code.name if isinstance(code, grpc.StatusCode) else str(code)
