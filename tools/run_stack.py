@@ -16,6 +16,7 @@ import urllib.request
 
 def main() -> int:
     env = dict(os.environ)
+    env.setdefault("MILLM_METRICS_PORT", "9464")  # the engine's Prometheus endpoint
     host = env.get("MILLM_HOST", "127.0.0.1")
     http_port = env.get("MILLM_HTTP_PORT", "8000")
     procs = [
@@ -46,8 +47,10 @@ def main() -> int:
                 pass
             if announced:
                 print(f"\nmiLLM is ready: OpenAI API at http://{host}:{http_port}/v1 , gRPC at "
-                      f"{host}:{env.get('MILLM_GRPC_PORT', '50051')} (Ctrl-C stops both)\n",
-                      flush=True)
+                      f"{host}:{env.get('MILLM_GRPC_PORT', '50051')} , metrics at "
+                      f"http://{host}:{http_port}/metrics and "
+                      f"http://{host}:{env['MILLM_METRICS_PORT']}/metrics "
+                      "(Ctrl-C stops both)\n", flush=True)
         time.sleep(0.5)
     for p in procs:
         if p.poll() is None:

@@ -1,0 +1,299 @@
+"""API keys, scopes, rate limits, metrics, request ids and logs, on an engine
+and a bridge started with keys configured."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from millm.v1 import (
+    generation_service_pb2_grpc,
+    scoring_service_pb2,
+    scoring_service_pb2_grpc,
+    server_service_pb2,
+    server_service_pb2_grpc,
+)
+from service import api_keys
+from service.rate_limit import TokenBucket
+from tests import harness
+from tests.conftest import MODEL
+from tests.grpc_helpers import chat_request, error_info, prompt_request
+from tests.http_helpers import post
+
+INFERENCE_KEY = "inf-0123456789abcdef-secret"
+ADMIN_KEY = "adm-0123456789abcdef-secret"
+LIMITED_KEY = "lim-0123456789abcdef-secret"
+WRONG_KEY = "nope-0123456789abcdef-secret"
+KEYS = json.dumps({"keys": [
+    {"name": "svc", "scopes": ["inference"], "key": INFERENCE_KEY},
+    {"name": "ops", "scopes": ["admin"], "sha256": api_keys.digest(ADMIN_KEY).hex()},
+    {"name": "tight", "scopes": ["inference"], "key": LIMITED_KEY, "requests_per_minute": 120},
+]})
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 3}
+
+
+class KeyedStack:
+    def __init__(self, tmp):
+        self.engine, self.grpc_port = harness.start_engine(
+            tmp, MILLM_API_KEYS=KEYS, MILLM_METRICS_PORT=str(harness.free_port()))
+        harness.wait_serving(self.engine, self.grpc_port)
+        self.bridge, self.http_port = harness.start_bridge(tmp, self.grpc_port,
+                                                           MILLM_API_KEYS=KEYS,
+                                                           MILLM_LOG_LEVEL="INFO")
+        harness.wait_http(self.bridge, f"http://127.0.0.1:{self.http_port}/readyz")
+        found = re.search(r"metrics on http://127.0.0.1:(\d+)/metrics", self.engine.log())
+        self.metrics_port = int(found.group(1))
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+
+    def stop(self):
+        self.channel.close()
+        self.bridge.stop()
+        self.engine.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    stack = KeyedStack(tmp_path_factory.mktemp("keyed"))
+    yield stack
+    stack.stop()
+
+
+def auth(key: str | None) -> dict:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def grpc_auth(key: str | None):
+    return (("authorization", f"Bearer {key}"),) if key else ()
+
+
+def http(port: int, method: str, path: str, body=None, headers=None):
+    if method == "POST":
+        reply, content = post(port, path, body if body is not None else {}, headers=headers)
+        return reply.status, content
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+# -- the auth matrix -----------------------------------------------------------------------
+
+NONE, WRONG, INF, ADMIN = None, WRONG_KEY, INFERENCE_KEY, ADMIN_KEY
+MATRIX = [
+    # (target, {key: expected HTTP status or gRPC code name})
+    ("POST /v1/chat/completions", {NONE: 401, WRONG: 401, INF: 200, ADMIN: 200}),
+    ("POST /v1/chat/completions stream", {NONE: 401, WRONG: 401, INF: 200, ADMIN: 200}),
+    ("GET /v1/models", {NONE: 401, WRONG: 401, INF: 200, ADMIN: 200}),
+    ("POST /api/prefix-cache/clear", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
+    ("GET /api/health/inference", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
+    ("GET /metrics", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
+    ("GET /healthz", {NONE: 200, WRONG: 200, INF: 200, ADMIN: 200}),
+    ("GET /readyz", {NONE: 200, WRONG: 200, INF: 200, ADMIN: 200}),
+    ("grpc Generate", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED", INF: "OK",
+                       ADMIN: "OK"}),
+    ("grpc Score", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED", INF: "OK", ADMIN: "OK"}),
+    ("grpc ClearPrefixCache", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED",
+                               INF: "PERMISSION_DENIED", ADMIN: "OK"}),
+]
+CELLS = [(target, key, expected) for target, row in MATRIX for key, expected in row.items()]
+
+
+def _call(keyed, target: str, key: str | None):
+    if target.startswith("grpc "):
+        rpc = target.split()[1]
+        try:
+            if rpc == "Generate":
+                stub = generation_service_pb2_grpc.GenerationServiceStub(keyed.channel)
+                list(stub.Generate(chat_request(max_tokens=2), metadata=grpc_auth(key),
+                                   timeout=30))
+            elif rpc == "Score":
+                stub = scoring_service_pb2_grpc.ScoringServiceStub(keyed.channel)
+                request = scoring_service_pb2.ScoreRequest(
+                    model=MODEL, prompt=prompt_request("The").prompt, top_logprobs=1)
+                stub.Score(request, metadata=grpc_auth(key), timeout=30)
+            else:
+                stub = server_service_pb2_grpc.ServerServiceStub(keyed.channel)
+                stub.ClearPrefixCache(server_service_pb2.ClearPrefixCacheRequest(),
+                                      metadata=grpc_auth(key), timeout=30)
+        except grpc.RpcError as exc:
+            return exc.code().name, exc
+        return "OK", None
+    method, path, *stream = target.split()
+    body = {**CHAT, "stream": True} if stream else CHAT if path.startswith("/v1/chat") else None
+    status, content = http(keyed.http_port, method, path, body, auth(key))
+    return status, content
+
+
+KEY_NAMES = {NONE: "none", WRONG: "wrong", INF: "inference", ADMIN: "admin"}
+
+
+@pytest.mark.parametrize(("target", "key", "expected"), CELLS,
+                         ids=[f"{t}-{KEY_NAMES[k]}" for t, k, _ in CELLS])
+def test_auth_matrix(keyed, target, key, expected):
+    got, detail = _call(keyed, target, key)
+    assert got == expected, detail
+    if isinstance(expected, int) and expected in (401, 403):
+        error = json.loads(detail)["error"]
+        assert error["code"] == ("invalid_api_key" if expected == 401 else "permission_error")
+    if expected in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        info = error_info(detail)
+        assert info.reason == ("invalid_api_key" if expected == "UNAUTHENTICATED"
+                               else "permission_error")
+    if target.endswith("stream") and expected == 200:
+        assert detail.endswith(b"data: [DONE]\n\n")
+
+
+def test_x_api_key_header(keyed):
+    status, _ = http(keyed.http_port, "POST", "/v1/chat/completions", CHAT,
+                     {"X-API-Key": INFERENCE_KEY})
+    assert status == 200
+
+
+# -- rate limits -------------------------------------------------------------------------------
+
+
+def test_rate_limit_answers_429_then_recovers(keyed):
+    statuses, last = [], None
+    for _ in range(130):
+        status, content = http(keyed.http_port, "GET", "/v1/models", None, auth(LIMITED_KEY))
+        statuses.append(status)
+        if status == 429:
+            last = content
+            break
+    assert statuses[-1] == 429 and set(statuses[:-1]) == {200}
+    assert json.loads(last)["error"]["code"] == "rate_limit_exceeded"
+    reply, _ = post(keyed.http_port, "/v1/chat/completions", CHAT, headers=auth(LIMITED_KEY))
+    assert reply.status == 429
+    assert int(reply.getheader("Retry-After")) >= 1
+    assert reply.getheader("x-ratelimit-limit-requests") == "120"
+    assert reply.getheader("x-ratelimit-remaining-requests") == "0"
+    assert reply.getheader("x-ratelimit-reset-requests").endswith("s")
+    time.sleep(0.6)  # 120 a minute refills one every half second
+    status, _ = http(keyed.http_port, "GET", "/v1/models", None, auth(LIMITED_KEY))
+    assert status == 200
+    # Other keys are untouched.
+    assert http(keyed.http_port, "GET", "/v1/models", None, auth(INFERENCE_KEY))[0] == 200
+
+
+def test_token_bucket():
+    now = [0.0]
+    bucket = TokenBucket(60, clock=lambda: now[0])
+    assert all(bucket.take().allowed for _ in range(60))
+    refused = bucket.take()
+    assert not refused.allowed and 0.99 < refused.retry_after_s <= 1.0
+    now[0] += 1.0
+    assert bucket.take().allowed and not bucket.take().allowed
+
+
+# -- metrics, request ids, logs ----------------------------------------------------------------
+
+
+def _scrape(url: str, key: str) -> str:
+    req = urllib.request.Request(url, headers=auth(key))
+    with urllib.request.urlopen(req, timeout=10) as reply:
+        return reply.read().decode()
+
+
+def _value(text: str, name: str, **labels) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_metrics_move_by_the_requests_made(keyed):
+    bridge_url = f"http://127.0.0.1:{keyed.http_port}/metrics"
+    engine_url = f"http://127.0.0.1:{keyed.metrics_port}/metrics"
+    before_b, before_e = _scrape(bridge_url, ADMIN_KEY), _scrape(engine_url, ADMIN_KEY)
+    reply, content = post(keyed.http_port, "/v1/chat/completions", {**CHAT, "max_tokens": 5},
+                          headers=auth(INFERENCE_KEY))
+    produced = json.loads(content)["usage"]["completion_tokens"]
+    post(keyed.http_port, "/v1/chat/completions", {**CHAT, "temperature": 9},
+         headers=auth(INFERENCE_KEY))
+    after_b, after_e = _scrape(bridge_url, ADMIN_KEY), _scrape(engine_url, ADMIN_KEY)
+    route = dict(route="/v1/chat/completions")
+    assert _value(after_b, "millm_bridge_requests_total", status="200", **route) - _value(
+        before_b, "millm_bridge_requests_total", status="200", **route) == 1
+    assert _value(after_b, "millm_bridge_requests_total", status="400",
+                  code="invalid_parameter", **route) - _value(
+        before_b, "millm_bridge_requests_total", status="400", code="invalid_parameter",
+        **route) == 1
+    generate = dict(method="/millm.v1.GenerationService/Generate")
+    assert _value(after_e, "millm_engine_rpcs_total", code="OK", **generate) - _value(
+        before_e, "millm_engine_rpcs_total", code="OK", **generate) == 1
+    assert _value(after_e, "millm_engine_generated_tokens_total") - _value(
+        before_e, "millm_engine_generated_tokens_total") == produced
+    assert _value(after_e, "millm_engine_model_loaded", model=MODEL) == 1
+    assert "millm_bridge_request_duration_seconds_bucket" in after_b
+    assert "millm_engine_running_rows" in after_e
+    # Behind the admin key like the bridge's.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _scrape(engine_url, INFERENCE_KEY)
+    assert refused.value.code == 403
+
+
+def test_request_ids_reach_both_logs_and_keys_never_do(keyed):
+    reply, _ = post(keyed.http_port, "/v1/chat/completions", CHAT,
+                    headers={**auth(INFERENCE_KEY), "X-Request-Id": "trace.42:a-b_c"})
+    assert reply.getheader("X-Request-Id") == "trace.42:a-b_c"
+    bad, _ = post(keyed.http_port, "/v1/chat/completions", CHAT,
+                  headers={**auth(INFERENCE_KEY), "X-Request-Id": "no spaces allowed"})
+    assert re.fullmatch(r"[0-9a-f]{32}", bad.getheader("X-Request-Id"))
+    time.sleep(0.3)
+    bridge_lines = [json.loads(line.split("millm.access: ", 1)[1])
+                    for line in keyed.bridge.log().splitlines() if "millm.access: " in line]
+    engine_lines = [json.loads(line.split("millm.access: ", 1)[1])
+                    for line in keyed.engine.log().splitlines() if "millm.access: " in line]
+    mine = [e for e in bridge_lines if e["request_id"] == "trace.42:a-b_c"]
+    assert len(mine) == 1 and mine[0]["status"] == 200 and mine[0]["path"] == \
+        "/v1/chat/completions"
+    assert mine[0]["client"] == api_keys.fingerprint(api_keys.digest(INFERENCE_KEY))
+    assert any(e["request_id"] == "trace.42:a-b_c" and e["method"].endswith("/Generate")
+               for e in engine_lines)
+    # Successful probes are not logged.
+    http(keyed.http_port, "GET", "/healthz")
+    assert not any(e["path"] == "/healthz" for e in bridge_lines)
+    for log in (keyed.bridge.log(), keyed.engine.log()):
+        for key in (INFERENCE_KEY, ADMIN_KEY, LIMITED_KEY, WRONG_KEY):
+            assert key not in log
+
+
+# -- startup refusals ------------------------------------------------------------------------------
+
+
+def test_no_keys_beyond_loopback_is_refused_unless_asked(tmp_path):
+    refused, _ = harness.start_bridge(tmp_path, 1, MILLM_HOST="0.0.0.0")
+    assert refused.proc.wait(timeout=30) == 2
+    assert "refusing to listen on 0.0.0.0 without API keys" in refused.log()
+    allowed, port = harness.start_bridge(tmp_path, 1, MILLM_HOST="0.0.0.0",
+                                         MILLM_ALLOW_UNAUTHENTICATED="1")
+    try:
+        harness.wait_http(allowed, f"http://127.0.0.1:{port}/healthz")
+        assert "with no API keys (MILLM_ALLOW_UNAUTHENTICATED=1)" in allowed.log()
+    finally:
+        allowed.stop()
+    engine, _ = harness.start_engine(tmp_path, MILLM_HOST="0.0.0.0")
+    assert engine.proc.wait(timeout=30) == 2
+
+
+def test_key_configuration_errors():
+    with pytest.raises(api_keys.KeyConfigError):
+        api_keys.from_env({"MILLM_API_KEYS": '{"keys": [{"name": "a", "scopes": ["root"], '
+                                             '"key": "0123456789abcdef"}]}'})
+    with pytest.raises(api_keys.KeyConfigError):
+        api_keys.from_env({"MILLM_API_KEYS": '{"keys": [{"name": "a", "scopes": ["admin"], '
+                                             '"key": "short"}]}'})
+    ring = api_keys.from_env({"MILLM_API_KEYS": KEYS})
+    assert ring.identify(ADMIN_KEY).name == "ops" and ring.identify(ADMIN_KEY).allows("inference")
+    assert ring.identify(INFERENCE_KEY).allows("admin") is False
+    assert ring.identify(WRONG_KEY) is None and ring.identify("") is None
