@@ -10,7 +10,10 @@ DATA_DIR := $(or $(MILLM_DATA_DIR),.millm)
 MODELS_DIR := $(or $(MILLM_MODELS_DIR),$(DATA_DIR)/models)
 INSTALLED := $(VENV)/.installed
 
-.PHONY: setup tools proto proto-check model run test lint breaking bench clean
+TS_CLIENT := clients/typescript
+TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
+
+.PHONY: setup tools proto proto-check model run test lint breaking bench clean clients
 
 setup: $(INSTALLED)
 
@@ -44,11 +47,20 @@ model: $(INSTALLED)
 run: setup proto model
 	$(PY) tools/run_stack.py
 
-test: setup proto model
+# The TypeScript client's packages (pinned by its package-lock.json); the
+# client tests build it and run its node:test suite against a live engine.
+$(TS_INSTALLED): $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
+	cd $(TS_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+clients: $(TS_INSTALLED) $(BUF)
+
+test: setup proto model clients
 	$(PY) -m pytest
 
 lint: $(INSTALLED) $(BUF)
 	$(BUF) lint
+	$(BUF) format --diff --exit-code
 	$(PY) -m ruff check .
 
 # The contract must not break against main once a service is released.
@@ -60,4 +72,5 @@ bench: setup proto model
 	$(PY) bench/structured_output.py
 
 clean:
-	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache
+	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \
+	  $(TS_CLIENT)/dist $(TS_CLIENT)/src/gen

@@ -27,8 +27,13 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 QUIET_WHEN_OK = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
+# Management routes need an admin key, except what a client reads to decide
+# what to send.
+INFERENCE_API = frozenset({"/api/capabilities"})
+
+
 def needs_admin(path: str) -> bool:
-    return path.startswith("/api/") or path == "/metrics"
+    return (path.startswith("/api/") and path not in INFERENCE_API) or path == "/metrics"
 
 
 # (("authorization", "Bearer …"), ("x-request-id", …)) for this request's engine calls.

@@ -96,6 +96,21 @@ async def inference_health(request: Request):
     return {field.name: getattr(reply, field.name) for field in reply.DESCRIPTOR.fields}
 
 
+@router.get("/api/capabilities")
+async def capabilities(request: Request):
+    """What the loaded model and engine honour (ServerService.GetCapabilities)."""
+    from google.protobuf import json_format
+
+    try:
+        reply = await request.app.state.engine.server.GetCapabilities(
+            server_service_pb2.GetCapabilitiesRequest(), timeout=10,
+            metadata=call_metadata.get())
+    except grpc.aio.AioRpcError as exc:
+        raise from_rpc_error(exc) from None
+    return json_format.MessageToDict(reply, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
 @router.post("/api/prefix-cache/clear")
 async def clear_prefix_cache(request: Request):
     """Drop the engine's prefix cache (ServerService.ClearPrefixCache; admin)."""

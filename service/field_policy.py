@@ -123,3 +123,19 @@ def check_contract_field(name: str, value, route: str, engine: str) -> None:
     rule = CONTRACT_FIELD_RULES[name]
     if _asks_for_change(rule, value) and (route, engine) not in rule.honoured:
         raise rule.refuse(name)
+
+
+def support_table(engine: str) -> list[tuple[str, str, bool, str, str]]:
+    """(field, route, honoured, refusal code, reason) for every field that
+    depends on the route or engine, as the capability RPC reports them. A field
+    with both a contract rule and an extra-field rule (where a route carries it
+    outside the contract) is honoured where either rule honours it."""
+    rows = []
+    for name in dict.fromkeys([*CONTRACT_FIELD_RULES, *EXTRA_FIELD_RULES]):
+        rules = [r for r in (CONTRACT_FIELD_RULES.get(name), EXTRA_FIELD_RULES.get(name)) if r]
+        for route in (CHAT, COMPLETIONS, EMBEDDINGS):
+            if any((route, engine) in r.honoured for r in rules):
+                rows.append((name, route, True, "", ""))
+            else:
+                rows.append((name, route, False, rules[0].code, rules[0].why))
+    return rows

@@ -264,7 +264,13 @@ class GenerationHandler(abc.ABC):
             return sse.event(payload)
 
         try:
-            opened = False
+            # The opening goes out at once, unless it carries an echoed prompt
+            # that the engine sends first.
+            opened = not getattr(reply.request, "echo", False)
+            if opened:
+                opening = self.opening_choices(reply, count)
+                if opening:
+                    yield chunk(opening)
             async for message in _rest_of(call):
                 # One write per engine message, however many events it makes.
                 events = []

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 
-from millm.v1 import server_service_pb2, server_service_pb2_grpc
+from millm.v1 import generation_pb2, server_service_pb2, server_service_pb2_grpc
+from service import field_policy
 from service.inference import InferenceService
 from service.servicers.error_handling import unary_errors
+from service.validation import MAX_LOGPROBS
+
+_LIBRARIES = {"millm": "millm", "torch": "torch", "transformers": "transformers",
+              "xgrammar": "xgrammar", "grpcio": "grpcio"}
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for label, dist in _LIBRARIES.items():
+        try:
+            found[label] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            found[label] = "unrecorded"
+    return found
 
 
 class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
@@ -23,6 +39,27 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
             for name, value in dataclasses.asdict(status).items():
                 setattr(response, name, value)
         return response
+
+    @unary_errors
+    async def GetCapabilities(self, request, context):
+        loaded = self._inference.loaded
+        reply = server_service_pb2.GetCapabilitiesResponse(versions=_versions())
+        if loaded is None:
+            return reply
+        status = self._inference.status()
+        reply.model, reply.engine = loaded.id, loaded.engine
+        reply.context_window, reply.vocab_size = loaded.context_window, loaded.vocab_size
+        reply.system_fingerprint = loaded.system_fingerprint
+        on_transformers = loaded.engine == field_policy.TRANSFORMERS
+        reply.features.CopyFrom(server_service_pb2.Features(
+            scoring=on_transformers, logprobs=on_transformers, max_logprobs=MAX_LOGPROBS,
+            structured_output=on_transformers, embeddings=on_transformers, steering=False,
+            seed_scope=generation_pb2.SEED_SCOPE_REQUEST,
+            max_batch=status.max_batch if status else 0))
+        for name, route, honoured, code, why in field_policy.support_table(loaded.engine):
+            reply.fields.append(server_service_pb2.FieldSupport(
+                field=name, route=route, honoured=honoured, refusal_code=code, reason=why))
+        return reply
 
     @unary_errors
     async def ClearPrefixCache(self, request, context):

@@ -22,23 +22,36 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from millm.v1 import generation_pb2 as millm_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmillm/v1/server_service.proto\x12\x08millm.v1\"\x19\n\x17\x43learPrefixCacheRequest\"=\n\x18\x43learPrefixCacheResponse\x12!\n\x0ctokens_freed\x18\x01 \x01(\x03R\x0btokensFreed\"\x1b\n\x19GetInferenceStatusRequest\"\xd0\x05\n\x1aGetInferenceStatusResponse\x12\x18\n\x07\x62\x61\x63kend\x18\x01 \x01(\tR\x07\x62\x61\x63kend\x12\x14\n\x05model\x18\x02 \x01(\tR\x05model\x12-\n\x12\x61\x63tive_generations\x18\x03 \x01(\x03R\x11\x61\x63tiveGenerations\x12\'\n\x0fqueued_requests\x18\x04 \x01(\x03R\x0equeuedRequests\x12\x34\n\x16generated_tokens_total\x18\x05 \x01(\x03R\x14generatedTokensTotal\x12>\n\x1b\x63ompleted_generations_total\x18\x06 \x01(\x03R\x19\x63ompletedGenerationsTotal\x12>\n\x1b\x63\x61ncelled_generations_total\x18\x07 \x01(\x03R\x19\x63\x61ncelledGenerationsTotal\x12\x38\n\x18\x66\x61iled_generations_total\x18\x08 \x01(\x03R\x16\x66\x61iledGenerationsTotal\x12!\n\x0crunning_rows\x18\t \x01(\x03R\x0brunningRows\x12\x14\n\x05lanes\x18\n \x01(\x03R\x05lanes\x12\x1b\n\tmax_batch\x18\x0b \x01(\x03R\x08maxBatch\x12\x1d\n\nmax_queued\x18\x0c \x01(\x03R\tmaxQueued\x12\'\n\x10kv_tokens_in_use\x18\r \x01(\x03R\rkvTokensInUse\x12*\n\x11kv_padding_tokens\x18\x0e \x01(\x03R\x0fkvPaddingTokens\x12.\n\x13prefix_cache_tokens\x18\x0f \x01(\x03R\x11prefixCacheTokens\x12@\n\x1dprefix_cache_hit_tokens_total\x18\x10 \x01(\x03R\x19prefixCacheHitTokensTotal2\xcb\x01\n\rServerService\x12_\n\x12GetInferenceStatus\x12#.millm.v1.GetInferenceStatusRequest\x1a$.millm.v1.GetInferenceStatusResponse\x12Y\n\x10\x43learPrefixCache\x12!.millm.v1.ClearPrefixCacheRequest\x1a\".millm.v1.ClearPrefixCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmillm/v1/server_service.proto\x12\x08millm.v1\x1a\x19millm/v1/generation.proto\"\x18\n\x16GetCapabilitiesRequest\"\xa6\x03\n\x17GetCapabilitiesResponse\x12\x14\n\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n\x06\x65ngine\x18\x02 \x01(\tR\x06\x65ngine\x12%\n\x0e\x63ontext_window\x18\x03 \x01(\x03R\rcontextWindow\x12\x1d\n\nvocab_size\x18\x04 \x01(\x03R\tvocabSize\x12-\n\x12system_fingerprint\x18\x05 \x01(\tR\x11systemFingerprint\x12K\n\x08versions\x18\x06 \x03(\x0b\x32/.millm.v1.GetCapabilitiesResponse.VersionsEntryR\x08versions\x12.\n\x08\x66\x65\x61tures\x18\x07 \x01(\x0b\x32\x12.millm.v1.FeaturesR\x08\x66\x65\x61tures\x12.\n\x06\x66ields\x18\x08 \x03(\x0b\x32\x16.millm.v1.FieldSupportR\x06\x66ields\x1a;\n\rVersionsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\xc2\x02\n\x08\x46\x65\x61tures\x12\x18\n\x07scoring\x18\x01 \x01(\x08R\x07scoring\x12\x1a\n\x08logprobs\x18\x02 \x01(\x08R\x08logprobs\x12!\n\x0cmax_logprobs\x18\x03 \x01(\x03R\x0bmaxLogprobs\x12+\n\x11structured_output\x18\x04 \x01(\x08R\x10structuredOutput\x12\x1e\n\nembeddings\x18\x05 \x01(\x08R\nembeddings\x12\x1a\n\x08steering\x18\x06 \x01(\x08R\x08steering\x12#\n\rattached_saes\x18\x07 \x03(\tR\x0c\x61ttachedSaes\x12\x32\n\nseed_scope\x18\x08 \x01(\x0e\x32\x13.millm.v1.SeedScopeR\tseedScope\x12\x1b\n\tmax_batch\x18\t \x01(\x03R\x08maxBatch\"\x91\x01\n\x0c\x46ieldSupport\x12\x14\n\x05\x66ield\x18\x01 \x01(\tR\x05\x66ield\x12\x14\n\x05route\x18\x02 \x01(\tR\x05route\x12\x1a\n\x08honoured\x18\x03 \x01(\x08R\x08honoured\x12!\n\x0crefusal_code\x18\x04 \x01(\tR\x0brefusalCode\x12\x16\n\x06reason\x18\x05 \x01(\tR\x06reason\"\x19\n\x17\x43learPrefixCacheRequest\"=\n\x18\x43learPrefixCacheResponse\x12!\n\x0ctokens_freed\x18\x01 \x01(\x03R\x0btokensFreed\"\x1b\n\x19GetInferenceStatusRequest\"\xd0\x05\n\x1aGetInferenceStatusResponse\x12\x18\n\x07\x62\x61\x63kend\x18\x01 \x01(\tR\x07\x62\x61\x63kend\x12\x14\n\x05model\x18\x02 \x01(\tR\x05model\x12-\n\x12\x61\x63tive_generations\x18\x03 \x01(\x03R\x11\x61\x63tiveGenerations\x12\'\n\x0fqueued_requests\x18\x04 \x01(\x03R\x0equeuedRequests\x12\x34\n\x16generated_tokens_total\x18\x05 \x01(\x03R\x14generatedTokensTotal\x12>\n\x1b\x63ompleted_generations_total\x18\x06 \x01(\x03R\x19\x63ompletedGenerationsTotal\x12>\n\x1b\x63\x61ncelled_generations_total\x18\x07 \x01(\x03R\x19\x63\x61ncelledGenerationsTotal\x12\x38\n\x18\x66\x61iled_generations_total\x18\x08 \x01(\x03R\x16\x66\x61iledGenerationsTotal\x12!\n\x0crunning_rows\x18\t \x01(\x03R\x0brunningRows\x12\x14\n\x05lanes\x18\n \x01(\x03R\x05lanes\x12\x1b\n\tmax_batch\x18\x0b \x01(\x03R\x08maxBatch\x12\x1d\n\nmax_queued\x18\x0c \x01(\x03R\tmaxQueued\x12\'\n\x10kv_tokens_in_use\x18\r \x01(\x03R\rkvTokensInUse\x12*\n\x11kv_padding_tokens\x18\x0e \x01(\x03R\x0fkvPaddingTokens\x12.\n\x13prefix_cache_tokens\x18\x0f \x01(\x03R\x11prefixCacheTokens\x12@\n\x1dprefix_cache_hit_tokens_total\x18\x10 \x01(\x03R\x19prefixCacheHitTokensTotal2\xa3\x02\n\rServerService\x12_\n\x12GetInferenceStatus\x12#.millm.v1.GetInferenceStatusRequest\x1a$.millm.v1.GetInferenceStatusResponse\x12Y\n\x10\x43learPrefixCache\x12!.millm.v1.ClearPrefixCacheRequest\x1a\".millm.v1.ClearPrefixCacheResponse\x12V\n\x0fGetCapabilities\x12 .millm.v1.GetCapabilitiesRequest\x1a!.millm.v1.GetCapabilitiesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'millm.v1.server_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CLEARPREFIXCACHEREQUEST']._serialized_start=43
-  _globals['_CLEARPREFIXCACHEREQUEST']._serialized_end=68
-  _globals['_CLEARPREFIXCACHERESPONSE']._serialized_start=70
-  _globals['_CLEARPREFIXCACHERESPONSE']._serialized_end=131
-  _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=133
-  _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=160
-  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_start=163
-  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_end=883
-  _globals['_SERVERSERVICE']._serialized_start=886
-  _globals['_SERVERSERVICE']._serialized_end=1089
+  _globals['_GETCAPABILITIESRESPONSE_VERSIONSENTRY']._loaded_options = None
+  _globals['_GETCAPABILITIESRESPONSE_VERSIONSENTRY']._serialized_options = b'8\001'
+  _globals['_GETCAPABILITIESREQUEST']._serialized_start=70
+  _globals['_GETCAPABILITIESREQUEST']._serialized_end=94
+  _globals['_GETCAPABILITIESRESPONSE']._serialized_start=97
+  _globals['_GETCAPABILITIESRESPONSE']._serialized_end=519
+  _globals['_GETCAPABILITIESRESPONSE_VERSIONSENTRY']._serialized_start=460
+  _globals['_GETCAPABILITIESRESPONSE_VERSIONSENTRY']._serialized_end=519
+  _globals['_FEATURES']._serialized_start=522
+  _globals['_FEATURES']._serialized_end=844
+  _globals['_FIELDSUPPORT']._serialized_start=847
+  _globals['_FIELDSUPPORT']._serialized_end=992
+  _globals['_CLEARPREFIXCACHEREQUEST']._serialized_start=994
+  _globals['_CLEARPREFIXCACHEREQUEST']._serialized_end=1019
+  _globals['_CLEARPREFIXCACHERESPONSE']._serialized_start=1021
+  _globals['_CLEARPREFIXCACHERESPONSE']._serialized_end=1082
+  _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=1084
+  _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=1111
+  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_start=1114
+  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_end=1834
+  _globals['_SERVERSERVICE']._serialized_start=1837
+  _globals['_SERVERSERVICE']._serialized_end=2128
 # @@protoc_insertion_point(module_scope)

@@ -1,8 +1,78 @@
+from millm.v1 import generation_pb2 as _generation_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetCapabilitiesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetCapabilitiesResponse(_message.Message):
+    __slots__ = ("model", "engine", "context_window", "vocab_size", "system_fingerprint", "versions", "features", "fields")
+    class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    engine: str
+    context_window: int
+    vocab_size: int
+    system_fingerprint: str
+    versions: _containers.ScalarMap[str, str]
+    features: Features
+    fields: _containers.RepeatedCompositeFieldContainer[FieldSupport]
+    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., context_window: _Optional[int] = ..., vocab_size: _Optional[int] = ..., system_fingerprint: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldSupport, _Mapping]]] = ...) -> None: ...
+
+class Features(_message.Message):
+    __slots__ = ("scoring", "logprobs", "max_logprobs", "structured_output", "embeddings", "steering", "attached_saes", "seed_scope", "max_batch")
+    SCORING_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    STEERING_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_SAES_FIELD_NUMBER: _ClassVar[int]
+    SEED_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    scoring: bool
+    logprobs: bool
+    max_logprobs: int
+    structured_output: bool
+    embeddings: bool
+    steering: bool
+    attached_saes: _containers.RepeatedScalarFieldContainer[str]
+    seed_scope: _generation_pb2.SeedScope
+    max_batch: int
+    def __init__(self, scoring: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., max_logprobs: _Optional[int] = ..., structured_output: _Optional[bool] = ..., embeddings: _Optional[bool] = ..., steering: _Optional[bool] = ..., attached_saes: _Optional[_Iterable[str]] = ..., seed_scope: _Optional[_Union[_generation_pb2.SeedScope, str]] = ..., max_batch: _Optional[int] = ...) -> None: ...
+
+class FieldSupport(_message.Message):
+    __slots__ = ("field", "route", "honoured", "refusal_code", "reason")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    HONOURED_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    route: str
+    honoured: bool
+    refusal_code: str
+    reason: str
+    def __init__(self, field: _Optional[str] = ..., route: _Optional[str] = ..., honoured: _Optional[bool] = ..., refusal_code: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ClearPrefixCacheRequest(_message.Message):
     __slots__ = ()

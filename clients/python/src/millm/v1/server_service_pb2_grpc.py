@@ -45,6 +45,11 @@ class ServerServiceStub:
                 request_serializer=millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheResponse.FromString,
                 _registered_method=True)
+        self.GetCapabilities = channel.unary_unary(
+                '/millm.v1.ServerService/GetCapabilities',
+                request_serializer=millm_dot_v1_dot_server__service__pb2.GetCapabilitiesRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_server__service__pb2.GetCapabilitiesResponse.FromString,
+                _registered_method=True)
 
 
 class ServerServiceServicer:
@@ -66,6 +71,14 @@ class ServerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCapabilities(self, request, context):
+        """What the loaded model and its engine honour, so a client can decide
+        before it sends instead of parsing refusals.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ServerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +91,11 @@ def add_ServerServiceServicer_to_server(servicer, server):
                     servicer.ClearPrefixCache,
                     request_deserializer=millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheRequest.FromString,
                     response_serializer=millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheResponse.SerializeToString,
+            ),
+            'GetCapabilities': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCapabilities,
+                    request_deserializer=millm_dot_v1_dot_server__service__pb2.GetCapabilitiesRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_server__service__pb2.GetCapabilitiesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +153,33 @@ class ServerService:
             '/millm.v1.ServerService/ClearPrefixCache',
             millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheRequest.SerializeToString,
             millm_dot_v1_dot_server__service__pb2.ClearPrefixCacheResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCapabilities(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.ServerService/GetCapabilities',
+            millm_dot_v1_dot_server__service__pb2.GetCapabilitiesRequest.SerializeToString,
+            millm_dot_v1_dot_server__service__pb2.GetCapabilitiesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,303 @@
+"""A thin, typed client for the miLLM engine's gRPC API (millm.v1).
+
+    from millm.client import Client
+
+    with Client("127.0.0.1:50051", api_key="...") as client:
+        for delta in client.chat([{"role": "user", "content": "Hello!"}], max_tokens=16):
+            print(delta.text, end="")
+
+`AsyncClient` has the same methods as coroutines and async iterators. Every
+call takes `timeout` (seconds, a gRPC deadline) and `request_id`; a refusal
+raises MillmError carrying the OpenAI error code from google.rpc.ErrorInfo.
+Needs grpcio and protobuf only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from millm.v1 import (
+    embedding_service_pb2,
+    embedding_service_pb2_grpc,
+    generation_pb2,
+    generation_service_pb2,
+    generation_service_pb2_grpc,
+    model_service_pb2,
+    model_service_pb2_grpc,
+    scoring_service_pb2,
+    scoring_service_pb2_grpc,
+    server_service_pb2,
+    server_service_pb2_grpc,
+)
+
+_ROLES = {
+    "system": generation_pb2.ROLE_SYSTEM, "developer": generation_pb2.ROLE_DEVELOPER,
+    "user": generation_pb2.ROLE_USER, "assistant": generation_pb2.ROLE_ASSISTANT,
+    "tool": generation_pb2.ROLE_TOOL, "function": generation_pb2.ROLE_FUNCTION,
+}
+_FINISH = {generation_pb2.FINISH_REASON_STOP: "stop",
+           generation_pb2.FINISH_REASON_LENGTH: "length"}
+
+
+class MillmError(Exception):
+    """A refused or failed call: `code` is the OpenAI error code (ErrorInfo.reason)."""
+
+    def __init__(self, status: grpc.StatusCode, message: str, code: str | None,
+                 param: str | None, http_status: int | None):
+        super().__init__(f"{code or status.name}: {message}")
+        self.status, self.message, self.code = status, message, code
+        self.param, self.http_status = param, http_status
+
+
+def _error(exc: grpc.RpcError) -> MillmError:
+    info = None
+    for key, value in exc.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            for detail in status_pb2.Status.FromString(value).details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+    http = info.metadata.get("http_status") if info else None
+    return MillmError(exc.code(), exc.details() or "", info.reason if info else None,
+                      info.metadata.get("param") if info else None,
+                      int(http) if http and http.isdigit() else None)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one choice."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+
+
+@dataclass
+class Generation:
+    """A whole generation, when not streaming."""
+
+    id: str = ""
+    model: str = ""
+    texts: dict[int, str] = field(default_factory=dict)
+    finish_reasons: dict[int, str] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def chat_request(model: str, messages: Iterable[dict], **sampling
+                 ) -> generation_service_pb2.GenerateRequest:
+    return generation_service_pb2.GenerateRequest(
+        model=model,
+        chat=generation_pb2.ChatInput(messages=[
+            generation_pb2.ChatMessage(role=_ROLES[m["role"]], content=m.get("content", ""))
+            for m in messages]),
+        sampling=_sampling(sampling))
+
+
+def prompt_request(model: str, prompts: Iterable[str | list[int]], **sampling
+                   ) -> generation_service_pb2.GenerateRequest:
+    return generation_service_pb2.GenerateRequest(
+        model=model,
+        prompt=generation_pb2.PromptInput(prompts=[_prompt(p) for p in prompts]),
+        sampling=_sampling(sampling))
+
+
+def _prompt(p: str | list[int]) -> generation_pb2.Prompt:
+    if isinstance(p, str):
+        return generation_pb2.Prompt(text=p)
+    return generation_pb2.Prompt(token_ids=generation_pb2.TokenIds(ids=p))
+
+
+def _sampling(fields: dict) -> generation_pb2.SamplingParams:
+    stop = fields.pop("stop", ())
+    return generation_pb2.SamplingParams(stop=[stop] if isinstance(stop, str) else stop,
+                                         **fields)
+
+
+def _metadata(api_key: str | None, request_id: str | None) -> tuple:
+    out = []
+    if api_key:
+        out.append(("authorization", f"Bearer {api_key}"))
+    if request_id:
+        out.append(("x-request-id", request_id))
+    return tuple(out)
+
+
+def _deltas(response) -> Iterator[Delta]:
+    for d in response.choices:
+        yield Delta(d.index, d.text, tuple(d.token_ids), _FINISH.get(d.finish_reason))
+
+
+def _fold(result: Generation, response) -> None:
+    if response.HasField("metadata"):
+        result.id, result.model = response.metadata.id, response.metadata.model
+    for d in _deltas(response):
+        result.texts[d.index] = result.texts.get(d.index, "") + d.text
+        if d.finish_reason:
+            result.finish_reasons[d.index] = d.finish_reason
+    if response.HasField("usage"):
+        result.prompt_tokens = response.usage.prompt_tokens
+        result.completion_tokens = response.usage.completion_tokens
+
+
+class _Stubs:
+    def __init__(self, channel, model: str, api_key: str | None, timeout: float):
+        self.channel, self.model, self.api_key, self.timeout = channel, model, api_key, timeout
+        self.generation = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        self.scoring = scoring_service_pb2_grpc.ScoringServiceStub(channel)
+        self.embeddings = embedding_service_pb2_grpc.EmbeddingServiceStub(channel)
+        self.models = model_service_pb2_grpc.ModelServiceStub(channel)
+        self.server = server_service_pb2_grpc.ServerServiceStub(channel)
+
+    def options(self, timeout, request_id) -> dict:
+        return {"timeout": self.timeout if timeout is None else timeout,
+                "metadata": _metadata(self.api_key, request_id)}
+
+    def embed_request(self, inputs) -> embedding_service_pb2.EmbedRequest:
+        items = [inputs] if isinstance(inputs, str) else inputs
+        return embedding_service_pb2.EmbedRequest(model=self.model,
+                                                  inputs=[_prompt(p) for p in items])
+
+    def score_request(self, prompt, allowed_token_ids, top_logprobs, temperature):
+        request = scoring_service_pb2.ScoreRequest(
+            model=self.model, prompt=generation_pb2.PromptInput(prompts=[_prompt(prompt)]),
+            allowed_token_ids=allowed_token_ids or (), top_logprobs=top_logprobs)
+        if temperature is not None:
+            request.temperature = temperature
+        return request
+
+
+class Client(_Stubs):
+    """Blocking client. `target` is host:port; pass `credentials` for TLS."""
+
+    def __init__(self, target: str, *, model: str = "millm-tiny", api_key: str | None = None,
+                 timeout: float = 120.0, credentials: grpc.ChannelCredentials | None = None):
+        channel = (grpc.secure_channel(target, credentials) if credentials
+                   else grpc.insecure_channel(target))
+        super().__init__(channel, model, api_key, timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def stream(self, request: generation_service_pb2.GenerateRequest, *, timeout=None,
+               request_id=None) -> Iterator[Delta]:
+        """Deltas of a prepared GenerateRequest, as they come."""
+        try:
+            for response in self.generation.Generate(request, **self.options(timeout,
+                                                                             request_id)):
+                yield from _deltas(response)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def chat(self, messages: Iterable[dict], *, timeout=None, request_id=None,
+             **sampling) -> Iterator[Delta]:
+        return self.stream(chat_request(self.model, messages, **sampling), timeout=timeout,
+                           request_id=request_id)
+
+    def complete(self, prompts: Iterable[str | list[int]], *, timeout=None, request_id=None,
+                 **sampling) -> Generation:
+        result = Generation()
+        try:
+            for response in self.generation.Generate(prompt_request(self.model, prompts,
+                                                                    **sampling),
+                                                     **self.options(timeout, request_id)):
+                _fold(result, response)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return result
+
+    def score(self, prompt: str | list[int], *, allowed_token_ids=None, top_logprobs: int = 0,
+              temperature: float | None = None, timeout=None, request_id=None):
+        try:
+            return self.scoring.Score(self.score_request(prompt, allowed_token_ids, top_logprobs,
+                                                         temperature),
+                                      **self.options(timeout, request_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def embed(self, inputs, *, timeout=None, request_id=None) -> list[list[float]]:
+        try:
+            reply = self.embeddings.Embed(self.embed_request(inputs),
+                                          **self.options(timeout, request_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return [list(e.values) for e in reply.embeddings]
+
+    def list_models(self, *, timeout=None) -> list[str]:
+        try:
+            reply = self.models.ListModels(model_service_pb2.ListModelsRequest(),
+                                           **self.options(timeout, None))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return [m.id for m in reply.models]
+
+    def capabilities(self, *, timeout=None) -> server_service_pb2.GetCapabilitiesResponse:
+        try:
+            return self.server.GetCapabilities(server_service_pb2.GetCapabilitiesRequest(),
+                                               **self.options(timeout, None))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+
+class AsyncClient(_Stubs):
+    """The same calls for asyncio."""
+
+    def __init__(self, target: str, *, model: str = "millm-tiny", api_key: str | None = None,
+                 timeout: float = 120.0, credentials: grpc.ChannelCredentials | None = None):
+        channel = (grpc.aio.secure_channel(target, credentials) if credentials
+                   else grpc.aio.insecure_channel(target))
+        super().__init__(channel, model, api_key, timeout)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def stream(self, request: generation_service_pb2.GenerateRequest, *, timeout=None,
+                     request_id=None) -> AsyncIterator[Delta]:
+        try:
+            async for response in self.generation.Generate(request,
+                                                           **self.options(timeout,
+                                                                          request_id)):
+                for delta in _deltas(response):
+                    yield delta
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def chat(self, messages: Iterable[dict], *, timeout=None, request_id=None,
+             **sampling) -> AsyncIterator[Delta]:
+        return self.stream(chat_request(self.model, messages, **sampling), timeout=timeout,
+                           request_id=request_id)
+
+    async def score(self, prompt: str | list[int], *, allowed_token_ids=None,
+                    top_logprobs: int = 0, temperature: float | None = None, timeout=None,
+                    request_id=None):
+        try:
+            return await self.scoring.Score(
+                self.score_request(prompt, allowed_token_ids, top_logprobs, temperature),
+                **self.options(timeout, request_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    async def embed(self, inputs, *, timeout=None, request_id=None) -> list[list[float]]:
+        try:
+            reply = await self.embeddings.Embed(self.embed_request(inputs),
+                                                **self.options(timeout, request_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return [list(e.values) for e in reply.embeddings]

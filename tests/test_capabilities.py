@@ -1,0 +1,39 @@
+"""ServerService.GetCapabilities and GET /api/capabilities: what the loaded
+model honours, read from the same tables the engine enforces."""
+
+from __future__ import annotations
+
+import json
+
+from millm.v1 import generation_pb2, server_service_pb2
+from tests.conftest import MODEL
+from tests.http_helpers import request
+
+
+def test_grpc_capabilities(server_stub):
+    reply = server_stub.GetCapabilities(server_service_pb2.GetCapabilitiesRequest(), timeout=10)
+    assert (reply.model, reply.engine, reply.context_window) == (MODEL, "transformers", 1024)
+    assert reply.vocab_size == 768 and reply.system_fingerprint.startswith("millm:millm-tiny@")
+    assert reply.versions["torch"].startswith("2.") and reply.versions["millm"] == "0.1.0"
+    f = reply.features
+    assert f.scoring and f.logprobs and f.structured_output and f.embeddings
+    assert not f.steering and list(f.attached_saes) == []
+    assert f.max_logprobs == 20 and f.seed_scope == generation_pb2.SEED_SCOPE_REQUEST
+    table = {(s.field, s.route): s for s in reply.fields}
+    assert table[("response_format", "chat")].honoured
+    refused = table[("response_format", "completions")]
+    assert not refused.honoured and refused.refusal_code == "response_format_unsupported"
+    assert table[("echo", "completions")].honoured and not table[("echo", "chat")].honoured
+    assert not table[("tools", "chat")].honoured
+    assert table[("tools", "chat")].refusal_code == "field_not_honoured"
+    assert not table[("dimensions", "embeddings")].honoured
+
+
+def test_rest_capabilities(stack):
+    reply, content = request(stack.http_port, "GET", "/api/capabilities")
+    assert reply.status == 200
+    body = json.loads(content)
+    assert body["model"] == MODEL and body["features"]["scoring"] is True
+    assert {"field": "logit_bias", "route": "chat", "honoured": False,
+            "refusal_code": "field_not_honoured",
+            "reason": "logit bias is not supported"} in body["fields"]
