@@ -13,7 +13,8 @@ INSTALLED := $(VENV)/.installed
 TS_CLIENT := clients/typescript
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
-.PHONY: setup tools proto proto-check model run test lint breaking bench clean clients
+.PHONY: setup tools proto proto-check model run test lint breaking breaking-previous bench clean clients \
+  go-toolchain
 
 setup: $(INSTALLED)
 
@@ -53,7 +54,20 @@ $(TS_INSTALLED): $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
 	cd $(TS_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-clients: $(TS_INSTALLED) $(BUF)
+# The Go client is built with Debian's toolchain (Go 1.19 in GOPATH mode, protoc,
+# protoc-gen-go, protoc-gen-go-grpc, grpc-go and genproto as Debian packages).
+GO_PACKAGES := golang-go protobuf-compiler protoc-gen-go protoc-gen-go-grpc \
+  golang-google-grpc-dev golang-google-protobuf-dev golang-google-genproto-dev \
+  golang-github-golang-protobuf-1-5-dev
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+go-toolchain:
+	@command -v go >/dev/null && command -v protoc-gen-go-grpc >/dev/null \
+	  && command -v protoc-gen-go >/dev/null && test -d /usr/share/gocode/src/google.golang.org/genproto \
+	  || { $(SUDO) apt-get update -qq && \
+	       DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(GO_PACKAGES); }
+
+clients: $(TS_INSTALLED) $(BUF) go-toolchain
 
 test: setup proto model clients
 	$(PY) -m pytest
@@ -63,9 +77,14 @@ lint: $(INSTALLED) $(BUF)
 	$(BUF) format --diff --exit-code
 	$(PY) -m ruff check .
 
-# The contract must not break against main once a service is released.
+# The contract must not break against main once a service is released: CI checks
+# the newest commit against its parent (a deliberate break needs millm.v2).
 breaking: $(BUF)
 	$(BUF) breaking --against '.git#branch=main'
+
+breaking-previous: $(BUF)
+	@if git rev-parse -q --verify HEAD~1 >/dev/null; then \
+	  $(BUF) breaking --against '.git#ref=HEAD~1'; else echo "no previous commit"; fi
 
 bench: setup proto model
 	$(PY) bench/serving.py
@@ -73,4 +92,4 @@ bench: setup proto model
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \
-	  $(TS_CLIENT)/dist $(TS_CLIENT)/src/gen
+	  $(TS_CLIENT)/dist $(TS_CLIENT)/src/gen clients/go/.gopath

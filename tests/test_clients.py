@@ -5,6 +5,7 @@ status details."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -23,3 +24,17 @@ def test_typescript_client(stack):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "# pass 3" in out and "# fail 0" in out, out
+
+
+GO = harness.ROOT / "clients" / "go"
+
+
+@pytest.mark.timeout(300)
+def test_go_client(stack):
+    if shutil.which("go") is None or shutil.which("protoc-gen-go-grpc") is None:
+        pytest.fail("Debian's Go toolchain is missing: run `make clients`")
+    done = subprocess.run([str(GO / "build.sh"), "test"], capture_output=True, text=True,
+                          timeout=280, env={**os.environ, "MILLM_TEST_TARGET": stack.grpc_target})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert out.count("--- PASS") == 3 and "\nok " in out, out
