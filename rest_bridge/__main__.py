@@ -48,13 +48,10 @@ def main() -> int:
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        keys = api_keys.from_env()
-        warning = api_keys.check_exposure(keys, config.host)
+        keys = api_keys.load_for_listener(config.host, log)
     except api_keys.KeyConfigError as exc:
         log.error("%s", exc)
         return 2
-    if warning:
-        log.warning("%s", warning)
     app = create_app(config, keys)
     server = DrainingServer(
         uvicorn.Config(

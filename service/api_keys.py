@@ -154,6 +154,17 @@ def check_exposure(keys: KeyRing | None, host: str, env=None) -> str | None:
                          "MILLM_ALLOW_UNAUTHENTICATED=1")
 
 
+def load_for_listener(host: str, log) -> KeyRing | None:
+    """The configured keys, once it is safe to listen on `host` with them (a
+    process's start: raises KeyConfigError to refuse, logs the warning when
+    running unauthenticated on purpose)."""
+    keys = from_env()
+    warning = check_exposure(keys, host)
+    if warning:
+        log.warning("%s", warning)
+    return keys
+
+
 def bearer(value: str | None) -> str | None:
     if value and value[:7].lower() == "bearer ":
         return value[7:].strip() or None

@@ -158,13 +158,10 @@ class EngineServer:
 
 async def serve(config: EngineConfig) -> int:
     try:
-        keys = api_keys.from_env()
-        warning = api_keys.check_exposure(keys, config.host)
+        keys = api_keys.load_for_listener(config.host, log)
     except api_keys.KeyConfigError as exc:
         log.error("%s", exc)
         return 2
-    if warning:
-        log.warning("%s", warning)
     engine = EngineServer(config, keys)
     await engine.start()
     stop = asyncio.Event()

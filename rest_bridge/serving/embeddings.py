@@ -13,10 +13,9 @@ from millm.v1 import embedding_service_pb2, generation_pb2
 from rest_bridge.access import call_metadata, request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
-from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
 from rest_bridge.protocol.embeddings import EmbeddingRequest
 from rest_bridge.serving import ignored_fields
-from rest_bridge.serving.generation import strict_mode
+from rest_bridge.serving.generation import forward_unmapped, strict_mode
 
 ENCODINGS = ("float", "base64")
 
@@ -49,16 +48,7 @@ class EmbeddingsHandler:
         pb = embedding_service_pb2.EmbedRequest(model=request.model, request_id=request_id.get(),
                                                 inputs=_inputs(request.input),
                                                 strict=strict_mode(http_request))
-        extras = request.top_level_extras()
-        for name, value in extras.items():
-            if json_depth(value) > MAX_EXTRA_FIELD_DEPTH:
-                raise OpenAIError(400, f"'{name}' is nested deeper than "
-                                  f"{MAX_EXTRA_FIELD_DEPTH} levels.", param=name,
-                                  code="invalid_parameter")
-        pb.extra_fields.update(extras)
-        pb.unused_fields.extend(request.nested_unused())
-        if request.user is not None:
-            pb.user = request.user
+        forward_unmapped(request, pb)
         return pb
 
     async def handle(self, request: EmbeddingRequest, http_request: Request):

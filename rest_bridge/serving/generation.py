@@ -80,6 +80,22 @@ def strict_mode(http_request: Request) -> bool:
     return strict
 
 
+def forward_unmapped(request, pb) -> None:
+    """What the schema does not map goes to the engine to judge: top-level
+    extras with their values (extra_fields), nested unknown locations
+    (unused_fields) and the user id. GenerateRequest and EmbedRequest share
+    these field names."""
+    extras = request.top_level_extras()
+    for name, value in extras.items():
+        if json_depth(value) > MAX_EXTRA_FIELD_DEPTH:
+            raise OpenAIError(400, f"'{name}' is nested deeper than {MAX_EXTRA_FIELD_DEPTH} "
+                              "levels.", param=name, code="invalid_parameter")
+    pb.extra_fields.update(extras)
+    pb.unused_fields.extend(request.nested_unused())
+    if request.user is not None:
+        pb.user = request.user
+
+
 async def _rest_of(call) -> AsyncIterator[generation_service_pb2.GenerateResponse]:
     # grpc.aio forbids mixing read() with async iteration, and the first
     # message was taken with read().
@@ -152,19 +168,9 @@ class GenerationHandler(abc.ABC):
         pb = self.to_pb(request)
         pb.strict = strict
         pb.request_id = request_id.get()
-        extras = request.top_level_extras()
-        for name, value in extras.items():
-            if json_depth(value) > MAX_EXTRA_FIELD_DEPTH:
-                raise OpenAIError(400, f"'{name}' is nested deeper than "
-                                  f"{MAX_EXTRA_FIELD_DEPTH} levels.", param=name,
-                                  code="invalid_parameter")
-        pb.extra_fields.update(extras)
-        unused = request.nested_unused()
+        forward_unmapped(request, pb)
         if request.stream_options is not None and not request.stream:
-            unused.append("stream_options")  # it shapes streams only
-        pb.unused_fields.extend(unused)
-        if request.user is not None:
-            pb.user = request.user
+            pb.unused_fields.append("stream_options")  # it shapes streams only
         return pb
 
     async def handle(self, request, http_request: Request):
