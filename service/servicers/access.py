@@ -117,12 +117,15 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
+                # A coroutine that writes, not a generator that re-yields: grpc
+                # then iterates the servicer's generator once, without an extra
+                # async-generator hop per streamed message.
                 started = begin()
                 try:
                     if refusal is not None:
                         await _refuse(refusal)(context)
                     async for response in inner_stream(request, context):
-                        yield response
+                        await context.write(response)
                 finally:
                     end(started, context)
 
