@@ -14,12 +14,7 @@ import pathlib
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from millm.v1 import (
-    embedding_service_pb2_grpc,
-    generation_service_pb2_grpc,
-    model_service_pb2_grpc,
-    server_service_pb2_grpc,
-)
+from millm.client import AsyncClient
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -55,23 +50,23 @@ def _read(path: str | None) -> bytes | None:
     return pathlib.Path(path).read_bytes() if path else None
 
 
-class EngineClient:
+class EngineClient(AsyncClient):
+    """The bridge's way to the engines: the Python client (clients/python) over a
+    channel that balances round-robin across the targets with gRPC health
+    checking. Handlers use its stubs directly: they need the raw responses for
+    SSE, and pass each request's key and id as call metadata."""
+
     def __init__(self, targets: tuple[str, ...], tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None):
         self.target = channel_target(targets)
-        options = [("grpc.service_config", SERVICE_CONFIG), ("grpc.enable_retries", 1)]
-        if tls_ca is None:
-            self.channel = grpc.aio.insecure_channel(self.target, options=options)
-        else:
+        credentials = None
+        if tls_ca is not None:
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read(tls_ca), private_key=_read(tls_key),
                 certificate_chain=_read(tls_cert))
-            self.channel = grpc.aio.secure_channel(self.target, credentials, options=options)
-        self.generation = generation_service_pb2_grpc.GenerationServiceStub(self.channel)
-        self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
+        super().__init__(self.target, credentials=credentials, options=[
+            ("grpc.service_config", SERVICE_CONFIG), ("grpc.enable_retries", 1)])
         self.health = health_pb2_grpc.HealthStub(self.channel)
-        self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
-        self.embeddings = embedding_service_pb2_grpc.EmbeddingServiceStub(self.channel)
 
     async def is_serving(self, timeout: float = 2.0) -> bool:
         try:
@@ -81,6 +76,3 @@ class EngineClient:
         except grpc.aio.AioRpcError:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-    async def close(self) -> None:
-        await self.channel.close()

@@ -176,9 +176,10 @@ class Client(_Stubs):
     """Blocking client. `target` is host:port; pass `credentials` for TLS."""
 
     def __init__(self, target: str, *, model: str = "millm-tiny", api_key: str | None = None,
-                 timeout: float = 120.0, credentials: grpc.ChannelCredentials | None = None):
-        channel = (grpc.secure_channel(target, credentials) if credentials
-                   else grpc.insecure_channel(target))
+                 timeout: float = 120.0, credentials: grpc.ChannelCredentials | None = None,
+                 options: list[tuple[str, object]] | None = None):
+        channel = (grpc.secure_channel(target, credentials, options=options) if credentials
+                   else grpc.insecure_channel(target, options=options))
         super().__init__(channel, model, api_key, timeout)
 
     def __enter__(self) -> Client:
@@ -251,12 +252,14 @@ class Client(_Stubs):
 
 
 class AsyncClient(_Stubs):
-    """The same calls for asyncio."""
+    """The same calls for asyncio. `options` are gRPC channel options (a service
+    config for load balancing, say); the stubs are public for raw calls."""
 
     def __init__(self, target: str, *, model: str = "millm-tiny", api_key: str | None = None,
-                 timeout: float = 120.0, credentials: grpc.ChannelCredentials | None = None):
-        channel = (grpc.aio.secure_channel(target, credentials) if credentials
-                   else grpc.aio.insecure_channel(target))
+                 timeout: float = 120.0, credentials: grpc.ChannelCredentials | None = None,
+                 options: list[tuple[str, object]] | None = None):
+        channel = (grpc.aio.secure_channel(target, credentials, options=options) if credentials
+                   else grpc.aio.insecure_channel(target, options=options))
         super().__init__(channel, model, api_key, timeout)
 
     async def __aenter__(self) -> AsyncClient:
