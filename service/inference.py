@@ -46,6 +46,7 @@ from service.validation import (
     check_params,
     check_token_ids,
     conversations,
+    outside_vocabulary,
     refuse_if_strict,
     resolve,
     scoring_unused,
@@ -323,7 +324,7 @@ class InferenceService:
                                     f"got {len(params.inputs)}.")
         for i, item in enumerate(params.inputs):
             if isinstance(item, tuple):
-                bad = next((t for t in item if not 0 <= t < info.vocab_size), None)
+                bad = outside_vocabulary(item, info.vocab_size)
                 if bad is not None:
                     raise invalid_parameter(f"input[{i}]", f"Input {i} holds token id {bad}, "
                                             f"outside the vocabulary (0-{info.vocab_size - 1}).")

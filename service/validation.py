@@ -333,10 +333,15 @@ def _is_scoring(params: GenerateParams, max_tokens: int | None, n: int) -> bool:
     return True
 
 
+def outside_vocabulary(ids, vocab_size: int) -> int | None:
+    """The first id that is not a token of the vocabulary, or None."""
+    return next((t for t in ids if not 0 <= t < vocab_size), None)
+
+
 def check_token_ids(params: GenerateParams, vocab_size: int) -> None:
     for i, prompt in enumerate(params.prompts or ()):
         if isinstance(prompt, tuple):
-            bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+            bad = outside_vocabulary(prompt, vocab_size)
             if bad is not None:
                 raise invalid_parameter(
                     "prompt",
@@ -346,7 +351,7 @@ def check_token_ids(params: GenerateParams, vocab_size: int) -> None:
 
 
 def check_allowed_token_ids(params: GenerateParams, vocab_size: int) -> None:
-    bad = next((t for t in params.allowed_token_ids if not 0 <= t < vocab_size), None)
+    bad = outside_vocabulary(params.allowed_token_ids, vocab_size)
     if bad is not None:
         raise invalid_scoring_request(
             "allowed_token_ids", f"Token id {bad} is outside the vocabulary (0-{vocab_size - 1}).")

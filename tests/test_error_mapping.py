@@ -59,3 +59,14 @@ def test_status_without_error_info():
     mapped = from_rpc_error(bare)
     assert (mapped.status, mapped.code) == (503, "engine_unavailable")
     assert "connection refused" not in mapped.message
+
+
+def test_the_documented_error_table_is_the_engine_table():
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "request-validation.md").read_text()
+    table = doc.split("## Error codes", 1)[1].split("The bridge adds", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| (\d{3}) \| (\w+) \|", table, flags=re.M)
+    assert {code: (int(http), status) for code, http, status in rows} == {
+        code: (e.http_status, e.status.name) for code, e in engine_errors.ERROR_CODES.items()}

@@ -165,11 +165,17 @@ def test_extra_messages_are_choices_in_input_order(client):
 
 def test_generation_logprobs_for_every_token(client):
     reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=100, logprobs=5,
-                                      extra_body={"ignore_eos": True})
+                                      extra_body={"ignore_eos": True,
+                                                  "return_tokens_as_token_ids": True})
     lp = reply.choices[0].logprobs
     assert reply.usage.completion_tokens == 100
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 100
-    assert all(len(top) == 5 or len(set(top)) < 5 for top in lp.top_logprobs)
+    # Keyed by id nothing merges: exactly five alternatives, most likely first, none
+    # above the distribution's total.
+    for top in lp.top_logprobs:
+        values = list(top.values())
+        assert len(top) == 5 and values == sorted(values, reverse=True)
+        assert sum(math.exp(v) for v in values) <= 1 + 1e-6
     assert all(v <= 0 for v in lp.token_logprobs)
     # Offsets walk through the completion from the end of the prompt.
     assert lp.text_offset[0] == len(PROMPT)

@@ -8,6 +8,7 @@ from millm.v1 import embedding_service_pb2, embedding_service_pb2_grpc
 from service.errors import invalid_parameter
 from service.inference import EmbedParams, InferenceService
 from service.servicers.error_handling import unary_errors
+from service.servicers.generation import prompt_from_pb
 
 
 def params_from_pb(request: embedding_service_pb2.EmbedRequest) -> EmbedParams:
@@ -17,8 +18,7 @@ def params_from_pb(request: embedding_service_pb2.EmbedRequest) -> EmbedParams:
         raise invalid_parameter("extra_fields", f"'extra_fields' must hold JSON: {exc}") from None
     return EmbedParams(
         model=request.model,
-        inputs=tuple(tuple(p.token_ids.ids) if p.WhichOneof("kind") == "token_ids" else p.text
-                     for p in request.inputs),
+        inputs=tuple(prompt_from_pb(p) for p in request.inputs),
         request_id=request.request_id,
         extra_fields=extra,
         unused_fields=tuple(request.unused_fields),

@@ -41,6 +41,14 @@ def _opt(message, name: str):
     return getattr(message, name) if message.HasField(name) else None
 
 
+def prompt_from_pb(p: generation_pb2.Prompt) -> str | tuple[int, ...]:
+    return tuple(p.token_ids.ids) if p.WhichOneof("kind") == "token_ids" else p.text
+
+
+def add_special_from_pb(prompt: generation_pb2.PromptInput) -> bool | None:
+    return prompt.add_special_tokens if prompt.HasField("add_special_tokens") else None
+
+
 def turns_from_pb(chat: generation_pb2.ChatInput) -> tuple[ChatTurn, ...]:
     return tuple(ChatTurn(role=_ROLES.get(m.role, ""), content=m.content, name=m.name)
                  for m in chat.messages)
@@ -73,10 +81,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
     if which == "chat":
         messages = turns_from_pb(request.chat)
     elif which == "prompt":
-        prompts = tuple(
-            tuple(p.token_ids.ids) if p.WhichOneof("kind") == "token_ids" else p.text
-            for p in request.prompt.prompts
-        )
+        prompts = tuple(prompt_from_pb(p) for p in request.prompt.prompts)
     return GenerateParams(
         model=request.model,
         messages=messages,
@@ -104,9 +109,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         logprobs=_opt(s, "logprobs"),
         allowed_token_ids=tuple(s.allowed_token_ids),
         echo=which == "prompt" and request.prompt.echo,
-        add_special_tokens=(request.prompt.add_special_tokens
-                            if which == "prompt" and request.prompt.HasField("add_special_tokens")
-                            else None),
+        add_special_tokens=add_special_from_pb(request.prompt) if which == "prompt" else None,
         extra_chats=extra_chats,
     )
 

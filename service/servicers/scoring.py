@@ -6,21 +6,21 @@ from millm.v1 import scoring_service_pb2, scoring_service_pb2_grpc
 from service.generation_job import StepOutput
 from service.inference import GenerationFinished, GenerationStarted, InferenceService
 from service.servicers.error_handling import unary_errors
-from service.servicers.generation import score_to_pb, turns_from_pb
+from service.servicers.generation import (
+    add_special_from_pb,
+    prompt_from_pb,
+    score_to_pb,
+    turns_from_pb,
+)
 from service.validation import GenerateParams
 
 
 def params_from_pb(request: scoring_service_pb2.ScoreRequest) -> GenerateParams:
     which = request.WhichOneof("input")
     messages = turns_from_pb(request.chat) if which == "chat" else None
-    prompts = None
-    if which == "prompt":
-        prompts = tuple(
-            tuple(p.token_ids.ids) if p.WhichOneof("kind") == "token_ids" else p.text
-            for p in request.prompt.prompts)
-    add_special = (request.prompt.add_special_tokens
-                   if which == "prompt" and request.prompt.HasField("add_special_tokens")
-                   else None)
+    prompts = (tuple(prompt_from_pb(p) for p in request.prompt.prompts)
+               if which == "prompt" else None)
+    add_special = add_special_from_pb(request.prompt) if which == "prompt" else None
     return GenerateParams(
         model=request.model,
         messages=messages,
