@@ -20,6 +20,7 @@ import sys
 import time
 
 from service.chat_template import CHATML
+from service.demo_model import sae as demo_sae
 
 MODEL_ID = "millm-tiny"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
     args = parser.parse_args(argv)
     models_dir = pathlib.Path(args.models_dir)
+    # The demo SAEs are cheap and independent of the model's build.
+    for path in demo_sae.ensure_built(models_dir):
+        print(f"built demo SAE {path}", file=sys.stderr)
     if is_built(models_dir) and not args.force:
         print(f"{MODEL_ID} already built in {models_dir}")
         return 0

@@ -1,3 +1,4 @@
+from millm.v1 import steering_pb2 as _steering_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -190,7 +191,7 @@ class JsonSchemaFormat(_message.Message):
     def __init__(self, name: _Optional[str] = ..., strict: _Optional[bool] = ..., description: _Optional[str] = ..., schema_json: _Optional[str] = ...) -> None: ...
 
 class ResponseMetadata(_message.Message):
-    __slots__ = ("id", "created", "model", "system_fingerprint", "seed", "seed_scope", "prompt_tokens", "ignored_fields", "constraint", "constraint_name")
+    __slots__ = ("id", "created", "model", "system_fingerprint", "seed", "seed_scope", "prompt_tokens", "ignored_fields", "constraint", "constraint_name", "steering_intensity", "circuit_rung", "unsteered")
     ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +202,9 @@ class ResponseMetadata(_message.Message):
     IGNORED_FIELDS_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINT_NAME_FIELD_NUMBER: _ClassVar[int]
+    STEERING_INTENSITY_FIELD_NUMBER: _ClassVar[int]
+    CIRCUIT_RUNG_FIELD_NUMBER: _ClassVar[int]
+    UNSTEERED_FIELD_NUMBER: _ClassVar[int]
     id: str
     created: int
     model: str
@@ -211,7 +215,10 @@ class ResponseMetadata(_message.Message):
     ignored_fields: _containers.RepeatedScalarFieldContainer[str]
     constraint: OutputConstraint
     constraint_name: str
-    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., system_fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., seed_scope: _Optional[_Union[SeedScope, str]] = ..., prompt_tokens: _Optional[int] = ..., ignored_fields: _Optional[_Iterable[str]] = ..., constraint: _Optional[_Union[OutputConstraint, str]] = ..., constraint_name: _Optional[str] = ...) -> None: ...
+    steering_intensity: float
+    circuit_rung: _steering_pb2.CircuitRung
+    unsteered: bool
+    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., system_fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., seed_scope: _Optional[_Union[SeedScope, str]] = ..., prompt_tokens: _Optional[int] = ..., ignored_fields: _Optional[_Iterable[str]] = ..., constraint: _Optional[_Union[OutputConstraint, str]] = ..., constraint_name: _Optional[str] = ..., steering_intensity: _Optional[float] = ..., circuit_rung: _Optional[_Union[_steering_pb2.CircuitRung, _Mapping]] = ..., unsteered: _Optional[bool] = ...) -> None: ...
 
 class ChoiceDelta(_message.Message):
     __slots__ = ("index", "text", "token_ids", "finish_reason", "logprobs")

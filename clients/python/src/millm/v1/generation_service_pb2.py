@@ -24,19 +24,20 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from millm.v1 import generation_pb2 as millm_dot_v1_dot_generation__pb2
+from millm.v1 import steering_pb2 as millm_dot_v1_dot_steering__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!millm/v1/generation_service.proto\x12\x08millm.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x19millm/v1/generation.proto\"\xf5\x03\n\x0fGenerateRequest\x12\x14\n\x05model\x18\x01 \x01(\tR\x05model\x12)\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x13.millm.v1.ChatInputH\x00R\x04\x63hat\x12/\n\x06prompt\x18\x03 \x01(\x0b\x32\x15.millm.v1.PromptInputH\x00R\x06prompt\x12\x34\n\x08sampling\x18\x04 \x01(\x0b\x32\x18.millm.v1.SamplingParamsR\x08sampling\x12\x1d\n\nrequest_id\x18\x05 \x01(\tR\trequestId\x12\x16\n\x06strict\x18\x06 \x01(\x08R\x06strict\x12:\n\x0c\x65xtra_fields\x18\x07 \x01(\x0b\x32\x17.google.protobuf.StructR\x0b\x65xtraFields\x12#\n\runused_fields\x18\x08 \x03(\tR\x0cunusedFields\x12\x17\n\x04user\x18\t \x01(\tH\x01R\x04user\x88\x01\x01\x12\x41\n\x0fresponse_format\x18\n \x01(\x0b\x32\x18.millm.v1.ResponseFormatR\x0eresponseFormat\x12\x34\n\x0b\x65xtra_chats\x18\x0b \x03(\x0b\x32\x13.millm.v1.ChatInputR\nextraChatsB\x07\n\x05inputB\x07\n\x05_user\"\xd2\x01\n\x10GenerateResponse\x12\x36\n\x08metadata\x18\x01 \x01(\x0b\x32\x1a.millm.v1.ResponseMetadataR\x08metadata\x12/\n\x07\x63hoices\x18\x02 \x03(\x0b\x32\x15.millm.v1.ChoiceDeltaR\x07\x63hoices\x12%\n\x05usage\x18\x03 \x01(\x0b\x32\x0f.millm.v1.UsageR\x05usage\x12.\n\x06\x65\x63hoed\x18\x04 \x03(\x0b\x32\x16.millm.v1.EchoedPromptR\x06\x65\x63hoed2X\n\x11GenerationService\x12\x43\n\x08Generate\x12\x19.millm.v1.GenerateRequest\x1a\x1a.millm.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!millm/v1/generation_service.proto\x12\x08millm.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x19millm/v1/generation.proto\x1a\x17millm/v1/steering.proto\"\xc3\x05\n\x0fGenerateRequest\x12\x14\n\x05model\x18\x01 \x01(\tR\x05model\x12)\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x13.millm.v1.ChatInputH\x00R\x04\x63hat\x12/\n\x06prompt\x18\x03 \x01(\x0b\x32\x15.millm.v1.PromptInputH\x00R\x06prompt\x12\x34\n\x08sampling\x18\x04 \x01(\x0b\x32\x18.millm.v1.SamplingParamsR\x08sampling\x12\x1d\n\nrequest_id\x18\x05 \x01(\tR\trequestId\x12\x16\n\x06strict\x18\x06 \x01(\x08R\x06strict\x12:\n\x0c\x65xtra_fields\x18\x07 \x01(\x0b\x32\x17.google.protobuf.StructR\x0b\x65xtraFields\x12#\n\runused_fields\x18\x08 \x03(\tR\x0cunusedFields\x12\x17\n\x04user\x18\t \x01(\tH\x01R\x04user\x88\x01\x01\x12\x41\n\x0fresponse_format\x18\n \x01(\x0b\x32\x18.millm.v1.ResponseFormatR\x0eresponseFormat\x12\x34\n\x0b\x65xtra_chats\x18\x0b \x03(\x0b\x32\x13.millm.v1.ChatInputR\nextraChats\x12\x1d\n\x07profile\x18\x0c \x01(\tH\x02R\x07profile\x88\x01\x01\x12J\n\x12steering_intensity\x18\r \x01(\x0b\x32\x1b.millm.v1.SteeringIntensityR\x11steeringIntensity\x12U\n\x16return_sae_activations\x18\x0e \x01(\x0b\x32\x1f.millm.v1.SaeActivationsRequestR\x14returnSaeActivationsB\x07\n\x05inputB\x07\n\x05_userB\n\n\x08_profile\"\x95\x02\n\x10GenerateResponse\x12\x36\n\x08metadata\x18\x01 \x01(\x0b\x32\x1a.millm.v1.ResponseMetadataR\x08metadata\x12/\n\x07\x63hoices\x18\x02 \x03(\x0b\x32\x15.millm.v1.ChoiceDeltaR\x07\x63hoices\x12%\n\x05usage\x18\x03 \x01(\x0b\x32\x0f.millm.v1.UsageR\x05usage\x12.\n\x06\x65\x63hoed\x18\x04 \x03(\x0b\x32\x16.millm.v1.EchoedPromptR\x06\x65\x63hoed\x12\x41\n\x0fsae_activations\x18\x05 \x01(\x0b\x32\x18.millm.v1.SaeActivationsR\x0esaeActivations2X\n\x11GenerationService\x12\x43\n\x08Generate\x12\x19.millm.v1.GenerateRequest\x1a\x1a.millm.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'millm.v1.generation_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GENERATEREQUEST']._serialized_start=105
-  _globals['_GENERATEREQUEST']._serialized_end=606
-  _globals['_GENERATERESPONSE']._serialized_start=609
-  _globals['_GENERATERESPONSE']._serialized_end=819
-  _globals['_GENERATIONSERVICE']._serialized_start=821
-  _globals['_GENERATIONSERVICE']._serialized_end=909
+  _globals['_GENERATEREQUEST']._serialized_start=130
+  _globals['_GENERATEREQUEST']._serialized_end=837
+  _globals['_GENERATERESPONSE']._serialized_start=840
+  _globals['_GENERATERESPONSE']._serialized_end=1117
+  _globals['_GENERATIONSERVICE']._serialized_start=1119
+  _globals['_GENERATIONSERVICE']._serialized_end=1207
 # @@protoc_insertion_point(module_scope)

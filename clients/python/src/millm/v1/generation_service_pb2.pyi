@@ -1,5 +1,6 @@
 from google.protobuf import struct_pb2 as _struct_pb2
 from millm.v1 import generation_pb2 as _generation_pb2
+from millm.v1 import steering_pb2 as _steering_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -9,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "chat", "prompt", "sampling", "request_id", "strict", "extra_fields", "unused_fields", "user", "response_format", "extra_chats")
+    __slots__ = ("model", "chat", "prompt", "sampling", "request_id", "strict", "extra_fields", "unused_fields", "user", "response_format", "extra_chats", "profile", "steering_intensity", "return_sae_activations")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +22,9 @@ class GenerateRequest(_message.Message):
     USER_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
     EXTRA_CHATS_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    STEERING_INTENSITY_FIELD_NUMBER: _ClassVar[int]
+    RETURN_SAE_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     model: str
     chat: _generation_pb2.ChatInput
     prompt: _generation_pb2.PromptInput
@@ -32,16 +36,21 @@ class GenerateRequest(_message.Message):
     user: str
     response_format: _generation_pb2.ResponseFormat
     extra_chats: _containers.RepeatedCompositeFieldContainer[_generation_pb2.ChatInput]
-    def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[_generation_pb2.ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., strict: _Optional[bool] = ..., extra_fields: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unused_fields: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., response_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ..., extra_chats: _Optional[_Iterable[_Union[_generation_pb2.ChatInput, _Mapping]]] = ...) -> None: ...
+    profile: str
+    steering_intensity: _steering_pb2.SteeringIntensity
+    return_sae_activations: _steering_pb2.SaeActivationsRequest
+    def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[_generation_pb2.ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., strict: _Optional[bool] = ..., extra_fields: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unused_fields: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., response_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ..., extra_chats: _Optional[_Iterable[_Union[_generation_pb2.ChatInput, _Mapping]]] = ..., profile: _Optional[str] = ..., steering_intensity: _Optional[_Union[_steering_pb2.SteeringIntensity, _Mapping]] = ..., return_sae_activations: _Optional[_Union[_steering_pb2.SaeActivationsRequest, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("metadata", "choices", "usage", "echoed")
+    __slots__ = ("metadata", "choices", "usage", "echoed", "sae_activations")
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     ECHOED_FIELD_NUMBER: _ClassVar[int]
+    SAE_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
     metadata: _generation_pb2.ResponseMetadata
     choices: _containers.RepeatedCompositeFieldContainer[_generation_pb2.ChoiceDelta]
     usage: _generation_pb2.Usage
     echoed: _containers.RepeatedCompositeFieldContainer[_generation_pb2.EchoedPrompt]
-    def __init__(self, metadata: _Optional[_Union[_generation_pb2.ResponseMetadata, _Mapping]] = ..., choices: _Optional[_Iterable[_Union[_generation_pb2.ChoiceDelta, _Mapping]]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ..., echoed: _Optional[_Iterable[_Union[_generation_pb2.EchoedPrompt, _Mapping]]] = ...) -> None: ...
+    sae_activations: _steering_pb2.SaeActivations
+    def __init__(self, metadata: _Optional[_Union[_generation_pb2.ResponseMetadata, _Mapping]] = ..., choices: _Optional[_Iterable[_Union[_generation_pb2.ChoiceDelta, _Mapping]]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ..., echoed: _Optional[_Iterable[_Union[_generation_pb2.EchoedPrompt, _Mapping]]] = ..., sae_activations: _Optional[_Union[_steering_pb2.SaeActivations, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,449 @@
+from millm.v1 import steering_pb2 as _steering_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProfileKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROFILE_KIND_UNSPECIFIED: _ClassVar[ProfileKind]
+    PROFILE_KIND_FEATURES: _ClassVar[ProfileKind]
+    PROFILE_KIND_CLUSTER: _ClassVar[ProfileKind]
+    PROFILE_KIND_CIRCUIT: _ClassVar[ProfileKind]
+
+class CircuitMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CIRCUIT_MODE_UNSPECIFIED: _ClassVar[CircuitMode]
+    CIRCUIT_MODE_FULL: _ClassVar[CircuitMode]
+    CIRCUIT_MODE_SLICE_FALLBACK: _ClassVar[CircuitMode]
+PROFILE_KIND_UNSPECIFIED: ProfileKind
+PROFILE_KIND_FEATURES: ProfileKind
+PROFILE_KIND_CLUSTER: ProfileKind
+PROFILE_KIND_CIRCUIT: ProfileKind
+CIRCUIT_MODE_UNSPECIFIED: CircuitMode
+CIRCUIT_MODE_FULL: CircuitMode
+CIRCUIT_MODE_SLICE_FALLBACK: CircuitMode
+
+class Sae(_message.Message):
+    __slots__ = ("id", "d_in", "d_sae", "architecture", "hook_name", "layer", "model_name", "attached")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    D_IN_FIELD_NUMBER: _ClassVar[int]
+    D_SAE_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    HOOK_NAME_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    d_in: int
+    d_sae: int
+    architecture: str
+    hook_name: str
+    layer: int
+    model_name: str
+    attached: bool
+    def __init__(self, id: _Optional[str] = ..., d_in: _Optional[int] = ..., d_sae: _Optional[int] = ..., architecture: _Optional[str] = ..., hook_name: _Optional[str] = ..., layer: _Optional[int] = ..., model_name: _Optional[str] = ..., attached: _Optional[bool] = ...) -> None: ...
+
+class BrokenSae(_message.Message):
+    __slots__ = ("id", "problem")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    problem: str
+    def __init__(self, id: _Optional[str] = ..., problem: _Optional[str] = ...) -> None: ...
+
+class Liveness(_message.Message):
+    __slots__ = ("live", "reason")
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    live: bool
+    reason: str
+    def __init__(self, live: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Profile(_message.Message):
+    __slots__ = ("name", "description", "kind", "entries", "target", "active", "created", "updated")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    kind: ProfileKind
+    entries: _containers.RepeatedCompositeFieldContainer[_steering_pb2.SteeringEntry]
+    target: str
+    active: bool
+    created: int
+    updated: int
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., kind: _Optional[_Union[ProfileKind, str]] = ..., entries: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ..., target: _Optional[str] = ..., active: _Optional[bool] = ..., created: _Optional[int] = ..., updated: _Optional[int] = ...) -> None: ...
+
+class IntensityRange(_message.Message):
+    __slots__ = ("min", "max")
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    min: float
+    max: float
+    def __init__(self, min: _Optional[float] = ..., max: _Optional[float] = ...) -> None: ...
+
+class Cluster(_message.Message):
+    __slots__ = ("name", "description", "members", "intensity_range", "intensity", "document_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    INTENSITY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    INTENSITY_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    members: _containers.RepeatedCompositeFieldContainer[_steering_pb2.SteeringEntry]
+    intensity_range: IntensityRange
+    intensity: float
+    document_json: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., members: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ..., intensity_range: _Optional[_Union[IntensityRange, _Mapping]] = ..., intensity: _Optional[float] = ..., document_json: _Optional[str] = ...) -> None: ...
+
+class Circuit(_message.Message):
+    __slots__ = ("name", "description", "rung", "rung_language", "members", "intensity_range", "intensity", "mode", "fallback_cluster", "document_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    RUNG_FIELD_NUMBER: _ClassVar[int]
+    RUNG_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    INTENSITY_RANGE_FIELD_NUMBER: _ClassVar[int]
+    INTENSITY_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    rung: int
+    rung_language: str
+    members: _containers.RepeatedCompositeFieldContainer[_steering_pb2.SteeringEntry]
+    intensity_range: IntensityRange
+    intensity: float
+    mode: CircuitMode
+    fallback_cluster: str
+    document_json: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., rung: _Optional[int] = ..., rung_language: _Optional[str] = ..., members: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ..., intensity_range: _Optional[_Union[IntensityRange, _Mapping]] = ..., intensity: _Optional[float] = ..., mode: _Optional[_Union[CircuitMode, str]] = ..., fallback_cluster: _Optional[str] = ..., document_json: _Optional[str] = ...) -> None: ...
+
+class CircuitSteeringState(_message.Message):
+    __slots__ = ("steering", "rung", "language", "intensity", "reason")
+    STEERING_FIELD_NUMBER: _ClassVar[int]
+    RUNG_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    INTENSITY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    steering: bool
+    rung: int
+    language: str
+    intensity: float
+    reason: str
+    def __init__(self, steering: _Optional[bool] = ..., rung: _Optional[int] = ..., language: _Optional[str] = ..., intensity: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ListSaesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSaesResponse(_message.Message):
+    __slots__ = ("saes", "broken")
+    SAES_FIELD_NUMBER: _ClassVar[int]
+    BROKEN_FIELD_NUMBER: _ClassVar[int]
+    saes: _containers.RepeatedCompositeFieldContainer[Sae]
+    broken: _containers.RepeatedCompositeFieldContainer[BrokenSae]
+    def __init__(self, saes: _Optional[_Iterable[_Union[Sae, _Mapping]]] = ..., broken: _Optional[_Iterable[_Union[BrokenSae, _Mapping]]] = ...) -> None: ...
+
+class AttachSaeRequest(_message.Message):
+    __slots__ = ("sae_id",)
+    SAE_ID_FIELD_NUMBER: _ClassVar[int]
+    sae_id: str
+    def __init__(self, sae_id: _Optional[str] = ...) -> None: ...
+
+class AttachSaeResponse(_message.Message):
+    __slots__ = ("sae", "liveness")
+    SAE_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    sae: Sae
+    liveness: Liveness
+    def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class DetachSaeRequest(_message.Message):
+    __slots__ = ("sae_id",)
+    SAE_ID_FIELD_NUMBER: _ClassVar[int]
+    sae_id: str
+    def __init__(self, sae_id: _Optional[str] = ...) -> None: ...
+
+class DetachSaeResponse(_message.Message):
+    __slots__ = ("sae", "liveness")
+    SAE_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    sae: Sae
+    liveness: Liveness
+    def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class GetSteeringRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SteeringState(_message.Message):
+    __slots__ = ("enabled", "values", "active_profile", "attached_sae_ids")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_SAE_IDS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    values: _containers.RepeatedCompositeFieldContainer[_steering_pb2.SteeringEntry]
+    active_profile: str
+    attached_sae_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, enabled: _Optional[bool] = ..., values: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ..., active_profile: _Optional[str] = ..., attached_sae_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetSteeringResponse(_message.Message):
+    __slots__ = ("steering", "liveness")
+    STEERING_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    steering: SteeringState
+    liveness: Liveness
+    def __init__(self, steering: _Optional[_Union[SteeringState, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class SetSteeringRequest(_message.Message):
+    __slots__ = ("replace_values", "values", "enabled")
+    REPLACE_VALUES_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    replace_values: bool
+    values: _containers.RepeatedCompositeFieldContainer[_steering_pb2.SteeringEntry]
+    enabled: bool
+    def __init__(self, replace_values: _Optional[bool] = ..., values: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ..., enabled: _Optional[bool] = ...) -> None: ...
+
+class SetSteeringResponse(_message.Message):
+    __slots__ = ("steering", "liveness")
+    STEERING_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    steering: SteeringState
+    liveness: Liveness
+    def __init__(self, steering: _Optional[_Union[SteeringState, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class ListProfilesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListProfilesResponse(_message.Message):
+    __slots__ = ("profiles",)
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    profiles: _containers.RepeatedCompositeFieldContainer[Profile]
+    def __init__(self, profiles: _Optional[_Iterable[_Union[Profile, _Mapping]]] = ...) -> None: ...
+
+class GetProfileRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetProfileResponse(_message.Message):
+    __slots__ = ("profile",)
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    profile: Profile
+    def __init__(self, profile: _Optional[_Union[Profile, _Mapping]] = ...) -> None: ...
+
+class CreateProfileRequest(_message.Message):
+    __slots__ = ("name", "description", "entries")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    entries: _containers.RepeatedCompositeFieldContainer[_steering_pb2.SteeringEntry]
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ...) -> None: ...
+
+class CreateProfileResponse(_message.Message):
+    __slots__ = ("profile", "liveness")
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    profile: Profile
+    liveness: Liveness
+    def __init__(self, profile: _Optional[_Union[Profile, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class UpdateProfileRequest(_message.Message):
+    __slots__ = ("name", "description", "replace_entries", "entries")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    replace_entries: bool
+    entries: _containers.RepeatedCompositeFieldContainer[_steering_pb2.SteeringEntry]
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., replace_entries: _Optional[bool] = ..., entries: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ...) -> None: ...
+
+class UpdateProfileResponse(_message.Message):
+    __slots__ = ("profile", "liveness")
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    profile: Profile
+    liveness: Liveness
+    def __init__(self, profile: _Optional[_Union[Profile, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class DeleteProfileRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteProfileResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ActivateProfileRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ActivateProfileResponse(_message.Message):
+    __slots__ = ("steering", "liveness")
+    STEERING_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    steering: SteeringState
+    liveness: Liveness
+    def __init__(self, steering: _Optional[_Union[SteeringState, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class ImportClusterRequest(_message.Message):
+    __slots__ = ("document_json",)
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    document_json: str
+    def __init__(self, document_json: _Optional[str] = ...) -> None: ...
+
+class ImportClusterResponse(_message.Message):
+    __slots__ = ("cluster", "liveness")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    cluster: Cluster
+    liveness: Liveness
+    def __init__(self, cluster: _Optional[_Union[Cluster, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class ListClustersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListClustersResponse(_message.Message):
+    __slots__ = ("clusters",)
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    clusters: _containers.RepeatedCompositeFieldContainer[Cluster]
+    def __init__(self, clusters: _Optional[_Iterable[_Union[Cluster, _Mapping]]] = ...) -> None: ...
+
+class GetClusterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetClusterResponse(_message.Message):
+    __slots__ = ("cluster",)
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    cluster: Cluster
+    def __init__(self, cluster: _Optional[_Union[Cluster, _Mapping]] = ...) -> None: ...
+
+class SetClusterIntensityRequest(_message.Message):
+    __slots__ = ("name", "intensity")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INTENSITY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    intensity: float
+    def __init__(self, name: _Optional[str] = ..., intensity: _Optional[float] = ...) -> None: ...
+
+class SetClusterIntensityResponse(_message.Message):
+    __slots__ = ("cluster", "liveness")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    cluster: Cluster
+    liveness: Liveness
+    def __init__(self, cluster: _Optional[_Union[Cluster, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class DeleteClusterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteClusterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ImportCircuitRequest(_message.Message):
+    __slots__ = ("document_json",)
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    document_json: str
+    def __init__(self, document_json: _Optional[str] = ...) -> None: ...
+
+class ImportCircuitResponse(_message.Message):
+    __slots__ = ("circuit", "liveness")
+    CIRCUIT_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    circuit: Circuit
+    liveness: Liveness
+    def __init__(self, circuit: _Optional[_Union[Circuit, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class ListCircuitsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListCircuitsResponse(_message.Message):
+    __slots__ = ("circuits",)
+    CIRCUITS_FIELD_NUMBER: _ClassVar[int]
+    circuits: _containers.RepeatedCompositeFieldContainer[Circuit]
+    def __init__(self, circuits: _Optional[_Iterable[_Union[Circuit, _Mapping]]] = ...) -> None: ...
+
+class GetCircuitRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetCircuitResponse(_message.Message):
+    __slots__ = ("circuit",)
+    CIRCUIT_FIELD_NUMBER: _ClassVar[int]
+    circuit: Circuit
+    def __init__(self, circuit: _Optional[_Union[Circuit, _Mapping]] = ...) -> None: ...
+
+class SetCircuitIntensityRequest(_message.Message):
+    __slots__ = ("name", "intensity")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INTENSITY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    intensity: float
+    def __init__(self, name: _Optional[str] = ..., intensity: _Optional[float] = ...) -> None: ...
+
+class SetCircuitIntensityResponse(_message.Message):
+    __slots__ = ("circuit", "liveness")
+    CIRCUIT_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    circuit: Circuit
+    liveness: Liveness
+    def __init__(self, circuit: _Optional[_Union[Circuit, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
+class DeleteCircuitRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteCircuitResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetActiveCircuitRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetActiveCircuitResponse(_message.Message):
+    __slots__ = ("circuit", "steering")
+    CIRCUIT_FIELD_NUMBER: _ClassVar[int]
+    STEERING_FIELD_NUMBER: _ClassVar[int]
+    circuit: Circuit
+    steering: CircuitSteeringState
+    def __init__(self, circuit: _Optional[_Union[Circuit, _Mapping]] = ..., steering: _Optional[_Union[CircuitSteeringState, _Mapping]] = ...) -> None: ...

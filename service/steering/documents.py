@@ -1,0 +1,239 @@
+"""The shapes operators write: steering entries (live values and profiles),
+and the cluster and circuit documents they import (docs/steering.md).
+
+Each parser checks everything at once it can without the model and names the
+location of the first problem (`members[3].strength`). Checks that need the
+attached SAEs (a feature past an SAE's width) happen when steering applies.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from service.errors import EngineError
+from service.steering.intensity import ENVELOPE, MAX_STRENGTH
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_ENTRIES = 4096
+CLUSTER_FORMAT = "millm.cluster.v1"
+CIRCUIT_FORMAT = "millm.circuit.v1"
+FULL, SLICE_FALLBACK = "full", "slice_fallback"
+MODES = (FULL, SLICE_FALLBACK)
+# The evidence ladder: a rung's language is rendered from here, never composed
+# per request, and nothing below rung 2 is called causal.
+RUNG_LANGUAGE = {
+    0: "associated",
+    1: "suggested (attribution-supported)",
+    2: "causally validated (edge)",
+    3: "faithfulness-tested (circuit)",
+}
+
+
+def invalid_document(param: str, message: str) -> EngineError:
+    return EngineError("invalid_document", message, param)
+
+
+@dataclass(frozen=True)
+class SteeringEntry:
+    """Feature `feature` of the SAE attached at `layer`, added at `strength`.
+    `sae_id`, when given, pins the SAE the index was chosen on."""
+
+    layer: int
+    feature: int
+    strength: float
+    sae_id: str = ""
+
+    def to_json(self) -> dict:
+        out = {"layer": self.layer, "feature": self.feature, "strength": self.strength}
+        if self.sae_id:
+            out["sae_id"] = self.sae_id
+        return out
+
+
+def _int(value, where: str, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise invalid_document(where, f"'{where}' must be an integer of at least {low}.")
+    return value
+
+
+def _number(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise invalid_document(where, f"'{where}' must be a finite number.")
+    return float(value)
+
+
+def _only(doc: dict, where: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()):
+    prefix = f"{where}." if where else ""
+    for key in doc:
+        if key not in allowed:
+            raise invalid_document(f"{prefix}{key}", f"Unknown field '{prefix}{key}' (allowed: "
+                                   f"{', '.join(allowed)}).")
+    for key in required:
+        if key not in doc:
+            raise invalid_document(f"{prefix}{key}", f"Missing field '{prefix}{key}'.")
+
+
+def parse_name(value, where: str = "name") -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise invalid_document(where, f"'{where}' must be 1-64 letters, digits, '_', '.' or '-', "
+                               "starting with a letter or digit.")
+    return value
+
+
+def parse_entry(raw, where: str) -> SteeringEntry:
+    if not isinstance(raw, dict):
+        raise invalid_document(where, f"'{where}' must be an object.")
+    _only(raw, where, ("layer", "feature", "strength", "sae_id", "label"),
+          ("layer", "feature", "strength"))
+    strength = _number(raw["strength"], f"{where}.strength")
+    if abs(strength) > MAX_STRENGTH:
+        raise invalid_document(f"{where}.strength", f"'{where}.strength' must be within "
+                               f"±{MAX_STRENGTH:g}; got {strength:g}.")
+    sae_id = raw.get("sae_id", "")
+    if not isinstance(sae_id, str):
+        raise invalid_document(f"{where}.sae_id", f"'{where}.sae_id' must be a string.")
+    return SteeringEntry(_int(raw["layer"], f"{where}.layer"),
+                         _int(raw["feature"], f"{where}.feature"), strength, sae_id)
+
+
+def parse_entries(raw, where: str, allow_empty: bool = True) -> tuple[SteeringEntry, ...]:
+    if not isinstance(raw, list):
+        raise invalid_document(where, f"'{where}' must be a list.")
+    if not raw and not allow_empty:
+        raise invalid_document(where, f"'{where}' must hold at least one member.")
+    if len(raw) > MAX_ENTRIES:
+        raise invalid_document(where, f"'{where}' holds at most {MAX_ENTRIES} entries.")
+    entries = tuple(parse_entry(e, f"{where}[{i}]") for i, e in enumerate(raw))
+    seen: dict[tuple[int, int], int] = {}
+    for i, e in enumerate(entries):
+        key = (e.layer, e.feature)
+        if key in seen:
+            raise invalid_document(f"{where}[{i}]", f"'{where}[{i}]' repeats layer {e.layer} "
+                                   f"feature {e.feature} of {where}[{seen[key]}].")
+        seen[key] = i
+    return entries
+
+
+def parse_range(raw, where: str = "intensity_range") -> tuple[float, float] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) != 2:
+        raise invalid_document(where, f"'{where}' must be [min, max].")
+    low, high = _number(raw[0], f"{where}[0]"), _number(raw[1], f"{where}[1]")
+    if not 0 <= low <= high:
+        raise invalid_document(where, f"'{where}' must satisfy 0 <= min <= max; got "
+                               f"[{low:g}, {high:g}].")
+    return low, high
+
+
+def check_dial(value, high: float, where: str = "intensity") -> float:
+    """A stored dial: management bounds [0, max]."""
+    level = _number(value, where)
+    if not 0 <= level <= high:
+        raise invalid_document(where, f"'{where}' must be from 0 to {high:g}; got {level:g}.")
+    return level
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    members: tuple[SteeringEntry, ...]
+    intensity_range: tuple[float, float] | None
+    intensity: float
+    description: str = ""
+
+    def document(self) -> dict:
+        doc = {"format": CLUSTER_FORMAT, "name": self.name, "description": self.description,
+               "members": [m.to_json() for m in self.members], "intensity": self.intensity}
+        if self.intensity_range is not None:
+            doc["intensity_range"] = list(self.intensity_range)
+        return doc
+
+
+@dataclass(frozen=True)
+class Circuit:
+    name: str
+    rung: int
+    members: tuple[SteeringEntry, ...]
+    intensity_range: tuple[float, float] | None
+    intensity: float
+    mode: str = FULL
+    fallback_cluster: str = ""
+    description: str = ""
+    edges: list = field(default_factory=list)
+
+    @property
+    def language(self) -> str:
+        return RUNG_LANGUAGE[self.rung]
+
+    def document(self) -> dict:
+        doc = {"format": CIRCUIT_FORMAT, "name": self.name, "description": self.description,
+               "rung": self.rung, "members": [m.to_json() for m in self.members],
+               "intensity": self.intensity, "mode": self.mode, "edges": self.edges}
+        if self.intensity_range is not None:
+            doc["intensity_range"] = list(self.intensity_range)
+        if self.fallback_cluster:
+            doc["fallback_cluster"] = self.fallback_cluster
+        return doc
+
+
+def _common(doc, fmt: str, extra: tuple[str, ...]) -> None:
+    if not isinstance(doc, dict):
+        raise invalid_document("", "The document must be a JSON object.")
+    _only(doc, "", ("format", "name", "description", "members", "intensity_range", "intensity",
+                    *extra), ("name", "members"))
+    if "format" in doc and doc["format"] != fmt:
+        raise invalid_document("format", f"'format' must be {fmt!r}; got {doc['format']!r}.")
+    if not isinstance(doc.get("description", ""), str):
+        raise invalid_document("description", "'description' must be a string.")
+
+
+def _declared_max(declared, default_max: float) -> float:
+    return min(declared[1], ENVELOPE[1]) if declared is not None else default_max
+
+
+def parse_cluster(doc, cluster_max: float) -> Cluster:
+    _common(doc, CLUSTER_FORMAT, ())
+    declared = parse_range(doc.get("intensity_range"))
+    high = _declared_max(declared, cluster_max)
+    return Cluster(
+        name=parse_name(doc["name"]),
+        members=parse_entries(doc["members"], "members", allow_empty=False),
+        intensity_range=declared,
+        intensity=check_dial(doc.get("intensity", min(1.0, high)), high),
+        description=doc.get("description", ""),
+    )
+
+
+def parse_circuit(doc, circuit_max: float) -> Circuit:
+    _common(doc, CIRCUIT_FORMAT, ("rung", "mode", "fallback_cluster", "edges"))
+    rung = doc.get("rung")
+    if isinstance(rung, bool) or rung not in RUNG_LANGUAGE:
+        raise invalid_document("rung", "'rung' must be 0, 1, 2 or 3 (the evidence ladder).")
+    mode = doc.get("mode", FULL)
+    if mode not in MODES:
+        raise invalid_document("mode", f"'mode' must be one of {', '.join(MODES)}.")
+    fallback = doc.get("fallback_cluster", "")
+    if mode == SLICE_FALLBACK:
+        fallback = parse_name(fallback, "fallback_cluster")
+    elif fallback:
+        raise invalid_document("fallback_cluster", "'fallback_cluster' is for mode "
+                               "slice_fallback only.")
+    edges = doc.get("edges", [])
+    if not isinstance(edges, list):
+        raise invalid_document("edges", "'edges' must be a list.")
+    declared = parse_range(doc.get("intensity_range"))
+    high = _declared_max(declared, circuit_max)
+    return Circuit(
+        name=parse_name(doc["name"]),
+        rung=rung,
+        members=parse_entries(doc["members"], "members", allow_empty=False),
+        intensity_range=declared,
+        intensity=check_dial(doc.get("intensity", min(1.0, high)), high),
+        mode=mode,
+        fallback_cluster=fallback,
+        description=doc.get("description", ""),
+        edges=edges,
+    )

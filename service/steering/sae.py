@@ -1,0 +1,142 @@
+"""Sparse autoencoders in SAELens format, and the registry of those on disk.
+
+An SAE directory holds `cfg.json` (d_in, d_sae, architecture, hook_name, ...)
+and `sae_weights.safetensors` (W_enc [d_in, d_sae], W_dec [d_sae, d_in],
+b_enc [d_sae], b_dec [d_in], and threshold [d_sae] for jumprelu). Steering
+reads W_dec rows (a feature's direction in the residual stream); activation
+readout runs the encoder.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from dataclasses import dataclass
+
+import torch
+
+from service.errors import EngineError
+
+ARCHITECTURES = ("standard", "jumprelu")
+# The residual stream after block L: the output of decoder layer L, where the
+# steering hook adds its delta.
+_HOOK = re.compile(r"^blocks\.(\d+)\.hook_resid_post$")
+_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def sae_id_for(directory: pathlib.Path) -> str:
+    return "sae_" + _ID_CHARS.sub("-", directory.name)
+
+
+def invalid_sae(message: str) -> EngineError:
+    return EngineError("invalid_sae", message)
+
+
+@dataclass(frozen=True)
+class SaeInfo:
+    """What cfg.json says, checked; no weights read."""
+
+    id: str
+    path: pathlib.Path
+    d_in: int
+    d_sae: int
+    architecture: str
+    hook_name: str
+    layer: int
+    model_name: str
+    apply_b_dec_to_input: bool
+
+
+def read_info(directory: pathlib.Path) -> SaeInfo:
+    """Parse and check an SAE directory's cfg.json (invalid_sae when unusable)."""
+    cfg_file = directory / "cfg.json"
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise invalid_sae(f"{cfg_file}: cannot read cfg.json ({exc}).") from None
+    if not isinstance(cfg, dict):
+        raise invalid_sae(f"{cfg_file}: cfg.json must hold an object.")
+    for key in ("d_in", "d_sae"):
+        if not isinstance(cfg.get(key), int) or cfg[key] < 1:
+            raise invalid_sae(f"{cfg_file}: '{key}' must be a positive integer.")
+    architecture = cfg.get("architecture", "standard")
+    if architecture not in ARCHITECTURES:
+        raise invalid_sae(f"{cfg_file}: architecture {architecture!r} is not supported "
+                          f"(supported: {', '.join(ARCHITECTURES)}).")
+    hook = str(cfg.get("hook_name", ""))
+    match = _HOOK.match(hook)
+    if match is None:
+        raise invalid_sae(f"{cfg_file}: hook_name {hook!r} is not supported; steering hooks "
+                          "the residual stream after a block: blocks.<L>.hook_resid_post.")
+    return SaeInfo(
+        id=sae_id_for(directory), path=directory, d_in=cfg["d_in"], d_sae=cfg["d_sae"],
+        architecture=architecture, hook_name=hook, layer=int(match.group(1)),
+        model_name=str(cfg.get("model_name", "")),
+        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", architecture == "standard")),
+    )
+
+
+class SaeWeights:
+    """An SAE's tensors on the model's device and dtype."""
+
+    def __init__(self, info: SaeInfo, device: torch.device, dtype: torch.dtype):
+        from safetensors.torch import load_file
+
+        self.info = info
+        try:
+            tensors = load_file(str(info.path / "sae_weights.safetensors"), device="cpu")
+        except Exception as exc:  # a missing or corrupt file: the operator's to fix
+            raise invalid_sae(f"{info.path}: cannot read sae_weights.safetensors "
+                              f"({type(exc).__name__}: {exc}).") from None
+        shapes = {"W_enc": (info.d_in, info.d_sae), "W_dec": (info.d_sae, info.d_in),
+                  "b_enc": (info.d_sae,), "b_dec": (info.d_in,)}
+        if info.architecture == "jumprelu":
+            shapes["threshold"] = (info.d_sae,)
+        for name, shape in shapes.items():
+            if name not in tensors:
+                raise invalid_sae(f"{info.path}: sae_weights.safetensors lacks {name}.")
+            if tuple(tensors[name].shape) != shape:
+                raise invalid_sae(f"{info.path}: {name} has shape {tuple(tensors[name].shape)}, "
+                                  f"expected {shape} from cfg.json.")
+        t = {name: tensors[name].to(device=device, dtype=dtype) for name in shapes}
+        self.W_enc, self.W_dec = t["W_enc"], t["W_dec"]
+        self.b_enc, self.b_dec = t["b_enc"], t["b_dec"]
+        self.threshold = t.get("threshold")
+
+    def direction(self, features: list[int], strengths: list[float]) -> torch.Tensor:
+        """Σ strength_f · W_dec[f]: the residual delta of these features."""
+        index = torch.tensor(features, dtype=torch.long, device=self.W_dec.device)
+        weights = torch.tensor(strengths, dtype=self.W_dec.dtype, device=self.W_dec.device)
+        return weights @ self.W_dec[index]
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Feature activations of residual vectors x [..., d_in] -> [..., d_sae]."""
+        x = x.to(self.W_enc.dtype)
+        if self.info.apply_b_dec_to_input:
+            x = x - self.b_dec
+        pre = x @ self.W_enc + self.b_enc
+        if self.threshold is not None:
+            return pre * (pre > self.threshold)
+        return torch.relu(pre)
+
+
+class SaeDirectory:
+    """SAE directories under one folder; ids are `sae_<directory name>`."""
+
+    def __init__(self, root: pathlib.Path):
+        self.root = root
+
+    def scan(self) -> tuple[list[SaeInfo], list[tuple[str, str]]]:
+        """(usable SAEs, (id, problem) for directories that are not)."""
+        found, broken = [], []
+        if not self.root.is_dir():
+            return found, broken
+        for child in sorted(self.root.iterdir()):
+            if child.name.startswith(".") or not (child / "cfg.json").is_file():
+                continue
+            try:
+                found.append(read_info(child))
+            except EngineError as exc:
+                broken.append((sae_id_for(child), exc.message))
+        return found, broken
