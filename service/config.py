@@ -30,6 +30,13 @@ class EngineConfig:
     tls_cert: pathlib.Path | None = None
     tls_key: pathlib.Path | None = None
     tls_client_ca: pathlib.Path | None = None
+    # SAEs (SAELens directories); default <models dir>/saes.
+    saes_dir: pathlib.Path | None = None
+    # The steering dial's floors and ceilings (docs/steering.md).
+    cluster_intensity_min: float = 0.5
+    cluster_intensity_max: float = 2.0
+    circuit_intensity_min: float = 0.0
+    circuit_intensity_max: float = 2.0
 
     @property
     def grpc_address(self) -> str:
@@ -104,7 +111,19 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                         help="MILLM_GRPC_TLS_KEY: the certificate's private key (PEM)")
     parser.add_argument("--tls-client-ca", default=_env("MILLM_GRPC_TLS_CLIENT_CA", ""),
                         help="MILLM_GRPC_TLS_CLIENT_CA: require client certificates it signed")
+    parser.add_argument("--saes-dir", default=os.environ.get("MILLM_SAES_DIR") or None,
+                        help="MILLM_SAES_DIR: SAELens SAE directories (default: <models dir>/saes)")
+    for name, default in (("cluster-intensity-min", "0.5"), ("cluster-intensity-max", "2.0"),
+                          ("circuit-intensity-min", "0.0"), ("circuit-intensity-max", "2.0")):
+        env = "MILLM_" + name.upper().replace("-", "_")
+        parser.add_argument(f"--{name}", type=float, default=float(_env(env, default)),
+                            help=f"{env} (default {default}; docs/steering.md)")
     args = parser.parse_args(argv)
+    for low, high in (("cluster_intensity_min", "cluster_intensity_max"),
+                      ("circuit_intensity_min", "circuit_intensity_max")):
+        if not 0 <= getattr(args, low) <= getattr(args, high) <= 2:
+            parser.error(f"--{low.replace('_', '-')} and --{high.replace('_', '-')} must "
+                         "satisfy 0 <= min <= max <= 2")
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
@@ -136,4 +155,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         tls_cert=pathlib.Path(args.tls_cert) if args.tls_cert else None,
         tls_key=pathlib.Path(args.tls_key) if args.tls_key else None,
         tls_client_ca=pathlib.Path(args.tls_client_ca) if args.tls_client_ca else None,
+        saes_dir=pathlib.Path(args.saes_dir) if args.saes_dir else models_dir / "saes",
+        cluster_intensity_min=args.cluster_intensity_min,
+        cluster_intensity_max=args.cluster_intensity_max,
+        circuit_intensity_min=args.circuit_intensity_min,
+        circuit_intensity_max=args.circuit_intensity_max,
     )

@@ -52,8 +52,11 @@ EXTRA_FIELD_RULES: dict[str, FieldRule] = {
     # On chat, response_format is a contract field; anywhere else it arrives here.
     "response_format": FieldRule(({"type": "text"},), why="structured output is served on chat "
                                  "completions only", code="response_format_unsupported"),
-    "profile": FieldRule(why="steering profiles are " + NOT_YET),
-    "steering_intensity": FieldRule(why="steering is " + NOT_YET),
+    # Contract fields on the routes that serve them (GenerateRequest.profile, ...).
+    "profile": FieldRule(why="steering profiles apply to chat completions only"),
+    "steering_intensity": FieldRule(why="the steering dial applies to chat completions only"),
+    "return_sae_activations": FieldRule(why="activations are read on chat and text "
+                                        "completions only"),
     "steering": FieldRule(why="per-request steering vectors are " + NOT_YET),
     "extra_messages": FieldRule(([],), why="extra conversations are served on chat only"),
     "dimensions": FieldRule(why="embeddings with chosen dimensions are " + NOT_YET),
@@ -90,6 +93,15 @@ CONTRACT_FIELD_RULES: dict[str, FieldRule] = {
     "response_format": FieldRule((), frozenset({(CHAT, TRANSFORMERS)}),
                                  "structured output needs the transformers engine's token masks",
                                  "response_format_unsupported"),
+    # Steering hooks are forward hooks on the transformers engine's decoder layers.
+    "profile": FieldRule((), frozenset({(CHAT, TRANSFORMERS)}),
+                         "steering profiles apply to chat completions on the transformers "
+                         "engine only"),
+    "steering_intensity": FieldRule((), frozenset({(CHAT, TRANSFORMERS)}),
+                                    "the steering dial applies to chat completions on the "
+                                    "transformers engine only"),
+    "return_sae_activations": FieldRule((), ON_TRANSFORMERS, "SAE activations are read on "
+                                        "the transformers engine only"),
 }
 
 

@@ -58,6 +58,14 @@ class ValidatedGeneration:
     echo: bool = False
     allowed_token_ids: tuple[int, ...] | None = None
     prompt_texts: tuple[str, ...] = ()  # echo: each prompt as text
+    # This request's own steering (steering.runtime.SteeringPlan), None: unsteered.
+    steering: object = None
+    # What the steering headers report: the resolved dial (None: no echo) and
+    # the circuit rung when a circuit genuinely steers.
+    steering_echo: float | None = None
+    circuit_rung: int | None = None
+    # return_sae_activations, checked (steering.runtime.ActivationSpec).
+    activations: object = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -85,6 +93,7 @@ class StepOutput:
 class GroupDone:
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    recorder: object = None  # the group's ActivationRecorder, when it read any
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,7 @@ class GenerationJob:
     cached_tokens: int = 0
     # Set once by the model thread when the job ends: done, cancelled or failed.
     outcome: str | None = None
+    recorder: object = None  # return_sae_activations: what the model thread read
 
     def post(self, event) -> None:
         """Called from the model thread."""
@@ -145,6 +155,8 @@ class GenerationJob:
                 elif isinstance(event, GroupDone):
                     self.completion_tokens += event.completion_tokens
                     self.cached_tokens += event.cached_tokens
+                    if event.recorder is not None:
+                        self.recorder = event.recorder
                     remaining -= 1
                 elif isinstance(event, GroupFailed):
                     raise event.error

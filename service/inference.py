@@ -37,6 +37,10 @@ from service.generation_job import (
     ValidatedGeneration,
 )
 from service.model_registry import ModelEntry, ModelRegistry
+from service.steering import intensity, readout
+from service.steering.manager import UNSTEERED, SteeringManager
+from service.steering.runtime import UNSTEERED as UNSTEERED_READ
+from service.steering.runtime import ActivationRecorder
 from service.structured_output import Constraint, document_problem
 from service.validation import (
     GenerateParams,
@@ -79,6 +83,18 @@ class GenerationStarted:
     prompt_tokens: int
     ignored_fields: tuple[str, ...] = ()
     constraint: Constraint | None = None
+    # Steering headers: the resolved dial of a dialed request, the rung of a
+    # circuit genuinely steering, and whether the pass is unsteered by rule (scoring).
+    steering_echo: float | None = None
+    circuit_rung: int | None = None
+    unsteered: bool = False
+
+
+@dataclass(frozen=True)
+class ActivationsRead:
+    """return_sae_activations' answer, after everything else."""
+
+    result: readout.ActivationResult
 
 
 @dataclass(frozen=True)
@@ -163,8 +179,10 @@ class InferenceService:
         device: str = "auto",
         limits: SchedulerLimits | None = None,
         prefix_cache_tokens: int = 32768,
+        steering: SteeringManager | None = None,
     ):
         self.registry = registry
+        self.steering = steering
         self.device = device
         self.limits = limits or SchedulerLimits()
         self.prefix_cache_tokens = prefix_cache_tokens
@@ -194,6 +212,8 @@ class InferenceService:
         finally:
             self.loading = None
         self.engine, self.loaded = engine, info
+        if self.steering is not None:
+            await self.steering.bind(engine)
         return info
 
     def shutdown(self) -> None:
@@ -266,6 +286,7 @@ class InferenceService:
         if checked.scoring:
             ignored.extend(scoring_unused(params))
         refuse_if_strict(params, ignored)
+        resolved, activations = self._steering(params, engine, checked.scoring)
         if ignored:
             # Locations only: values can hold anything the client typed.
             log.warning("request_fields_unused request_id=%s locations=%s",
@@ -299,11 +320,32 @@ class InferenceService:
             grammar = await asyncio.to_thread(engine.grammar_for, checked.constraint)
         spec = resolve(params, checked, prompt_ids, info.context_window, request_id,
                        tuple(ignored), grammar)
+        if activations is not None:
+            group = spec.groups[0]
+            readout.check_size(activations, len(group.prompt_ids),
+                               0 if checked.scoring else group.max_tokens)
+        spec = dataclasses.replace(spec, steering=resolved.plan, steering_echo=resolved.echo,
+                                   circuit_rung=resolved.rung, activations=activations)
         if spec.echo:
             texts = [p if isinstance(p, str) else await asyncio.to_thread(engine.decode, list(p))
                      for p in params.prompts]
             spec = dataclasses.replace(spec, prompt_texts=tuple(texts))
         return spec
+
+    def _steering(self, params: GenerateParams, engine: Engine, scoring: bool):
+        """(the request's resolved steering, its checked activation readout).
+        Scoring is never steered: its refusal of profile and dial is a
+        parameter check (validation.check_params)."""
+        dial = intensity.parse_dial(params.steering_intensity)
+        manager = self.steering if getattr(engine, "can_steer", False) else None
+        resolved = UNSTEERED
+        if manager is not None and not scoring:
+            resolved = manager.resolve(params.profile, dial)
+        activations = None
+        if params.sae_activations is not None:
+            attached = manager.attached if manager is not None else {}
+            activations = readout.check_request(params.sae_activations, attached)
+        return resolved, activations
 
     async def embed(self, params: EmbedParams) -> EmbedResult:
         """Mean-pooled last hidden layer of each input, from an unsteered pass."""
@@ -358,9 +400,13 @@ class InferenceService:
             prompt_tokens=spec.prompt_tokens,
             ignored_fields=spec.ignored_fields,
             constraint=spec.constraint,
+            steering_echo=spec.steering_echo,
+            circuit_rung=spec.circuit_rung,
+            unsteered=spec.scoring,
         )
 
-    async def _read(self, spec: ValidatedGeneration, next_token: bool) -> list:
+    async def _read(self, spec: ValidatedGeneration, next_token: bool,
+                    recorder: ActivationRecorder | None = None) -> list:
         """Scoring passes over every prompt (scoring mode, or echo)."""
         temperature = spec.options.temperature
         top = spec.logprobs or 0
@@ -369,7 +415,8 @@ class InferenceService:
         def run(ctx):
             return [reading.score_prompt(ctx, list(g.prompt_ids), temperature=temperature,
                                          allowed=allowed, top=top, echo=spec.echo,
-                                         next_token=next_token) for g in spec.groups]
+                                         next_token=next_token, recorder=recorder)
+                    for g in spec.groups]
 
         return await self.engine.call(run)
 
@@ -397,14 +444,19 @@ class InferenceService:
             # Closed before or between events: the model thread drops the job.
             job.cancelled.set()
         yield GenerationFinished(spec.prompt_tokens, job.completion_tokens, job.cached_tokens)
+        if spec.activations is not None:
+            yield ActivationsRead(readout.result(spec.activations, job.recorder))
 
     async def _generate_reading(self, spec: ValidatedGeneration):
         """Scoring mode (the answer is the most probable allowed token, from one
         forward pass) and echo (the prompt back, with its log-probabilities)."""
         yield self._started(spec)
         scored = None
+        recorder = None
+        if spec.activations is not None:  # scoring: readout is refused with echo
+            recorder = ActivationRecorder(spec.activations, len(spec.groups[0].prompt_ids))
         if spec.scoring or spec.logprobs is not None:
-            scored = await self._read(spec, next_token=spec.scoring)
+            scored = await self._read(spec, next_token=spec.scoring, recorder=recorder)
         if spec.echo:
             yield Echoed(tuple(
                 (i, spec.prompt_texts[i], scored[i].prompt_tokens if scored else ())
@@ -415,6 +467,8 @@ class InferenceService:
                             FinishReason.LENGTH, (s.next,))
                 for g, s in zip(spec.groups, scored, strict=True)))
             yield GenerationFinished(spec.prompt_tokens, len(spec.groups), 0)
+            if recorder is not None:
+                yield ActivationsRead(readout.result(spec.activations, recorder, UNSTEERED_READ))
         elif spec.groups[0].max_tokens == 0:
             # Echo alone: every choice is its prompt, with nothing generated.
             yield StepOutput(tuple(ChoiceDelta(g.first_index + j, "", (), FinishReason.LENGTH)

@@ -22,6 +22,8 @@ from millm.v1 import (
     scoring_service_pb2_grpc,
     server_service_pb2,
     server_service_pb2_grpc,
+    steering_service_pb2,
+    steering_service_pb2_grpc,
 )
 from service import api_keys
 from service.config import EngineConfig
@@ -35,6 +37,10 @@ from service.servicers.generation import GenerationServicer
 from service.servicers.models import ModelServicer
 from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
+from service.servicers.steering import SteeringServicer
+from service.steering.intensity import IntensityLimits
+from service.steering.manager import SteeringManager
+from service.steering.store import SteeringStore
 
 log = logging.getLogger("millm.engine")
 
@@ -44,6 +50,7 @@ SERVICE_NAMES = (
     server_service_pb2.DESCRIPTOR.services_by_name["ServerService"].full_name,
     scoring_service_pb2.DESCRIPTOR.services_by_name["ScoringService"].full_name,
     embedding_service_pb2.DESCRIPTOR.services_by_name["EmbeddingService"].full_name,
+    steering_service_pb2.DESCRIPTOR.services_by_name["SteeringService"].full_name,
 )
 # These need the model; model listing and status answer while it loads.
 MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
@@ -55,6 +62,12 @@ class EngineServer:
     def __init__(self, config: EngineConfig, keys: api_keys.KeyRing | None = None):
         self.config = config
         self.keys = keys
+        self.steering = SteeringManager(
+            SteeringStore(config.data_dir / "steering.sqlite3"),
+            config.saes_dir or config.models_dir / "saes",
+            IntensityLimits(config.cluster_intensity_min, config.cluster_intensity_max,
+                            config.circuit_intensity_min, config.circuit_intensity_max),
+        )
         self.inference = InferenceService(
             ModelRegistry(config.models_dir),
             device=config.device,
@@ -64,6 +77,7 @@ class EngineServer:
                 serial=config.batching == "serial",
             ),
             prefix_cache_tokens=config.prefix_cache_tokens,
+            steering=self.steering,
         )
         self.health = health.aio.HealthServicer()
         self.drain = DrainState()
@@ -84,6 +98,9 @@ class EngineServer:
         )
         embedding_service_pb2_grpc.add_EmbeddingServiceServicer_to_server(
             EmbeddingServicer(self.inference), self.server
+        )
+        steering_service_pb2_grpc.add_SteeringServiceServicer_to_server(
+            SteeringServicer(self.steering), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -154,6 +171,7 @@ class EngineServer:
         await self.server.stop(GRACE_SECONDS)
         self.metrics.stop()
         self.inference.shutdown()
+        self.steering.store.close()
 
 
 async def serve(config: EngineConfig) -> int:

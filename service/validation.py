@@ -95,6 +95,12 @@ class GenerateParams:
     add_special_tokens: bool | None = None
     # More conversations (extra_messages), each answered as its own choices.
     extra_chats: tuple[tuple[ChatTurn, ...], ...] = ()
+    # Steering for this request only: a profile name, and the dial as sent
+    # (a number or "off"/"min"/"max").
+    profile: str | None = None
+    steering_intensity: float | str | None = None
+    # return_sae_activations (steering.readout.ActivationRequest).
+    sae_activations: object = None
 
     @property
     def input_param(self) -> str:
@@ -196,6 +202,11 @@ def check_fields(params: GenerateParams, engine: str) -> list[str]:
                                       route, engine)
     field_policy.check_contract_field("echo", params.echo or None, route, engine)
     field_policy.check_contract_field("extra_messages", params.extra_chats or None, route,
+                                      engine)
+    field_policy.check_contract_field("profile", params.profile, route, engine)
+    field_policy.check_contract_field("steering_intensity", params.steering_intensity, route,
+                                      engine)
+    field_policy.check_contract_field("return_sae_activations", params.sae_activations, route,
                                       engine)
     unused.extend(params.unused_fields)
     if params.user is not None:
@@ -310,12 +321,35 @@ def check_params(params: GenerateParams) -> CheckedParams:
     if scoring and 0 < options.temperature < MIN_SCORING_TEMPERATURE:
         raise invalid_parameter("temperature", f"A scoring temperature must be 0 or at least "
                                 f"{MIN_SCORING_TEMPERATURE}; smaller ones overflow the logits.")
+    if scoring:
+        # A judge's probability must not depend on steering left on the model.
+        for name in ("profile", "steering_intensity"):
+            if getattr(params, name) is not None:
+                raise invalid_scoring_request(name, f"Scoring is never steered; '{name}' "
+                                              "cannot apply to it.")
+    check_readout_shape(params)
     constraint = check_response_format(params)
     if scoring and constraint is not None:
         raise invalid_scoring_request("response_format", "Scoring reads the model's own "
                                       "distribution; 'response_format' cannot apply to it.")
     return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed,
                          params.ignore_eos, constraint, params.logprobs, scoring, params.echo)
+
+
+def check_readout_shape(params: GenerateParams) -> None:
+    """return_sae_activations reads one position axis: one prompt, one choice."""
+    if params.sae_activations is None:
+        return
+    param = "return_sae_activations"
+    if (params.n or 1) > 1:
+        raise invalid_parameter("n", f"'{param}' reads one choice; 'n' must be 1.")
+    if params.extra_chats:
+        raise invalid_parameter("extra_messages", f"'{param}' reads one conversation; "
+                                "'extra_messages' cannot go with it.")
+    if params.prompts is not None and len(params.prompts) > 1:
+        raise invalid_parameter("prompt", f"'{param}' reads one prompt; send one per request.")
+    if params.echo:
+        raise invalid_parameter("echo", f"'{param}' cannot go with 'echo'.")
 
 
 def _is_scoring(params: GenerateParams, max_tokens: int | None, n: int) -> bool:

@@ -14,6 +14,8 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from service.demo_model.sae import DEMO_SAES
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -27,7 +29,9 @@ def models_dir() -> pathlib.Path:
     configured = os.environ.get("MILLM_MODELS_DIR")
     data = os.environ.get("MILLM_DATA_DIR", str(ROOT / ".millm"))
     path = pathlib.Path(configured) if configured else pathlib.Path(data) / "models"
-    if not (path / "millm-tiny" / "millm_model.json").is_file():
+    built = (path / "millm-tiny" / "millm_model.json").is_file() and all(
+        (path / "saes" / name[0] / "sae_weights.safetensors").is_file() for name in DEMO_SAES)
+    if not built:
         subprocess.run(
             [sys.executable, "-m", "service.demo_model", "--models-dir", str(path)],
             check=True, cwd=ROOT,

@@ -11,6 +11,7 @@ or its caller goes away; columns that no remaining row uses are trimmed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -19,6 +20,13 @@ import torch
 from service.engines import reading
 from service.generation_job import ChoiceDelta, FinishReason, GenerationJob, PromptGroup
 from service.sampling import SamplingOptions, apply_penalties, choose_tokens
+from service.steering.runtime import (
+    ActivationRecorder,
+    Capture,
+    ForwardSteering,
+    SteeringRuntime,
+    stack_deltas,
+)
 from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -44,6 +52,8 @@ class ModelContext:
     control_ids: torch.Tensor | None = None
     # xgrammar's batch filler (one thread: the model thread has its cores already).
     batch_matcher: object = None
+    # The steering hooks; rows hand them their own deltas for each forward pass.
+    steering: SteeringRuntime | None = None
 
 
 @dataclass
@@ -55,6 +65,22 @@ class GroupProgress:
     rows_left: int
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # This request's own steering (layer -> delta), made on the model thread.
+    deltas: dict | None = None
+    recorder: ActivationRecorder | None = None
+
+    def __post_init__(self):
+        spec = self.job.spec
+        if spec.steering is not None:
+            self.deltas = spec.steering.deltas()
+        if spec.activations is not None:
+            self.recorder = ActivationRecorder(spec.activations, len(self.group.prompt_ids))
+
+    @property
+    def steered_or_reading(self) -> bool:
+        """Steered or recording: its KV and activations are its own, so it
+        neither reads nor feeds the prefix cache."""
+        return self.deltas is not None or self.recorder is not None
 
 
 class Row:
@@ -188,7 +214,7 @@ def prefill(
     device = ctx.device
     prompts = [p.group.prompt_ids for p in progresses]
     cached, layers = (0, [])
-    if read_cache and len(progresses) == 1:
+    if read_cache and len(progresses) == 1 and not progresses[0].steered_or_reading:
         cached, layers = prefix_cache.lookup(prompts[0])
         progresses[0].cached_tokens = cached
     width = max(len(p) for p in prompts)
@@ -201,16 +227,19 @@ def prefill(
         mask[i, start:] = 1
         positions[i, start:] = torch.arange(len(prompt), device=device)
     cache = DynamicCache(ddp_cache_data=layers) if cached else DynamicCache()
-    out = ctx.model(
-        input_ids=ids[:, cached:],
-        attention_mask=mask if len(prompts) > 1 else None,
-        position_ids=positions[:, cached:],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    steering = _prefill_steering(ctx, progresses, width, ids)
+    with _steered(ctx, steering):
+        out = ctx.model(
+            input_ids=ids[:, cached:],
+            attention_mask=mask if len(prompts) > 1 else None,
+            position_ids=positions[:, cached:],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
     for i, prompt in enumerate(prompts):
-        prefix_cache.store(prompt, cache, row=i, start=width - len(prompt))
+        if not progresses[i].steered_or_reading:
+            prefix_cache.store(prompt, cache, row=i, start=width - len(prompt))
 
     # One row per choice: group i's KV is repeated for its n rows.
     owner = [i for i, p in enumerate(progresses) for _ in range(p.group.n)]
@@ -233,6 +262,27 @@ def prefill(
     return Prefilled([rows[r] for r in keep], cache, mask, counts, seen, results)
 
 
+def _steered(ctx: ModelContext, steering: ForwardSteering | None):
+    """The hooks see `steering` for one forward pass (nothing to do without it)."""
+    return ctx.steering.applying(steering) if steering is not None else contextlib.nullcontext()
+
+
+def _prefill_steering(ctx: ModelContext, progresses: list[GroupProgress], width: int,
+                      ids: torch.Tensor) -> ForwardSteering | None:
+    """Each group's own deltas and activation captures for the prefill pass
+    (one batch row per group; its prompt sits in the last columns)."""
+    if ctx.steering is None or not any(p.steered_or_reading for p in progresses):
+        return None
+    deltas = stack_deltas([p.deltas for p in progresses], ctx.steering)
+    captures: dict[int, list[Capture]] = {}
+    for i, p in enumerate(progresses):
+        if p.recorder is not None:
+            prompt = list(p.group.prompt_ids)
+            captures.setdefault(p.recorder.spec.layer, []).append(
+                Capture(i, width - len(prompt), list(range(len(prompt))), prompt, p.recorder))
+    return ForwardSteering(deltas, captures)
+
+
 def _pad_left(tensor: torch.Tensor, amount: int, dim: int) -> torch.Tensor:
     if amount == 0:
         return tensor
@@ -252,6 +302,8 @@ class Lane:
         self.positions: torch.Tensor | None = None  # [rows] next position id
         self.counts: torch.Tensor | None = None
         self.seen: torch.Tensor | None = None
+        self._stacked: dict = {}
+        self._stacked_for: tuple = ()
 
     @property
     def kv_columns(self) -> int:
@@ -308,6 +360,25 @@ class Lane:
                 layer.keys = layer.keys[:, :, first:, :]
                 layer.values = layer.values[:, :, first:, :]
 
+    def _steering(self) -> ForwardSteering | None:
+        """The rows' own deltas (stacked once per set of rows) and captures."""
+        ctx = self.ctx
+        if ctx.steering is None or not any(r.progress.steered_or_reading for r in self.rows):
+            return None
+        key = tuple(id(r) for r in self.rows)
+        if self._stacked_for != key:
+            self._stacked = stack_deltas([r.progress.deltas for r in self.rows],
+                                         ctx.steering)
+            self._stacked_for = key
+        captures: dict[int, list[Capture]] = {}
+        positions = self.positions.tolist()
+        for i, row in enumerate(self.rows):
+            recorder = row.progress.recorder
+            if recorder is not None:
+                captures.setdefault(recorder.spec.layer, []).append(
+                    Capture(i, 0, [positions[i]], [row.last_token], recorder))
+        return ForwardSteering(self._stacked, captures)
+
     def step(self) -> list[tuple[Row, ChoiceDelta, bool]]:
         """One decode step for every row; finished rows leave the lane."""
         device = self.ctx.device
@@ -315,13 +386,15 @@ class Lane:
         self.mask = torch.cat(
             [self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=device)], dim=1
         )
-        out = self.ctx.model(
-            input_ids=ids,
-            attention_mask=self.mask,
-            position_ids=self.positions.unsqueeze(1),
-            past_key_values=self.cache,
-            use_cache=True,
-        )
+        steering = self._steering()
+        with _steered(self.ctx, steering):
+            out = self.ctx.model(
+                input_ids=ids,
+                attention_mask=self.mask,
+                position_ids=self.positions.unsqueeze(1),
+                past_key_values=self.cache,
+                use_cache=True,
+            )
         self.positions = self.positions + 1
         results = sample(self.ctx, self.rows, out.logits[:, -1, :].float(), self.counts, self.seen)
         self.keep([i for i, (_, _, done) in enumerate(results) if not done])

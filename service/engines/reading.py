@@ -1,36 +1,40 @@
 """Reading the model without generating: next-token scoring, prompt
 log-probabilities and embeddings. Runs on the model thread.
 
-Every forward pass here goes through `unsteered_forward`, the one place where
-steering (when it exists) switches its hooks off for this pass only, so a
-judge's probability or an embedding always reflects the unmodified model
-while generations running beside it stay steered.
+Every forward pass here goes through `unsteered_forward`, which switches every
+attached SAE's hook off for this pass only (steering/runtime.py), so a judge's
+probability or an embedding always reflects the unmodified model while
+generations running beside it, in the same batch loop, stay steered.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 
 from service.errors import EngineError
+from service.steering.runtime import Capture, ForwardSteering
 
 # Temperatures in (0, MIN_TEMPERATURE) would overflow the logits.
 MIN_TEMPERATURE = 0.001
 
 
-@contextlib.contextmanager
-def steering_suppressed(model):
-    """Steering hooks off for the enclosed forward pass. Nothing is steered yet;
-    the steering work registers its suppression here."""
-    yield
-
-
-def unsteered_forward(model, **inputs):
-    with steering_suppressed(model):
-        return model(**inputs)
+def unsteered_forward(ctx, recorder=None, **inputs):
+    """A forward pass with no steering on any layer; `recorder` (an
+    ActivationRecorder) reads its layer's residual on the way, over every
+    position of the single row."""
+    if ctx.steering is None:
+        return ctx.model(**inputs)
+    if recorder is None:
+        with ctx.steering.suppressed():
+            return ctx.model(**inputs)
+    ids = inputs["input_ids"][0].tolist()
+    capture = Capture(0, 0, list(range(len(ids))), ids, recorder)
+    # No deltas: the hooks only read.
+    with ctx.steering.applying(ForwardSteering({}, {recorder.spec.layer: [capture]})):
+        return ctx.model(**inputs)
 
 
 @dataclass(frozen=True)
@@ -105,10 +109,10 @@ def score_position(ctx, logits: torch.Tensor, allowed: torch.Tensor | None, top:
 
 
 def score_prompt(ctx, ids: list[int], *, temperature: float, allowed: list[int] | None,
-                 top: int, echo: bool, next_token: bool) -> ScoredPrompt:
-    """One forward pass over the prompt."""
+                 top: int, echo: bool, next_token: bool, recorder=None) -> ScoredPrompt:
+    """One forward pass over the prompt (reading activations into `recorder`)."""
     device = ctx.device
-    out = unsteered_forward(ctx.model, input_ids=torch.tensor([ids], device=device),
+    out = unsteered_forward(ctx, recorder, input_ids=torch.tensor([ids], device=device),
                             use_cache=False, logits_to_keep=0 if echo else 1)
     logits = scaled(out.logits[0].float(), temperature)
     allowed_ids = (torch.tensor(allowed, dtype=torch.long, device=device)
@@ -159,7 +163,7 @@ def embed(ctx, inputs: list[list[int]], batch_tokens: int = 4096) -> list[list[f
         for row, i in enumerate(chunk):
             ids[row, :len(inputs[i])] = torch.tensor(inputs[i], device=device)
             mask[row, :len(inputs[i])] = 1
-        out = unsteered_forward(ctx.model, input_ids=ids, attention_mask=mask, use_cache=False,
+        out = unsteered_forward(ctx, input_ids=ids, attention_mask=mask, use_cache=False,
                                 output_hidden_states=True, logits_to_keep=1)
         hidden = out.hidden_states[-1].float()
         weights = mask.unsqueeze(-1).to(hidden.dtype)

@@ -220,7 +220,7 @@ class Scheduler:
             progress = GroupProgress(job, group, rows_left=group.n)
             if job.spec.seed is not None:
                 self._prefill([progress], isolated=True)
-            elif self.prefix_cache.peek(group.prompt_ids):
+            elif not progress.steered_or_reading and self.prefix_cache.peek(group.prompt_ids):
                 self._prefill([progress], isolated=False)
             else:
                 together.append(progress)
@@ -282,7 +282,8 @@ class Scheduler:
         for job, deltas in per_job.values():
             job.post(StepOutput(tuple(deltas)))
         for progress in finished:
-            progress.job.post(GroupDone(progress.completion_tokens, progress.cached_tokens))
+            progress.job.post(GroupDone(progress.completion_tokens, progress.cached_tokens,
+                                        progress.recorder))
             with self._lock:
                 key = id(progress.job)
                 if key in self._groups_left:

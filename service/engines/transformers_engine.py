@@ -22,6 +22,7 @@ from service.engines.prefix_cache import PrefixCache
 from service.engines.scheduler import Scheduler, SchedulerLimits
 from service.errors import invalid_parameter
 from service.generation_job import GenerationJob
+from service.steering.runtime import SteeringRuntime
 from service.structured_output import GrammarCache
 from service.text_output import byte_level_table
 
@@ -36,6 +37,8 @@ def _pick_device(requested: str) -> torch.device:
 
 class TransformersEngine(Engine):
     kind = "transformers"
+    # Forward hooks on its decoder layers carry per-row SAE steering.
+    can_steer = True
 
     def __init__(
         self,
@@ -168,6 +171,7 @@ class TransformersEngine(Engine):
             token_bytes=byte_level_table(self.decoder),
             control_ids=self._control_ids(),
             batch_matcher=xgrammar.BatchGrammarMatcher(max_threads=1),
+            steering=SteeringRuntime(self.model),
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()

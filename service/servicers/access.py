@@ -21,12 +21,13 @@ import grpc
 from service import api_keys
 from service.errors import EngineError
 from service.rate_limit import RateLimiter
+from service.servicers import steering
 
 log = logging.getLogger("millm.access")
 
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 # RPCs that change the server's state need an admin key.
-ADMIN_METHODS = frozenset({"/millm.v1.ServerService/ClearPrefixCache"})
+ADMIN_METHODS = frozenset({"/millm.v1.ServerService/ClearPrefixCache"}) | steering.ADMIN_METHODS
 
 
 class DrainState:

@@ -6,11 +6,24 @@ import contextlib
 
 from google.protobuf import json_format
 
-from millm.v1 import generation_pb2, generation_service_pb2, generation_service_pb2_grpc
+from millm.v1 import (
+    generation_pb2,
+    generation_service_pb2,
+    generation_service_pb2_grpc,
+    steering_pb2,
+)
 from service.errors import invalid_parameter
 from service.generation_job import FinishReason, StepOutput
-from service.inference import Echoed, GenerationFinished, GenerationStarted, InferenceService
+from service.inference import (
+    ActivationsRead,
+    Echoed,
+    GenerationFinished,
+    GenerationStarted,
+    InferenceService,
+)
 from service.servicers.error_handling import stream_errors
+from service.steering import readout, runtime
+from service.steering.documents import RUNG_LANGUAGE
 from service.validation import ChatTurn, GenerateParams
 
 _ROLES = {
@@ -73,6 +86,61 @@ def _response_format(request) -> tuple[str, str, object] | None:
     return None  # text, or nothing chosen: free text
 
 
+_SELECTORS = {
+    steering_pb2.POSITION_SELECTOR_UNSPECIFIED: runtime.LAST,
+    steering_pb2.POSITION_SELECTOR_LAST: runtime.LAST,
+    steering_pb2.POSITION_SELECTOR_PROMPT: runtime.PROMPT,
+    steering_pb2.POSITION_SELECTOR_COMPLETION: runtime.COMPLETION,
+    steering_pb2.POSITION_SELECTOR_ALL: runtime.ALL,
+}
+_READ_POINTS = {
+    steering_pb2.READ_POINT_UNSPECIFIED: runtime.POST_STEERING,
+    steering_pb2.READ_POINT_POST_STEERING: runtime.POST_STEERING,
+    steering_pb2.READ_POINT_PRE_STEERING: runtime.PRE_STEERING,
+}
+_READ_POINTS_PB = {
+    runtime.POST_STEERING: steering_pb2.READ_POINT_POST_STEERING,
+    runtime.PRE_STEERING: steering_pb2.READ_POINT_PRE_STEERING,
+    runtime.UNSTEERED: steering_pb2.READ_POINT_UNSTEERED,
+}
+
+
+def _dial(request):
+    if not request.HasField("steering_intensity"):
+        return None
+    which = request.steering_intensity.WhichOneof("value")
+    if which is None:
+        return None
+    return getattr(request.steering_intensity, which)
+
+
+def readout_from_pb(request) -> readout.ActivationRequest | None:
+    if not request.HasField("return_sae_activations"):
+        return None
+    r = request.return_sae_activations
+    which = r.WhichOneof("positions")
+    positions, start, end = runtime.LAST, 0, 0
+    if which == "range":
+        positions, start, end = runtime.RANGE, r.range.start, r.range.end
+    elif which == "selector":
+        positions = _SELECTORS.get(r.selector, "")
+    read_point = _READ_POINTS.get(r.read_point, "")
+    return readout.ActivationRequest(
+        sae_id=r.sae_id, features=tuple(r.features) if r.features else None,
+        top_k=r.top_k if r.HasField("top_k") else None, positions=positions, start=start,
+        end=end, read_point=read_point)
+
+
+def activations_to_pb(result: readout.ActivationResult) -> steering_pb2.SaeActivations:
+    return steering_pb2.SaeActivations(
+        sae_id=result.sae_id, layer=result.layer, read_point=_READ_POINTS_PB[result.read_point],
+        note=result.note,
+        positions=[steering_pb2.PositionActivations(
+            position=position, token_id=token_id,
+            features=[steering_pb2.FeatureActivation(index=i, value=v) for i, v in features])
+            for position, token_id, features in result.positions])
+
+
 def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateParams:
     s = request.sampling
     messages = prompts = None
@@ -111,6 +179,9 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         echo=which == "prompt" and request.prompt.echo,
         add_special_tokens=add_special_from_pb(request.prompt) if which == "prompt" else None,
         extra_chats=extra_chats,
+        profile=request.profile if request.HasField("profile") else None,
+        steering_intensity=_dial(request),
+        sae_activations=readout_from_pb(request),
     )
 
 
@@ -142,7 +213,16 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
         if event.seed is not None:
             metadata.seed = event.seed
             metadata.seed_scope = _SEED_SCOPES[event.seed_scope]
+        if event.steering_echo is not None:
+            metadata.steering_intensity = event.steering_echo
+        if event.circuit_rung is not None:
+            metadata.circuit_rung.rung = event.circuit_rung
+            metadata.circuit_rung.language = RUNG_LANGUAGE[event.circuit_rung]
+        metadata.unsteered = event.unsteered
         return generation_service_pb2.GenerateResponse(metadata=metadata)
+    if isinstance(event, ActivationsRead):
+        return generation_service_pb2.GenerateResponse(
+            sae_activations=activations_to_pb(event.result))
     if isinstance(event, StepOutput):
         return generation_service_pb2.GenerateResponse(
             choices=[

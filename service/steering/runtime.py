@@ -129,14 +129,15 @@ class ForwardSteering:
     captures: dict[int, list[Capture]]
 
 
-def stack_deltas(per_row: list[dict[int, torch.Tensor] | None], width: int,
-                 like: torch.Tensor) -> dict[int, torch.Tensor]:
+def stack_deltas(per_row: list[dict[int, torch.Tensor] | None],
+                 runtime: SteeringRuntime) -> dict[int, torch.Tensor]:
     """Per-row deltas as one [rows, d] tensor per layer (zeros for rows that
     are not steered there)."""
     layers = sorted({layer for d in per_row if d for layer in d})
     out = {}
     for layer in layers:
-        stacked = like.new_zeros((len(per_row), width))
+        stacked = torch.zeros((len(per_row), runtime.hidden_size), dtype=runtime.dtype,
+                              device=runtime.device)
         for r, deltas in enumerate(per_row):
             if deltas and layer in deltas:
                 stacked[r] = deltas[layer]
