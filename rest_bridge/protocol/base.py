@@ -47,6 +47,23 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool | None = None
 
 
+class PositionRange(OpenAIBaseModel):
+    start: int
+    end: int
+
+
+class SaeActivationsSpec(OpenAIBaseModel):
+    """miLLM's return_sae_activations."""
+
+    sae_id: str | None = None
+    features: list[int] | None = None
+    top_k: int | None = None
+    # last, prompt, completion, all, or {"start", "end"} (half-open).
+    positions: str | PositionRange | None = None
+    # post_steering or pre_steering.
+    read_point: str | None = None
+
+
 class GenerationFields(OpenAIBaseModel):
     """The fields chat and text completions share (streaming and sampling)."""
 
@@ -71,6 +88,11 @@ class GenerationFields(OpenAIBaseModel):
     allowed_token_ids: list[int] | None = None
     # Key log-probabilities by "token_id:<id>" instead of the token's text.
     return_tokens_as_token_ids: bool | None = None
+    # miLLM steering: a saved profile and the dial (a number in 0-2 or
+    # off/min/max) for this request only; the engine says where they apply.
+    profile: str | None = None
+    steering_intensity: float | str | None = None
+    return_sae_activations: SaeActivationsSpec | None = None
 
 
 Model = TypeVar("Model", bound=OpenAIBaseModel)

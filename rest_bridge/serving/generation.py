@@ -23,7 +23,7 @@ from rest_bridge.access import call_metadata, request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
-from rest_bridge.serving import ignored_fields, sse
+from rest_bridge.serving import ignored_fields, sse, steering_fields
 from rest_bridge.serving.disconnect import unless_disconnected
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,7 @@ class Accumulated:
     finish: dict[int, str] = field(default_factory=dict)
     scores: dict[int, list] = field(default_factory=dict)
     usage: generation_pb2.Usage | None = None
+    activations: object = None  # steering_pb2.SaeActivations, when asked for
 
 
 @dataclass
@@ -168,6 +169,7 @@ class GenerationHandler(abc.ABC):
         pb = self.to_pb(request)
         pb.strict = strict
         pb.request_id = request_id.get()
+        steering_fields.add_to_request(request, pb)
         forward_unmapped(request, pb)
         if request.stream_options is not None and not request.stream:
             pb.unused_fields.append("stream_options")  # it shapes streams only
@@ -208,6 +210,7 @@ class GenerationHandler(abc.ABC):
         ignored = ignored_fields.header_value(list(meta.ignored_fields))
         if ignored is not None:
             headers[ignored_fields.HEADER] = ignored
+        headers.update(steering_fields.headers(meta))
         return headers
 
     def _base(self, meta) -> dict:
@@ -240,6 +243,8 @@ class GenerationHandler(abc.ABC):
                         acc.finish[delta.index] = FINISH_REASONS[delta.finish_reason]
                 if message.HasField("usage"):
                     acc.usage = message.usage
+                if message.HasField("sae_activations"):
+                    acc.activations = message.sae_activations
         except grpc.aio.AioRpcError as exc:
             raise self.relabel(from_rpc_error(exc)) from None
         finally:
@@ -257,6 +262,8 @@ class GenerationHandler(abc.ABC):
         ]
         usage = acc.usage or generation_pb2.Usage(prompt_tokens=meta.prompt_tokens)
         body["usage"] = self.usage_json(usage)
+        if acc.activations is not None:
+            body["millm"] = steering_fields.millm_object(acc.activations)
         return body
 
     async def stream(self, call, meta, reply: Reply, count: int,
@@ -298,6 +305,10 @@ class GenerationHandler(abc.ABC):
                                                                [])]))
                 if message.HasField("usage") and include_usage:
                     events.append(chunk([], usage=self.usage_json(message.usage)))
+                if message.HasField("sae_activations"):
+                    # Its own last chunk, after usage and before [DONE].
+                    events.append(chunk([], millm=steering_fields.millm_object(
+                        message.sae_activations)))
                 if events:
                     yield b"".join(events)
         except grpc.aio.AioRpcError as exc:

@@ -32,6 +32,7 @@ from millm.v1 import (
     scoring_service_pb2_grpc,
     server_service_pb2,
     server_service_pb2_grpc,
+    steering_service_pb2_grpc,
 )
 
 _ROLES = {
@@ -153,6 +154,7 @@ class _Stubs:
         self.embeddings = embedding_service_pb2_grpc.EmbeddingServiceStub(channel)
         self.models = model_service_pb2_grpc.ModelServiceStub(channel)
         self.server = server_service_pb2_grpc.ServerServiceStub(channel)
+        self.steering = steering_service_pb2_grpc.SteeringServiceStub(channel)
 
     def options(self, timeout, request_id) -> dict:
         return {"timeout": self.timeout if timeout is None else timeout,

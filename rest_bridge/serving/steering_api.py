@@ -1,0 +1,197 @@
+"""The management API for steering under /api: one row per route, each a thin
+translation of path and JSON body into a SteeringService request and of its
+response back into JSON. Every rule lives in the engine; /api needs an admin
+key when keys are configured (rest_bridge/access.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from fastapi import APIRouter, Request
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from millm.v1 import steering_service_pb2 as pb
+from rest_bridge.access import call_metadata
+from rest_bridge.errors import OpenAIError, from_rpc_error
+from rest_bridge.routes import read_body
+
+router = APIRouter()
+
+
+def to_json(message: Message) -> dict:
+    """Plain JSON: numbers as numbers (proto JSON writes int64 as strings),
+    enums by their short lower-case name, stored documents parsed."""
+    out = {}
+    for field in message.DESCRIPTOR.fields:
+        if field.has_presence and not message.HasField(field.name):
+            if field.type != FieldDescriptor.TYPE_MESSAGE or field.label != field.LABEL_REPEATED:
+                out[field.name] = None
+            continue
+        value = getattr(message, field.name)
+        if field.name == "document_json":
+            out["document"] = json.loads(value) if value else None
+        elif field.label == FieldDescriptor.LABEL_REPEATED:
+            out[field.name] = [_value(field, v) for v in value]
+        else:
+            out[field.name] = _value(field, value)
+    return out
+
+
+def _value(field: FieldDescriptor, value):
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return to_json(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        name = field.enum_type.values_by_number[value].name
+        prefix = field.enum_type.name
+        snake = "".join(f"_{c}" if c.isupper() else c for c in prefix).lstrip("_").upper() + "_"
+        return name.removeprefix(snake).lower()
+    return value
+
+
+def _body(raw: bytes) -> dict:
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise OpenAIError(400, f"The body is not valid JSON: {exc}.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "The body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def _parse(body: dict, message: Message) -> Message:
+    try:
+        return json_format.ParseDict(body, message)
+    except json_format.ParseError as exc:
+        raise OpenAIError(400, f"Invalid body: {exc}", code="invalid_parameter") from None
+
+
+# Each builder turns (path parameters, raw body) into the request message.
+def _empty(cls):
+    return lambda path, raw: cls()
+
+
+def _path(cls, **fields):
+    return lambda path, raw: cls(**{f: path[p] for f, p in fields.items()})
+
+
+def _set_steering(path, raw):
+    body = _body(raw)
+    request = _parse({k: v for k, v in body.items() if k != "values"}, pb.SetSteeringRequest())
+    if "values" in body:
+        _parse({"values": body["values"]}, request)
+        request.replace_values = True
+    return request
+
+
+def _clear_values(path, raw):
+    return pb.SetSteeringRequest(replace_values=True)
+
+
+def _create_profile(path, raw):
+    return _parse(_body(raw), pb.CreateProfileRequest())
+
+
+def _update_profile(path, raw):
+    body = _body(raw)
+    request = _parse({k: v for k, v in body.items() if k != "entries"},
+                     pb.UpdateProfileRequest())
+    if "entries" in body:
+        _parse({"entries": body["entries"]}, request)
+        request.replace_entries = True
+    request.name = path["name"]
+    return request
+
+
+def _document(cls):
+    def build(path, raw):
+        _body(raw)  # a JSON object, or a 400 here
+        return cls(document_json=raw.decode())
+    return build
+
+
+def _intensity(cls):
+    def build(path, raw):
+        body = _body(raw)
+        if set(body) != {"intensity"}:
+            raise OpenAIError(400, "The body must be {\"intensity\": <number>}.",
+                              param="intensity", code="invalid_parameter")
+        request = _parse(body, cls())
+        request.name = path["name"]
+        return request
+    return build
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    rpc: str
+    build: Callable
+
+
+ROUTES = (
+    Route("GET", "/api/saes", "ListSaes", _empty(pb.ListSaesRequest)),
+    Route("POST", "/api/saes/{sae_id}/attach", "AttachSae",
+          _path(pb.AttachSaeRequest, sae_id="sae_id")),
+    Route("POST", "/api/saes/{sae_id}/detach", "DetachSae",
+          _path(pb.DetachSaeRequest, sae_id="sae_id")),
+    Route("GET", "/api/steering", "GetSteering", _empty(pb.GetSteeringRequest)),
+    Route("PUT", "/api/steering", "SetSteering", _set_steering),
+    Route("DELETE", "/api/steering", "SetSteering", _clear_values),
+    Route("GET", "/api/profiles", "ListProfiles", _empty(pb.ListProfilesRequest)),
+    Route("POST", "/api/profiles", "CreateProfile", _create_profile),
+    Route("DELETE", "/api/profiles/active", "ActivateProfile",
+          _empty(pb.ActivateProfileRequest)),
+    Route("GET", "/api/profiles/{name}", "GetProfile", _path(pb.GetProfileRequest, name="name")),
+    Route("PATCH", "/api/profiles/{name}", "UpdateProfile", _update_profile),
+    Route("DELETE", "/api/profiles/{name}", "DeleteProfile",
+          _path(pb.DeleteProfileRequest, name="name")),
+    Route("POST", "/api/profiles/{name}/activate", "ActivateProfile",
+          _path(pb.ActivateProfileRequest, name="name")),
+    Route("GET", "/api/clusters", "ListClusters", _empty(pb.ListClustersRequest)),
+    Route("POST", "/api/clusters", "ImportCluster", _document(pb.ImportClusterRequest)),
+    Route("GET", "/api/clusters/{name}", "GetCluster", _path(pb.GetClusterRequest, name="name")),
+    Route("PUT", "/api/clusters/{name}/intensity", "SetClusterIntensity",
+          _intensity(pb.SetClusterIntensityRequest)),
+    Route("DELETE", "/api/clusters/{name}", "DeleteCluster",
+          _path(pb.DeleteClusterRequest, name="name")),
+    Route("GET", "/api/circuits", "ListCircuits", _empty(pb.ListCircuitsRequest)),
+    Route("POST", "/api/circuits", "ImportCircuit", _document(pb.ImportCircuitRequest)),
+    Route("GET", "/api/circuits/active", "GetActiveCircuit",
+          _empty(pb.GetActiveCircuitRequest)),
+    Route("DELETE", "/api/circuits/active", "ActivateProfile",
+          _empty(pb.ActivateProfileRequest)),
+    Route("GET", "/api/circuits/{name}", "GetCircuit", _path(pb.GetCircuitRequest, name="name")),
+    Route("POST", "/api/circuits/{name}/activate", "ActivateProfile",
+          _path(pb.ActivateProfileRequest, name="name")),
+    Route("PUT", "/api/circuits/{name}/intensity", "SetCircuitIntensity",
+          _intensity(pb.SetCircuitIntensityRequest)),
+    Route("DELETE", "/api/circuits/{name}", "DeleteCircuit",
+          _path(pb.DeleteCircuitRequest, name="name")),
+)
+
+
+def _endpoint(route: Route):
+    async def endpoint(request: Request):
+        raw = await read_body(request) if route.method in ("POST", "PUT", "PATCH") else b""
+        message = route.build(request.path_params, raw)
+        rpc = getattr(request.app.state.engine.steering, route.rpc)
+        try:
+            reply = await rpc(message, timeout=30, metadata=call_metadata.get())
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc) from None
+        return to_json(reply)
+
+    endpoint.__name__ = f"{route.method.lower()}_{route.rpc}"
+    return endpoint
+
+
+for _route in ROUTES:
+    router.add_api_route(_route.path, _endpoint(_route), methods=[_route.method])

@@ -1,0 +1,101 @@
+"""The steering fields of chat and text completions, both ways: the request's
+profile, dial and return_sae_activations into GenerateRequest, and the
+steering headers and `millm.sae_activations` object out of the response."""
+
+from __future__ import annotations
+
+from millm.v1 import generation_pb2, steering_pb2
+from rest_bridge.errors import OpenAIError
+
+INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
+RUNG_HEADER = "X-miLLM-Circuit-Rung"
+STEERING_HEADER = "X-miLLM-Steering"
+
+_SELECTORS = {
+    "last": steering_pb2.POSITION_SELECTOR_LAST,
+    "prompt": steering_pb2.POSITION_SELECTOR_PROMPT,
+    "completion": steering_pb2.POSITION_SELECTOR_COMPLETION,
+    "all": steering_pb2.POSITION_SELECTOR_ALL,
+}
+_READ_POINTS = {
+    "post_steering": steering_pb2.READ_POINT_POST_STEERING,
+    "pre_steering": steering_pb2.READ_POINT_PRE_STEERING,
+}
+_READ_POINT_NAMES = {
+    steering_pb2.READ_POINT_POST_STEERING: "post_steering",
+    steering_pb2.READ_POINT_PRE_STEERING: "pre_steering",
+    steering_pb2.READ_POINT_UNSTEERED: "unsteered",
+}
+PARAM = "return_sae_activations"
+
+
+def _one_of(value: str, choices: dict, param: str) -> int:
+    if value not in choices:
+        raise OpenAIError(400, f"'{param}' must be one of {', '.join(choices)}; got {value!r}.",
+                          param=param, code="invalid_parameter")
+    return choices[value]
+
+
+def add_to_request(request, pb) -> None:
+    if request.profile is not None:
+        pb.profile = request.profile
+    dial = request.steering_intensity
+    if isinstance(dial, str):
+        pb.steering_intensity.symbol = dial
+    elif dial is not None:
+        pb.steering_intensity.level = dial
+    spec = request.return_sae_activations
+    if spec is None:
+        return
+    out = pb.return_sae_activations
+    out.SetInParent()
+    out.sae_id = spec.sae_id or ""
+    if spec.features is not None:
+        if not spec.features:
+            # The engine refuses an empty list; an unset repeated field would read as absent.
+            raise OpenAIError(400, f"'{PARAM}.features' must not be empty; leave it out to "
+                              "rank every feature.", param=f"{PARAM}.features",
+                              code="invalid_parameter")
+        out.features.extend(spec.features)
+    if spec.top_k is not None:
+        out.top_k = spec.top_k
+    if isinstance(spec.positions, str):
+        out.selector = _one_of(spec.positions, _SELECTORS, f"{PARAM}.positions")
+    elif spec.positions is not None:
+        out.range.start, out.range.end = spec.positions.start, spec.positions.end
+    if spec.read_point is not None:
+        out.read_point = _one_of(spec.read_point, _READ_POINTS, f"{PARAM}.read_point")
+
+
+def _quoted(text: str) -> str:
+    """An RFC 8941 sf-string."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def headers(meta: generation_pb2.ResponseMetadata) -> dict[str, str]:
+    out = {}
+    if meta.HasField("steering_intensity"):
+        out[INTENSITY_HEADER] = repr(meta.steering_intensity)
+    if meta.HasField("circuit_rung"):
+        out[RUNG_HEADER] = (f"{meta.circuit_rung.rung}; "
+                            f"language={_quoted(meta.circuit_rung.language)}")
+    if meta.unsteered:
+        out[STEERING_HEADER] = "none"
+    return out
+
+
+def activations_json(a: steering_pb2.SaeActivations) -> dict:
+    return {
+        "sae_id": a.sae_id,
+        "layer": a.layer,
+        "read_point": _READ_POINT_NAMES.get(a.read_point, "post_steering"),
+        "positions": [
+            {"position": p.position, "token_id": p.token_id,
+             "features": [{"index": f.index, "value": f.value} for f in p.features]}
+            for p in a.positions],
+        "note": a.note,
+    }
+
+
+def millm_object(a: steering_pb2.SaeActivations) -> dict:
+    return {"sae_activations": activations_json(a)}
