@@ -61,6 +61,14 @@ ERROR_CODES: dict[str, ErrorCode] = {
     # steering
     "profile_not_found": ErrorCode(_S.NOT_FOUND, 404),
     "invalid_feature_index": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "cluster_not_found": ErrorCode(_S.NOT_FOUND, 404),
+    "circuit_not_found": ErrorCode(_S.NOT_FOUND, 404),
+    "sae_not_found": ErrorCode(_S.NOT_FOUND, 404),
+    "invalid_sae": ErrorCode(_S.FAILED_PRECONDITION, 400),
+    "sae_mismatch": ErrorCode(_S.FAILED_PRECONDITION, 400),
+    "steering_unavailable": ErrorCode(_S.FAILED_PRECONDITION, 400),
+    "invalid_document": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "already_exists": ErrorCode(_S.ALREADY_EXISTS, 409),
     # access
     "invalid_api_key": ErrorCode(_S.UNAUTHENTICATED, 401),
     "permission_error": ErrorCode(_S.PERMISSION_DENIED, 403, "permission_error"),

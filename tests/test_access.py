@@ -17,6 +17,8 @@ from millm.v1 import (
     scoring_service_pb2_grpc,
     server_service_pb2,
     server_service_pb2_grpc,
+    steering_service_pb2,
+    steering_service_pb2_grpc,
 )
 from service import api_keys
 from service.rate_limit import TokenBucket
@@ -75,7 +77,9 @@ def http(port: int, method: str, path: str, body=None, headers=None):
     if method == "POST":
         reply, content = post(port, path, body if body is not None else {}, headers=headers)
         return reply.status, content
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=30) as reply:
             return reply.status, reply.read()
@@ -101,6 +105,13 @@ MATRIX = [
     ("grpc Score", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED", INF: "OK", ADMIN: "OK"}),
     ("grpc ClearPrefixCache", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED",
                                INF: "PERMISSION_DENIED", ADMIN: "OK"}),
+    # Inference keys may read steering over gRPC but never change it.
+    ("grpc GetSteering", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED", INF: "OK",
+                          ADMIN: "OK"}),
+    ("grpc SetSteering", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED",
+                          INF: "PERMISSION_DENIED", ADMIN: "OK"}),
+    ("GET /api/steering", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
+    ("PUT /api/steering", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
 ]
 CELLS = [(target, key, expected) for target, row in MATRIX for key, expected in row.items()]
 
@@ -118,6 +129,11 @@ def _call(keyed, target: str, key: str | None):
                 request = scoring_service_pb2.ScoreRequest(
                     model=MODEL, prompt=prompt_request("The").prompt, top_logprobs=1)
                 stub.Score(request, metadata=grpc_auth(key), timeout=30)
+            elif rpc in ("GetSteering", "SetSteering"):
+                stub = steering_service_pb2_grpc.SteeringServiceStub(keyed.channel)
+                request = (steering_service_pb2.GetSteeringRequest() if rpc == "GetSteering"
+                           else steering_service_pb2.SetSteeringRequest(enabled=True))
+                getattr(stub, rpc)(request, metadata=grpc_auth(key), timeout=30)
             else:
                 stub = server_service_pb2_grpc.ServerServiceStub(keyed.channel)
                 stub.ClearPrefixCache(server_service_pb2.ClearPrefixCacheRequest(),
@@ -126,7 +142,8 @@ def _call(keyed, target: str, key: str | None):
             return exc.code().name, exc
         return "OK", None
     method, path, *stream = target.split()
-    body = {**CHAT, "stream": True} if stream else CHAT if path.startswith("/v1/chat") else None
+    body = ({**CHAT, "stream": True} if stream else CHAT if path.startswith("/v1/chat")
+            else {"enabled": True} if method == "PUT" else None)
     status, content = http(keyed.http_port, method, path, body, auth(key))
     return status, content
 

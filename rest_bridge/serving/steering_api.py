@@ -28,14 +28,13 @@ def to_json(message: Message) -> dict:
     enums by their short lower-case name, stored documents parsed."""
     out = {}
     for field in message.DESCRIPTOR.fields:
-        if field.has_presence and not message.HasField(field.name):
-            if field.type != FieldDescriptor.TYPE_MESSAGE or field.label != field.LABEL_REPEATED:
-                out[field.name] = None
+        if not field.is_repeated and field.has_presence and not message.HasField(field.name):
+            out[field.name] = None
             continue
         value = getattr(message, field.name)
         if field.name == "document_json":
             out["document"] = json.loads(value) if value else None
-        elif field.label == FieldDescriptor.LABEL_REPEATED:
+        elif field.is_repeated:
             out[field.name] = [_value(field, v) for v in value]
         else:
             out[field.name] = _value(field, value)

@@ -25,7 +25,8 @@ _MODES = {
 
 def entries_from_pb(entries, where: str) -> tuple[documents.SteeringEntry, ...]:
     return documents.parse_entries([
-        {"layer": e.layer, "feature": e.feature, "strength": e.strength,
+        {"layer": e.layer, "feature": e.feature,
+         **({"strength": e.strength} if e.HasField("strength") else {}),
          **({"sae_id": e.sae_id} if e.sae_id else {})} for e in entries], where)
 
 

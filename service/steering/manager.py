@@ -146,6 +146,7 @@ class SteeringManager:
                     raise EngineError("sae_not_found", f"{sae_id} is no longer on disk")
                 await self._attach(info)
             except EngineError as exc:
+                # Kept in the store: it re-attaches when a model it fits is loaded.
                 log.warning("not re-attaching %s: %s", sae_id, exc.message)
 
     def _runtime_call(self, fn):
