@@ -17,7 +17,8 @@ def test_grpc_capabilities(server_stub):
     assert reply.versions["torch"].startswith("2.") and reply.versions["millm"] == "0.1.0"
     f = reply.features
     assert f.scoring and f.logprobs and f.structured_output and f.embeddings
-    assert not f.steering and list(f.attached_saes) == []
+    # The shared engine steers; nothing is attached to it.
+    assert f.steering and list(f.attached_saes) == []
     assert f.max_logprobs == 20 and f.seed_scope == generation_pb2.SEED_SCOPE_REQUEST
     table = {(s.field, s.route): s for s in reply.fields}
     assert table[("response_format", "chat")].honoured

@@ -794,3 +794,13 @@ def test_state_survives_an_engine_restart(tmp_path, steer):
             assert circuit.rung == 3 and len(circuit.members) == 2
     finally:
         engine.stop()
+
+
+def test_capabilities_report_steering_and_the_attached_saes(clean):
+    body = clean.ok("GET", "/api/capabilities")
+    assert body["features"]["steering"] is True
+    assert body["features"]["attached_saes"] == [L1]
+    table = {(f["field"], f["route"]): f for f in body["fields"]}
+    assert table[("profile", "chat")]["honoured"] is True
+    assert table[("profile", "completions")]["honoured"] is False
+    assert table[("return_sae_activations", "completions")]["honoured"] is True

@@ -51,9 +51,12 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
         reply.context_window, reply.vocab_size = loaded.context_window, loaded.vocab_size
         reply.system_fingerprint = loaded.system_fingerprint
         on_transformers = loaded.engine == field_policy.TRANSFORMERS
+        steering = self._inference.steering
+        can_steer = steering is not None and getattr(self._inference.engine, "can_steer", False)
         reply.features.CopyFrom(server_service_pb2.Features(
             scoring=on_transformers, logprobs=on_transformers, max_logprobs=MAX_LOGPROBS,
-            structured_output=on_transformers, embeddings=on_transformers, steering=False,
+            structured_output=on_transformers, embeddings=on_transformers, steering=can_steer,
+            attached_saes=sorted(steering.attached) if can_steer else (),
             seed_scope=generation_pb2.SEED_SCOPE_REQUEST,
             max_batch=status.max_batch if status else 0))
         for name, route, honoured, code, why in field_policy.support_table(loaded.engine):
