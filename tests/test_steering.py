@@ -267,10 +267,12 @@ def test_profile_request_differs_leaves_global_state_and_embeddings_unsteered(cl
 
     off, off_headers = chat(clean, profile="sea", steering_intensity="off")
     assert off == plain
+    assert off_headers["x-millm-steering-intensity"] == "0.0"  # the dial turned it off
     zero, _ = chat(clean, profile="sea", steering_intensity=0)
     assert zero == plain
     # Off is not validated: even a profile that does not exist turns steering off.
-    assert chat(clean, profile="no-such-profile", steering_intensity="off")[0] == plain
+    text, headers = chat(clean, profile="no-such-profile", steering_intensity="off")
+    assert text == plain and "x-millm-steering-intensity" not in headers
 
     async def concurrently():
         client = clean.async_client()

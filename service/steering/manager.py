@@ -279,7 +279,12 @@ class SteeringManager:
         """A request's steering. `dial` is what parse_dial returned."""
         if dial is not None and intensity.is_off(dial):
             # Off is off: the base is not validated (not even that it exists).
-            return UNSTEERED
+            # The echo says 0 only when the dial did turn steering off.
+            try:
+                would = self.resolve(profile_name, None)
+            except EngineError:
+                would = UNSTEERED
+            return Resolved(None, 0.0 if would.plan is not None else None)
         if profile_name is not None:
             profile = self.profiles.get(profile_name)
             if profile is None:
@@ -420,9 +425,7 @@ class SteeringManager:
                     self._plan(base.entries, self._level(base, None), "profile")
             self.store.put_settings(active_profile=name or "")
             self.active = name or ""
-            return self.default_live() if name else Live(bool(self.values) and
-                                                         self.default_live().live,
-                                                         self.default_live().reason)
+            return self.default_live()
 
     # -- clusters -------------------------------------------------------------------------
 
