@@ -19,11 +19,17 @@ import openai
 import pytest
 import torch
 
-from millm.v1 import generation_service_pb2_grpc, steering_pb2, steering_service_pb2
+from millm.v1 import (
+    generation_service_pb2_grpc,
+    server_service_pb2_grpc,
+    steering_pb2,
+    steering_service_pb2,
+)
 from millm.v1 import steering_service_pb2_grpc as steering_grpc
 from tests import harness
 from tests.conftest import MODEL
 from tests.grpc_helpers import chat_request, error_info
+from tests.test_batching import MaxRunningRows
 
 L1 = "sae_millm-tiny-res-l1"  # standard, layer 1, 256 features
 L0 = "sae_millm-tiny-res-l0"  # jumprelu, layer 0, 128 features
@@ -400,14 +406,20 @@ def test_management_writes_are_checked(clean):
 # -- batch safety ----------------------------------------------------------------------------------
 
 
-def test_concurrent_requests_with_different_profiles_each_get_their_own(clean):
+@pytest.mark.parametrize("sampling", [
+    # Greedy and unseeded: these rows share the batch's lane and its forward passes.
+    {"temperature": 0},
+    # Seeded, as a user comparing runs would send them (seeded groups get lanes of their own).
+    {"temperature": 1.0, "seed": 11},
+], ids=["greedy-shared-lane", "seeded"])
+def test_concurrent_requests_with_different_profiles_each_get_their_own(clean, sampling):
     profile(clean, "a", (1, 3, 8.0))
     profile(clean, "b", (1, 40, 8.0), (1, 9, -6.0))
 
     async def one(client, name):
         extra = {"profile": name} if name else {}
         reply = await client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, temperature=0, max_tokens=40, extra_body=extra)
+            model=MODEL, messages=MESSAGES, max_tokens=40, extra_body=extra, **sampling)
         return reply.choices[0].message.content
 
     async def run():
@@ -416,7 +428,10 @@ def test_concurrent_requests_with_different_profiles_each_get_their_own(clean):
         together = await asyncio.gather(*(one(client, name) for name in ("a", "b", None) * 3))
         return alone, together
 
-    alone, together = asyncio.run(run())
+    with grpc.insecure_channel(f"127.0.0.1:{clean.grpc_port}") as channel:
+        with MaxRunningRows(server_service_pb2_grpc.ServerServiceStub(channel)) as rows:
+            alone, together = asyncio.run(run())
+    assert rows.value >= 3, "the requests did not share the batch"
     assert len(set(alone.values())) == 3
     assert together == [alone[name] for name in ("a", "b", None) * 3]
 

@@ -149,9 +149,6 @@ class SteeringManager:
                 # Kept in the store: it re-attaches when a model it fits is loaded.
                 log.warning("not re-attaching %s: %s", sae_id, exc.message)
 
-    def _runtime_call(self, fn):
-        return self._engine.call(lambda ctx: fn(ctx.steering))
-
     # -- SAEs ---------------------------------------------------------------------------
 
     def list_saes(self) -> tuple[list[SaeInfo], list[tuple[str, str]]]:
@@ -187,7 +184,6 @@ class SteeringManager:
         self._check_fits(info)
         runtime = await self._engine.call(lambda ctx: ctx.steering)
         weights = await asyncio.to_thread(SaeWeights, info, runtime.device, runtime.dtype)
-        await self._runtime_call(lambda rt: rt.attach(weights))
         self.attached[info.id] = weights
 
     async def attach(self, sae_id: str) -> Live:
@@ -200,12 +196,8 @@ class SteeringManager:
 
     async def detach(self, sae_id: str) -> Live:
         async with self._lock:
-            weights = self.attached.get(sae_id)
-            if weights is None:
+            if self.attached.pop(sae_id, None) is None:
                 self._info(sae_id)  # 404 when it does not exist at all
-            else:
-                await self._runtime_call(lambda rt: rt.detach(weights.info.layer))
-                del self.attached[sae_id]
             self.store.set_attached(sae_id, False)
             return self.default_live()
 

@@ -146,32 +146,30 @@ def stack_deltas(per_row: list[dict[int, torch.Tensor] | None],
 
 
 class SteeringRuntime:
-    """The hooks on one loaded model. Touched only on the model thread."""
+    """The hooks on one loaded model. Touched only on the model thread.
+
+    Every decoder layer has its hook from the start, inert unless a pass
+    hands it something: attaching or detaching an SAE then changes which
+    requests validated afterwards can steer or read there, while a request
+    already running keeps exactly the steering it was validated with."""
 
     def __init__(self, model):
         self.layers = _decoder_layers(model)
         self.hidden_size = int(model.config.hidden_size)
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
-        self.attached: dict[int, SaeWeights] = {}
-        self._handles: dict[int, object] = {}
         self.current: ForwardSteering | None = None
+        self._handles = [layer.register_forward_hook(self._hook(i))
+                         for i, layer in enumerate(self.layers)]
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def attach(self, sae: SaeWeights) -> None:
-        layer = sae.info.layer
-        self.detach(layer)
-        self.attached[layer] = sae
-        self._handles[layer] = self.layers[layer].register_forward_hook(self._hook(layer))
-
-    def detach(self, layer: int) -> None:
-        handle = self._handles.pop(layer, None)
-        if handle is not None:
+    def remove(self) -> None:
+        for handle in self._handles:
             handle.remove()
-        self.attached.pop(layer, None)
+        self._handles = []
 
     @contextlib.contextmanager
     def applying(self, steering: ForwardSteering | None):
