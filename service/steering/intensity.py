@@ -68,20 +68,23 @@ def cluster_bounds(declared: tuple[float, float] | None, limits: IntensityLimits
     return _within_envelope(*declared)
 
 
-def resolve_cluster(dial, stored: float, declared: tuple[float, float] | None,
-                    limits: IntensityLimits) -> float:
-    """λ for a cluster base; `stored` is its persistent dial (used when the
-    request sends none)."""
+def _resolve(dial, stored: float, low: float, high: float, clamp_floor: bool) -> float:
     if dial is None:
         return stored
     if is_off(dial):
         return 0.0
-    low, high = cluster_bounds(declared, limits)
     if dial == "min":
         return low
     if dial == "max":
         return high
-    return min(dial, high)
+    return min(max(dial, low) if clamp_floor else dial, high)
+
+
+def resolve_cluster(dial, stored: float, declared: tuple[float, float] | None,
+                    limits: IntensityLimits) -> float:
+    """λ for a cluster base; `stored` is its persistent dial (used when the
+    request sends none). Below the floor is honoured: dialing toward off."""
+    return _resolve(dial, stored, *cluster_bounds(declared, limits), clamp_floor=False)
 
 
 def circuit_bounds(declared: tuple[float, float] | None, limits: IntensityLimits):
@@ -95,17 +98,9 @@ def circuit_bounds(declared: tuple[float, float] | None, limits: IntensityLimits
 
 def resolve_circuit(dial, stored: float, declared: tuple[float, float] | None,
                     limits: IntensityLimits) -> float:
-    """λ for a circuit base (full mode); `stored` is the circuit's own dial."""
-    if dial is None:
-        return stored
-    if is_off(dial):
-        return 0.0
-    low, high = circuit_bounds(declared, limits)
-    if dial == "min":
-        return low
-    if dial == "max":
-        return high
-    return min(max(dial, low), high)
+    """λ for a circuit base (full mode); `stored` is the circuit's own dial.
+    Clamped at both ends; only an exact 0 / "off" is below the floor."""
+    return _resolve(dial, stored, *circuit_bounds(declared, limits), clamp_floor=True)
 
 
 def scaled(strength: float, level: float) -> float:

@@ -442,29 +442,39 @@ class SteeringManager:
             return Live(False, f"{what} is not the active steering base")
         return self.default_live()
 
+    def _add_imported(self, kind: str, item, held: dict) -> Live:
+        """Store an imported cluster or circuit with the profile that names it
+        (one transaction). Lock held."""
+        if item.name in held or item.name in self.profiles:
+            raise EngineError("already_exists", f"A {kind} or profile named '{item.name}' "
+                              "exists.", "name")
+        self._check_entries(item.members, "members")
+        now = int(time.time())
+        profile = Profile(item.name, kind, (), item.name, item.description, now, now)
+        self.store.write(SteeringStore.put_document_sql(f"{kind}s", item.document()),
+                         SteeringStore.profile_sql(profile.row()))
+        held[item.name] = item
+        self.profiles[item.name] = profile
+        # Imported is not active: nothing steers with it until its profile is.
+        return self._written_live(False, f"{kind} '{item.name}'")
+
+    def _store_dial(self, kind: str, item, high: float, level: float, held: dict):
+        """A cluster's or circuit's dial, within [0, high]. Lock held."""
+        item = replace(item, intensity=documents.check_dial(level, high))
+        self.store.write(SteeringStore.put_document_sql(f"{kind}s", item.document()))
+        held[item.name] = item
+        return item
+
     async def import_cluster(self, document) -> tuple[Cluster, Live]:
         async with self._lock:
             cluster = documents.parse_cluster(document, self.limits.cluster_max)
-            if cluster.name in self.clusters or cluster.name in self.profiles:
-                raise EngineError("already_exists", f"A cluster or profile named "
-                                  f"'{cluster.name}' exists.", "name")
-            self._check_entries(cluster.members, "members")
-            now = int(time.time())
-            profile = Profile(cluster.name, CLUSTER, (), cluster.name, cluster.description,
-                              now, now)
-            self.store.write(SteeringStore.put_document_sql("clusters", cluster.document()),
-                             SteeringStore.profile_sql(profile.row()))
-            self.clusters[cluster.name] = cluster
-            self.profiles[cluster.name] = profile
-            return cluster, self._written_live(False, f"cluster '{cluster.name}'")
+            return cluster, self._add_imported(CLUSTER, cluster, self.clusters)
 
     async def set_cluster_intensity(self, name: str, level: float) -> tuple[Cluster, Live]:
         async with self._lock:
             cluster = self.get_cluster(name)
             high = intensity.cluster_bounds(cluster.intensity_range, self.limits)[1]
-            cluster = replace(cluster, intensity=documents.check_dial(level, high))
-            self.store.write(SteeringStore.put_document_sql("clusters", cluster.document()))
-            self.clusters[name] = cluster
+            cluster = self._store_dial(CLUSTER, cluster, high, level, self.clusters)
             return cluster, self._written_live(self._backs_default(name), f"cluster '{name}'")
 
     async def delete_cluster(self, name: str) -> None:
@@ -490,30 +500,17 @@ class SteeringManager:
     async def import_circuit(self, document) -> tuple[Circuit, Live]:
         async with self._lock:
             circuit = documents.parse_circuit(document, self.limits.circuit_max)
-            if circuit.name in self.circuits or circuit.name in self.profiles:
-                raise EngineError("already_exists", f"A circuit or profile named "
-                                  f"'{circuit.name}' exists.", "name")
             if circuit.mode == documents.SLICE_FALLBACK and \
                     circuit.fallback_cluster not in self.clusters:
                 raise documents.invalid_document("fallback_cluster", f"No cluster named "
                                                  f"'{circuit.fallback_cluster}' to fall back to.")
-            self._check_entries(circuit.members, "members")
-            now = int(time.time())
-            profile = Profile(circuit.name, CIRCUIT, (), circuit.name, circuit.description,
-                              now, now)
-            self.store.write(SteeringStore.put_document_sql("circuits", circuit.document()),
-                             SteeringStore.profile_sql(profile.row()))
-            self.circuits[circuit.name] = circuit
-            self.profiles[circuit.name] = profile
-            return circuit, self._written_live(False, f"circuit '{circuit.name}'")
+            return circuit, self._add_imported(CIRCUIT, circuit, self.circuits)
 
     async def set_circuit_intensity(self, name: str, level: float) -> tuple[Circuit, Live]:
         async with self._lock:
             circuit = self.get_circuit(name)
             high = intensity.circuit_bounds(circuit.intensity_range, self.limits)[1]
-            circuit = replace(circuit, intensity=documents.check_dial(level, high))
-            self.store.write(SteeringStore.put_document_sql("circuits", circuit.document()))
-            self.circuits[name] = circuit
+            circuit = self._store_dial(CIRCUIT, circuit, high, level, self.circuits)
             return circuit, self._written_live(self.active == name, f"circuit '{name}'")
 
     async def delete_circuit(self, name: str) -> None:
