@@ -89,6 +89,7 @@ breaking-previous: $(BUF)
 bench: setup proto model
 	$(PY) bench/serving.py
 	$(PY) bench/structured_output.py
+	$(PY) bench/steering.py
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \
