@@ -12,6 +12,7 @@ or its caller goes away; columns that no remaining row uses are trimmed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -83,8 +84,13 @@ class GroupProgress:
         return self.deltas is not None or self.recorder is not None
 
 
+_row_serials = itertools.count()
+
+
 class Row:
     def __init__(self, ctx: ModelContext, progress: GroupProgress, offset: int):
+        # Never reused (unlike id()): keys the lane's stacked steering deltas.
+        self.serial = next(_row_serials)
         group, spec = progress.group, progress.job.spec
         self.progress = progress
         self.job = progress.job
@@ -365,7 +371,7 @@ class Lane:
         ctx = self.ctx
         if ctx.steering is None or not any(r.progress.steered_or_reading for r in self.rows):
             return None
-        key = tuple(id(r) for r in self.rows)
+        key = tuple(r.serial for r in self.rows)
         if self._stacked_for != key:
             self._stacked = stack_deltas([r.progress.deltas for r in self.rows],
                                          ctx.steering)
