@@ -76,6 +76,17 @@ SHARED_FIELDS = {
     "response_format": sometimes(st.sampled_from([{"type": "text"}, {"type": "json_object"}])),
     "logit_bias": sometimes(st.dictionaries(st.text(max_size=3), st.integers(-100, 100),
                                             max_size=2)),
+    "profile": sometimes(st.text(max_size=6)),
+    "steering_intensity": sometimes(st.one_of(st.floats(-1, 3), st.sampled_from(
+        ["off", "min", "max", "loud"]))),
+    "return_sae_activations": sometimes(st.fixed_dictionaries({}, optional={
+        "sae_id": sometimes(st.text(max_size=6)),
+        "features": sometimes(st.lists(st.integers(-2, 300), max_size=3)),
+        "top_k": sometimes(st.integers(-1, 70)),
+        "positions": sometimes(st.one_of(
+            st.sampled_from(["last", "prompt", "completion", "all", "middle"]),
+            st.fixed_dictionaries({"start": st.integers(-2, 20), "end": st.integers(-2, 20)}))),
+        "read_point": sometimes(st.sampled_from(["post_steering", "pre_steering", "x"]))})),
 }
 
 

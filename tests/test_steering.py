@@ -821,3 +821,50 @@ def test_capabilities_report_steering_and_the_attached_saes(clean):
     assert table[("profile", "chat")]["honoured"] is True
     assert table[("profile", "completions")]["honoured"] is False
     assert table[("return_sae_activations", "completions")]["honoured"] is True
+
+
+def test_management_api_never_answers_5xx_and_bad_writes_change_nothing(clean):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 300),
+                        st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6))
+    values = st.recursive(scalars, lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+        max_leaves=10)
+    member = st.fixed_dictionaries({}, optional={
+        "layer": values | st.integers(0, 2), "feature": values | st.integers(0, 300),
+        "strength": values | st.floats(-300, 300), "sae_id": values})
+    document = st.fixed_dictionaries({}, optional={
+        "name": values | st.sampled_from(["ok", "bad name", ""]),
+        "members": values | st.lists(member, max_size=3), "rung": values | st.integers(-1, 4),
+        "intensity_range": values | st.lists(st.floats(-1, 3), max_size=3),
+        "intensity": values | st.floats(-1, 3), "mode": values | st.sampled_from(
+            ["full", "slice_fallback"]), "fallback_cluster": values, "values": values,
+        "entries": values | st.lists(member, max_size=3), "enabled": values})
+    routes = st.sampled_from([("POST", "/api/clusters"), ("POST", "/api/circuits"),
+                              ("POST", "/api/profiles"), ("PUT", "/api/steering"),
+                              ("PUT", "/api/clusters/ok/intensity"),
+                              ("PATCH", "/api/profiles/ok")])
+
+    @settings(max_examples=150, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(routes, document)
+    def fuzz(route, body):
+        before = [clean.ok("GET", p) for p in ("/api/steering", "/api/profiles",
+                                               "/api/clusters", "/api/circuits")]
+        reply = clean.api(*route, body)
+        assert reply.status_code < 500, reply.text
+        if reply.status_code >= 400:
+            assert set(error(reply)) == {"message", "type", "param", "code"}
+            after = [clean.ok("GET", p) for p in ("/api/steering", "/api/profiles",
+                                                  "/api/clusters", "/api/circuits")]
+            assert after == before
+        else:  # an accepted write is undone so the next example starts clean
+            for name in ("ok",):
+                for kind in ("circuits", "clusters", "profiles"):
+                    clean.api("DELETE", f"/api/{kind}/{name}")
+            clean.ok("DELETE", "/api/steering")
+            clean.ok("PUT", "/api/steering", {"enabled": True})
+
+    fuzz()
