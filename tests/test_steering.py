@@ -280,22 +280,40 @@ def test_profile_request_differs_leaves_global_state_and_embeddings_unsteered(cl
     text, headers = chat(clean, profile="no-such-profile", steering_intensity="off")
     assert text == plain and "x-millm-steering-intensity" not in headers
 
+    scoring = {"model": MODEL, "prompt": "The sea is", "max_tokens": 1, "logprobs": 5}
+
     async def concurrently():
         client = clean.async_client()
+        long = {"model": MODEL, "messages": MESSAGES, "max_tokens": 400, "temperature": 0,
+                "extra_body": {"profile": "sea", "ignore_eos": True}}
+        steered_alone = (await client.chat.completions.create(**long)).choices[0]
         embed_alone = (await client.embeddings.create(model=MODEL, input="the sea")).data[0]
-        generation = asyncio.create_task(client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=200, temperature=0,
-            extra_body={"profile": "sea", "ignore_eos": True}))
+        score_alone = await client.completions.create(**scoring)
+        generation = asyncio.create_task(client.chat.completions.create(**long))
         await asyncio.sleep(0.05)
-        during = [await client.embeddings.create(model=MODEL, input="the sea")
-                  for _ in range(5)]
-        steered_reply = await generation
-        return embed_alone.embedding, [d.data[0].embedding for d in during], steered_reply
+        embeds, scores = [], []
+        for _ in range(5):
+            embeds.append((await client.embeddings.create(model=MODEL, input="the sea")).data[0])
+            scores.append(await client.completions.create(**scoring))
+        running = generation.done()
+        steered_together = (await generation).choices[0]
+        return (steered_alone, steered_together, running, embed_alone, embeds, score_alone,
+                scores)
 
-    alone, during, steered_reply = asyncio.run(concurrently())
-    assert steered_reply.usage.completion_tokens == 200
-    for vector in during:
-        assert vector == alone  # exactly: the steered generation did not touch it
+    (steered_alone, steered_together, finished_early, embed_alone, embeds, score_alone,
+     scores) = asyncio.run(concurrently())
+    assert not finished_early  # the reads really ran while it generated
+    # The generation stayed steered while reading passes ran beside it...
+    assert steered_together.message.content == steered_alone.message.content
+    # ...and the reading passes were exactly unsteered.
+    for embedding in embeds:
+        assert embedding.embedding == embed_alone.embedding
+    for score in scores:
+        assert score.choices[0].logprobs == score_alone.choices[0].logprobs
+    plain_score = clean.api("POST", "/v1/completions", scoring)
+    clean.ok("POST", f"/api/saes/{L1}/detach")
+    assert clean.api("POST", "/v1/completions", scoring).json()["choices"][0]["logprobs"] == (
+        plain_score.json()["choices"][0]["logprobs"])
 
 
 def test_live_values_and_the_active_profile_are_the_default_base(clean):
