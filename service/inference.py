@@ -413,9 +413,11 @@ class InferenceService:
         allowed = list(spec.allowed_token_ids) if spec.allowed_token_ids else None
 
         def run(ctx):
+            # Scoring is never steered; an echo is read as its completion is generated.
+            plan = None if spec.scoring else spec.steering
             return [reading.score_prompt(ctx, list(g.prompt_ids), temperature=temperature,
                                          allowed=allowed, top=top, echo=spec.echo,
-                                         next_token=next_token, recorder=recorder)
+                                         next_token=next_token, recorder=recorder, plan=plan)
                     for g in spec.groups]
 
         return await self.engine.call(run)

@@ -235,6 +235,8 @@ ROWS = [
      {}, 400, "invalid_parameter", "return_sae_activations.sae_id", None),
     ("sae-activations-n", CHAT, chat(n=2, return_sae_activations={}), {}, 400,
      "invalid_parameter", "n", None),
+    ("sae-activations-huge-top-k", CHAT, chat(return_sae_activations={"top_k": 2**64}), {},
+     400, "invalid_parameter", "return_sae_activations.top_k", BRIDGE),
     ("sae-activations-positions", CHAT, chat(return_sae_activations={"positions": "middle"}), {},
      400, "invalid_parameter", "return_sae_activations.positions", BRIDGE),
     ("steering", CHAT, chat(steering=[{"feature": 3, "strength": 2}]), {}, 400,

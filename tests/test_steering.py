@@ -188,6 +188,15 @@ def test_sae_registry_lists_attaches_and_refuses_what_does_not_fit(clean):
     reply = clean.api("POST", "/api/saes/sae_broken/attach")
     assert reply.status_code == 400 and error(reply)["code"] == "invalid_sae"
 
+    # An SAE that would break the default steering is refused: live values
+    # written for layer 0 (no SAE there yet) name feature 200, past L0's 128.
+    clean.ok("PUT", "/api/steering", {"values": [{"layer": 0, "feature": 200, "strength": 4}]})
+    reply = clean.api("POST", f"/api/saes/{L0}/attach")
+    assert reply.status_code == 400 and error(reply)["code"] == "sae_mismatch"
+    assert "default steering" in error(reply)["message"]
+    assert chat(clean)[0]  # plain requests still answer
+    clean.ok("DELETE", "/api/steering")
+
     # Several layers at once.
     attached = clean.ok("POST", f"/api/saes/{L0}/attach")
     assert attached["sae"]["attached"] is True
@@ -565,10 +574,17 @@ def test_rung_language_never_says_causal_below_rung_two(clean):
     header = chat(clean)[1]["x-millm-circuit-rung"]
     assert header == '1; language="suggested (attribution-supported)"'
     assert "causal" not in header
-    # "min" on a circuit without a declared range is off.
+    # "min" on a circuit without a declared range is off, and says so.
     plain = chat(clean, steering_intensity="off")[0]
     text, headers = chat(clean, steering_intensity="min")
     assert text == plain and "x-millm-circuit-rung" not in headers
+    assert headers["x-millm-steering-intensity"] == "0.0"
+    # Only circuits are activated as circuits, and deactivating one leaves a profile alone.
+    profile(clean, "plain", (1, 3, 2.0))
+    reply = clean.api("POST", "/api/circuits/plain/activate")
+    assert reply.status_code == 404 and error(reply)["code"] == "circuit_not_found"
+    clean.ok("POST", "/api/profiles/plain/activate")
+    assert clean.ok("DELETE", "/api/circuits/active")["steering"]["active_profile"] == "plain"
 
 
 def test_slice_fallback_circuit_is_served_by_its_cluster_without_a_rung(clean):
@@ -585,6 +601,10 @@ def test_slice_fallback_circuit_is_served_by_its_cluster_without_a_rung(clean):
     assert text == chat(clean, profile="backing")[0]
     state = clean.ok("GET", "/api/circuits/active")["steering"]
     assert state["steering"] is False and "slice_fallback" in state["reason"]
+    # Its own dial does not steer it; its cluster's does.
+    dial = clean.ok("PUT", "/api/circuits/fb/intensity", {"intensity": 0.0})
+    assert dial["liveness"]["live"] is False and "backing" in dial["liveness"]["reason"]
+    assert chat(clean)[0] == text
     # The cluster rule's 0.5 floor for "min" applies.
     assert chat(clean, steering_intensity="min")[1]["x-millm-steering-intensity"] == "0.5"
 
@@ -685,6 +705,20 @@ def test_activations_stream_in_a_last_chunk_of_their_own(clean):
     assert final["choices"] == [] and set(final["millm"]) == {"sae_activations"}
     assert json.loads(events[-3])["usage"]["completion_tokens"] == 5
     assert all("millm" not in json.loads(e) for e in events[:-2])
+
+
+def test_echo_is_read_under_the_completions_steering_and_scoring_is_not(clean):
+    echo = {"model": MODEL, "prompt": "The sea is calm", "max_tokens": 0, "echo": True,
+            "logprobs": 2}
+    scoring = {"model": MODEL, "prompt": "The sea is calm", "max_tokens": 1, "logprobs": 2}
+    plain_echo = clean.api("POST", "/v1/completions", echo).json()["choices"][0]["logprobs"]
+    plain_score = clean.api("POST", "/v1/completions", scoring).json()["choices"][0]["logprobs"]
+    clean.ok("PUT", "/api/steering", {"values": [{"layer": 1, "feature": 3, "strength": 30}]})
+    steered_echo = clean.api("POST", "/v1/completions", echo).json()["choices"][0]["logprobs"]
+    assert steered_echo["tokens"] == plain_echo["tokens"]
+    assert steered_echo["token_logprobs"] != plain_echo["token_logprobs"]
+    assert clean.api("POST", "/v1/completions", scoring).json()["choices"][0][
+        "logprobs"] == plain_score
 
 
 def test_activations_in_scoring_mode_are_unsteered(clean):

@@ -32,6 +32,7 @@ CLUSTER_ROWS = [
     ("max", 1.0, (0.0, 3.0), 2.0, "a declared range is intersected with [0, 2]"),
     (0.0, 1.0, AUTHORED, 0.0, "0 is off"),
     ("off", 1.0, AUTHORED, 0.0, "off is off"),
+    ("min", 1.0, (3.0, 5.0), 2.0, "a range above the envelope keeps its nearest edge"),
 ]
 
 CIRCUIT_ROWS = [
@@ -39,6 +40,8 @@ CIRCUIT_ROWS = [
     (1.9, 1.0, AUTHORED, 1.5, "clamped at the ceiling too"),
     (1.0, 0.7, AUTHORED, 1.0, "inside the range: as sent"),
     (None, 0.7, AUTHORED, 0.7, "no dial: the circuit's own dial"),
+    (None, 0.1, AUTHORED, 0.5, "the stored dial is clamped into the range too"),
+    (None, 0.0, AUTHORED, 0.0, "a stored dial of 0 stays off"),
     (0.0, 1.0, AUTHORED, 0.0, "only an exact 0 goes below the floor"),
     ("off", 1.0, AUTHORED, 0.0, "and off"),
     ("min", 1.0, AUTHORED, 0.5, "min is the declared floor"),
@@ -88,3 +91,19 @@ def test_bad_dials_are_invalid_parameter(value):
         parse_dial(value)
     assert caught.value.code == "invalid_parameter"
     assert caught.value.param == "steering_intensity"
+
+
+def test_stored_dials_are_clamped_when_the_configured_maximum_drops(tmp_path):
+    import json
+
+    from service.steering.manager import SteeringManager
+    from service.steering.store import SteeringStore
+
+    store = SteeringStore(tmp_path / "steering.sqlite3")
+    store.write(SteeringStore.put_document_sql("clusters", {
+        "name": "c", "intensity": 1.8, "members": [{"layer": 0, "feature": 1, "strength": 1.0}]}))
+    store.close()
+    manager = SteeringManager(SteeringStore(tmp_path / "steering.sqlite3"), tmp_path,
+                              IntensityLimits(cluster_max=1.5))
+    assert manager.clusters["c"].intensity == 1.5
+    assert json.loads(json.dumps(manager.clusters["c"].document()))["intensity"] == 1.5

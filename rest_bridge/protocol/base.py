@@ -154,6 +154,17 @@ MAX_BODY_DEPTH = 128
 MAX_EXTRA_FIELD_DEPTH = 32
 
 
+INT64_MAX = 2**63 - 1
+
+
+def wire_int64(value: int, param: str) -> int:
+    """Only the wire's range is checked here; the engine owns the real one."""
+    if not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise OpenAIError(400, f"'{param}' is out of range.", param=param,
+                          code="invalid_parameter")
+    return value
+
+
 def json_depth(value) -> int:
     """Nesting depth of a parsed JSON value (a scalar is 0, [] and [1] are 1),
     level by level rather than by recursion."""

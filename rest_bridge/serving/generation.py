@@ -22,13 +22,12 @@ from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.access import call_metadata, request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
-from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
+from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth, wire_int64
 from rest_bridge.serving import ignored_fields, sse, steering_fields
 from rest_bridge.serving.disconnect import unless_disconnected
 
 log = logging.getLogger(__name__)
 
-INT64_MAX = 2**63 - 1
 FINISH_REASONS = {
     generation_pb2.FINISH_REASON_STOP: "stop",
     generation_pb2.FINISH_REASON_LENGTH: "length",
@@ -52,10 +51,8 @@ def sampling_to_pb(request) -> generation_pb2.SamplingParams:
         value = getattr(request, name)
         if value is None:
             continue
-        if isinstance(value, int) and not -INT64_MAX - 1 <= value <= INT64_MAX:
-            # Only the wire's range is checked here; the engine owns the real one.
-            raise OpenAIError(400, f"'{name}' is out of range.", param=name,
-                              code="invalid_parameter")
+        if isinstance(value, int) and not isinstance(value, bool):
+            wire_int64(value, name)
         setattr(sampling, name, value)
     stop = request.stop
     if stop is not None:

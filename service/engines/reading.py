@@ -37,6 +37,15 @@ def unsteered_forward(ctx, recorder=None, **inputs):
         return ctx.model(**inputs)
 
 
+def steered_forward(ctx, plan, **inputs):
+    """A forward pass over one row steered by `plan` (a SteeringPlan): echo's
+    prompt log-probabilities belong to a completion, which default steering
+    applies to, so they are read under the same steering as its generation."""
+    deltas = {layer: delta.unsqueeze(0) for layer, delta in plan.deltas().items()}
+    with ctx.steering.applying(ForwardSteering(deltas, {})):
+        return ctx.model(**inputs)
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     token_id: int
@@ -109,11 +118,17 @@ def score_position(ctx, logits: torch.Tensor, allowed: torch.Tensor | None, top:
 
 
 def score_prompt(ctx, ids: list[int], *, temperature: float, allowed: list[int] | None,
-                 top: int, echo: bool, next_token: bool, recorder=None) -> ScoredPrompt:
-    """One forward pass over the prompt (reading activations into `recorder`)."""
+                 top: int, echo: bool, next_token: bool, recorder=None,
+                 plan=None) -> ScoredPrompt:
+    """One forward pass over the prompt (reading activations into `recorder`).
+    Unsteered unless `plan` is given (echo of a steered completion)."""
     device = ctx.device
-    out = unsteered_forward(ctx, recorder, input_ids=torch.tensor([ids], device=device),
-                            use_cache=False, logits_to_keep=0 if echo else 1)
+    inputs = {"input_ids": torch.tensor([ids], device=device), "use_cache": False,
+              "logits_to_keep": 0 if echo else 1}
+    if plan is not None and ctx.steering is not None:
+        out = steered_forward(ctx, plan, **inputs)
+    else:
+        out = unsteered_forward(ctx, recorder, **inputs)
     logits = scaled(out.logits[0].float(), temperature)
     allowed_ids = (torch.tensor(allowed, dtype=torch.long, device=device)
                    if allowed is not None else None)

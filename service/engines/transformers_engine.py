@@ -37,8 +37,6 @@ def _pick_device(requested: str) -> torch.device:
 
 class TransformersEngine(Engine):
     kind = "transformers"
-    # Forward hooks on its decoder layers carry per-row SAE steering.
-    can_steer = True
 
     def __init__(
         self,
@@ -65,6 +63,7 @@ class TransformersEngine(Engine):
         # copy and encoders take turns.
         self.decoder = None
         self._encode_lock = threading.Lock()
+        self.can_steer = False  # known once started
 
     # -- loading and tokenization -------------------------------------------------
 
@@ -159,6 +158,13 @@ class TransformersEngine(Engine):
     # -- running jobs -------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            steering = SteeringRuntime(self.model)
+        except RuntimeError as exc:  # a layout without model.layers: served, not steered
+            log.warning("steering unavailable for %s: %s", self.entry.id, exc)
+            steering = None
+        # Forward hooks on its decoder layers carry per-row SAE steering.
+        self.can_steer = steering is not None
         ctx = ModelContext(
             model=self.model,
             decoder=self.decoder,
@@ -171,7 +177,7 @@ class TransformersEngine(Engine):
             token_bytes=byte_level_table(self.decoder),
             control_ids=self._control_ids(),
             batch_matcher=xgrammar.BatchGrammarMatcher(max_threads=1),
-            steering=SteeringRuntime(self.model),
+            steering=steering,
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()

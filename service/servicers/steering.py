@@ -240,6 +240,12 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
         return steering_service_pb2.DeleteCircuitResponse()
 
     @unary_errors
+    async def ActivateCircuit(self, request, context):
+        live = await self._m.activate_circuit(request.name or None)
+        return steering_service_pb2.ActivateCircuitResponse(steering=self._state(),
+                                                            liveness=_live(live))
+
+    @unary_errors
     async def GetActiveCircuit(self, request, context):
         circuit, state = self._m.active_circuit()
         out = steering_service_pb2.GetActiveCircuitResponse(
@@ -256,5 +262,6 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
 # Every RPC that changes steering state: admin scope when keys are configured.
 MUTATING = ("AttachSae", "DetachSae", "SetSteering", "CreateProfile", "UpdateProfile",
             "DeleteProfile", "ActivateProfile", "ImportCluster", "SetClusterIntensity",
-            "DeleteCluster", "ImportCircuit", "SetCircuitIntensity", "DeleteCircuit")
+            "DeleteCluster", "ImportCircuit", "SetCircuitIntensity", "DeleteCircuit",
+            "ActivateCircuit")
 ADMIN_METHODS = frozenset(f"/millm.v1.SteeringService/{name}" for name in MUTATING)

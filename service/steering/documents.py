@@ -191,10 +191,19 @@ def _common(doc, fmt: str, extra: tuple[str, ...]) -> None:
 
 
 def _declared_max(declared, default_max: float) -> float:
-    return min(declared[1], ENVELOPE[1]) if declared is not None else default_max
+    if declared is None:
+        return default_max
+    return min(max(declared[1], ENVELOPE[0]), ENVELOPE[1])
 
 
-def parse_cluster(doc, cluster_max: float) -> Cluster:
+def _dial(doc, high: float, stored: bool) -> float:
+    value = doc.get("intensity", min(1.0, high))
+    if stored:  # written under older limits: clamp into today's
+        return max(0.0, min(float(value), high))
+    return check_dial(value, high)
+
+
+def parse_cluster(doc, cluster_max: float, stored: bool = False) -> Cluster:
     _common(doc, CLUSTER_FORMAT, ())
     declared = parse_range(doc.get("intensity_range"))
     high = _declared_max(declared, cluster_max)
@@ -202,12 +211,12 @@ def parse_cluster(doc, cluster_max: float) -> Cluster:
         name=parse_name(doc["name"]),
         members=parse_entries(doc["members"], "members", allow_empty=False),
         intensity_range=declared,
-        intensity=check_dial(doc.get("intensity", min(1.0, high)), high),
+        intensity=_dial(doc, high, stored),
         description=doc.get("description", ""),
     )
 
 
-def parse_circuit(doc, circuit_max: float) -> Circuit:
+def parse_circuit(doc, circuit_max: float, stored: bool = False) -> Circuit:
     _common(doc, CIRCUIT_FORMAT, ("rung", "mode", "fallback_cluster", "edges"))
     rung = doc.get("rung")
     if isinstance(rung, bool) or rung not in RUNG_LANGUAGE:
@@ -231,7 +240,7 @@ def parse_circuit(doc, circuit_max: float) -> Circuit:
         rung=rung,
         members=parse_entries(doc["members"], "members", allow_empty=False),
         intensity_range=declared,
-        intensity=check_dial(doc.get("intensity", min(1.0, high)), high),
+        intensity=_dial(doc, high, stored),
         mode=mode,
         fallback_cluster=fallback,
         description=doc.get("description", ""),

@@ -65,12 +65,15 @@ def _within_envelope(low: float, high: float) -> tuple[float, float]:
 def cluster_bounds(declared: tuple[float, float] | None, limits: IntensityLimits):
     if declared is None:
         return limits.cluster_min, limits.cluster_max
-    return _within_envelope(*declared)
+    low, high = _within_envelope(*declared)
+    # A declared range outside the envelope leaves its nearest edge.
+    return (low, high) if low <= high else (high, high)
 
 
 def _resolve(dial, stored: float, low: float, high: float, clamp_floor: bool) -> float:
     if dial is None:
-        return stored
+        # The stored dial obeys the same clamp (0 stays off).
+        return stored if not clamp_floor or stored == 0 else min(max(stored, low), high)
     if is_off(dial):
         return 0.0
     if dial == "min":

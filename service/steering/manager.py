@@ -116,11 +116,13 @@ class SteeringManager:
                                "entries"), p["target"], p["description"], p["created"],
                                p["updated"])
             for p in store.profiles()}
+        # Stored dials are clamped, not refused, if the configured maxima were
+        # lowered since they were written.
         self.clusters: dict[str, Cluster] = {
-            d["name"]: documents.parse_cluster(d, self.limits.cluster_max)
+            d["name"]: documents.parse_cluster(d, self.limits.cluster_max, stored=True)
             for d in store.documents("clusters")}
         self.circuits: dict[str, Circuit] = {
-            d["name"]: documents.parse_circuit(d, self.limits.circuit_max)
+            d["name"]: documents.parse_circuit(d, self.limits.circuit_max, stored=True)
             for d in store.documents("circuits")}
         self.attached: dict[str, SaeWeights] = {}
         self._engine = None
@@ -185,6 +187,19 @@ class SteeringManager:
         runtime = await self._engine.call(lambda ctx: ctx.steering)
         weights = await asyncio.to_thread(SaeWeights, info, runtime.device, runtime.dtype)
         self.attached[info.id] = weights
+        try:
+            # The default steering (active profile, live values) must still
+            # apply with this SAE attached, or every plain request would fail.
+            self._check_default_base()
+        except EngineError as exc:
+            del self.attached[info.id]
+            raise EngineError("sae_mismatch", f"Attaching {info.id} would break the default "
+                              f"steering: {exc.message} Change it first.", "sae_id") from None
+
+    def _check_default_base(self) -> None:
+        base = self._base_of(self._default_profile())
+        if base is not None:
+            self._plan(base.entries, 1.0, "steering")
 
     async def attach(self, sae_id: str) -> Live:
         async with self._lock:
@@ -271,12 +286,7 @@ class SteeringManager:
         """A request's steering. `dial` is what parse_dial returned."""
         if dial is not None and intensity.is_off(dial):
             # Off is off: the base is not validated (not even that it exists).
-            # The echo says 0 only when the dial did turn steering off.
-            try:
-                would = self.resolve(profile_name, None)
-            except EngineError:
-                would = UNSTEERED
-            return Resolved(None, 0.0 if would.plan is not None else None)
+            return self._turned_off(profile_name)
         if profile_name is not None:
             profile = self.profiles.get(profile_name)
             if profile is None:
@@ -292,11 +302,22 @@ class SteeringManager:
         if base is None:
             return UNSTEERED
         level = self._level(base, dial)
+        if level <= 0:  # "min" can resolve to 0 too
+            return self._turned_off(profile_name) if dial is not None else UNSTEERED
         where = "profile" if profile_name is not None else "steering"
-        plan = self._plan(base.entries, level, where) if level > 0 else None
+        plan = self._plan(base.entries, level, where)
         if plan is None:
             return UNSTEERED
         return Resolved(plan, level if dial is not None else None, base.rung)
+
+    def _turned_off(self, profile_name: str | None) -> Resolved:
+        """Unsteered by the dial; the echo says 0 only when the dial did turn
+        steering off (the same request without a dial would have steered)."""
+        try:
+            would = self.resolve(profile_name, None)
+        except EngineError:
+            would = UNSTEERED
+        return Resolved(None, 0.0 if would.plan is not None else None)
 
     # -- live values ------------------------------------------------------------------------
 
@@ -511,6 +532,10 @@ class SteeringManager:
             circuit = self.get_circuit(name)
             high = intensity.circuit_bounds(circuit.intensity_range, self.limits)[1]
             circuit = self._store_dial(CIRCUIT, circuit, high, level, self.circuits)
+            if circuit.mode == documents.SLICE_FALLBACK:
+                return circuit, Live(False, f"circuit '{name}' is served by cluster "
+                                     f"'{circuit.fallback_cluster}' (slice_fallback); its dial "
+                                     "applies")
             return circuit, self._written_live(self.active == name, f"circuit '{name}'")
 
     async def delete_circuit(self, name: str) -> None:
@@ -520,6 +545,17 @@ class SteeringManager:
                 [p.name for p in self.profiles.values() if p.kind == CIRCUIT and p.target == name],
                 SteeringStore.delete_document_sql("circuits", name))
             del self.circuits[name]
+
+    async def activate_circuit(self, name: str | None) -> Live:
+        """Activate a circuit's profile; None deactivates the active circuit,
+        never another kind of active profile."""
+        if name:
+            self.get_circuit(name)
+            return await self.activate_profile(name)
+        profile = self._default_profile()
+        if profile is not None and profile.kind == CIRCUIT:
+            return await self.activate_profile(None)
+        return self.default_live()
 
     def active_circuit(self) -> tuple[Circuit | None, CircuitSteering]:
         """The circuit whose profile is active, and whether it is genuinely

@@ -436,6 +436,20 @@ class DeleteCircuitResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ActivateCircuitRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ActivateCircuitResponse(_message.Message):
+    __slots__ = ("steering", "liveness")
+    STEERING_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    steering: SteeringState
+    liveness: Liveness
+    def __init__(self, steering: _Optional[_Union[SteeringState, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
+
 class GetActiveCircuitRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

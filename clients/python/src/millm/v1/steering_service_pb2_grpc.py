@@ -144,6 +144,11 @@ class SteeringServiceStub:
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.DeleteCircuitRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_steering__service__pb2.DeleteCircuitResponse.FromString,
                 _registered_method=True)
+        self.ActivateCircuit = channel.unary_unary(
+                '/millm.v1.SteeringService/ActivateCircuit',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.ActivateCircuitRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.ActivateCircuitResponse.FromString,
+                _registered_method=True)
         self.GetActiveCircuit = channel.unary_unary(
                 '/millm.v1.SteeringService/GetActiveCircuit',
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.GetActiveCircuitRequest.SerializeToString,
@@ -306,6 +311,14 @@ class SteeringServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ActivateCircuit(self, request, context):
+        """Make a circuit's profile the active one; an empty name deactivates the
+        active circuit (and leaves any other active profile alone).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetActiveCircuit(self, request, context):
         """The active circuit, if any, and whether it is genuinely steering.
         """
@@ -420,6 +433,11 @@ def add_SteeringServiceServicer_to_server(servicer, server):
                     servicer.DeleteCircuit,
                     request_deserializer=millm_dot_v1_dot_steering__service__pb2.DeleteCircuitRequest.FromString,
                     response_serializer=millm_dot_v1_dot_steering__service__pb2.DeleteCircuitResponse.SerializeToString,
+            ),
+            'ActivateCircuit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ActivateCircuit,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.ActivateCircuitRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.ActivateCircuitResponse.SerializeToString,
             ),
             'GetActiveCircuit': grpc.unary_unary_rpc_method_handler(
                     servicer.GetActiveCircuit,
@@ -999,6 +1017,33 @@ class SteeringService:
             '/millm.v1.SteeringService/DeleteCircuit',
             millm_dot_v1_dot_steering__service__pb2.DeleteCircuitRequest.SerializeToString,
             millm_dot_v1_dot_steering__service__pb2.DeleteCircuitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ActivateCircuit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/ActivateCircuit',
+            millm_dot_v1_dot_steering__service__pb2.ActivateCircuitRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.ActivateCircuitResponse.FromString,
             options,
             channel_credentials,
             insecure,
