@@ -20,6 +20,7 @@ import sys
 import time
 
 from service.chat_template import CHATML
+from service.demo_model import gguf_export
 
 MODEL_ID = "millm-tiny"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -174,15 +175,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
     args = parser.parse_args(argv)
     models_dir = pathlib.Path(args.models_dir)
+    rebuilt = False
     if is_built(models_dir) and not args.force:
         print(f"{MODEL_ID} already built in {models_dir}")
-        return 0
-    started = time.monotonic()
-    target = build(models_dir)
-    meta = json.loads((target / METADATA_FILE).read_text())
-    print(
-        f"built {MODEL_ID} in {target} ({time.monotonic() - started:.1f}s, "
-        f"revision {meta['revision']}, loss {meta['final_training_loss']})",
-        file=sys.stderr,
-    )
+    else:
+        started = time.monotonic()
+        target = build(models_dir)
+        rebuilt = True
+        meta = json.loads((target / METADATA_FILE).read_text())
+        print(
+            f"built {MODEL_ID} in {target} ({time.monotonic() - started:.1f}s, "
+            f"revision {meta['revision']}, loss {meta['final_training_loss']})",
+            file=sys.stderr,
+        )
+    # The GGUF export follows the checkpoint: a rebuilt checkpoint is exported again.
+    if rebuilt or not gguf_export.is_exported(models_dir):
+        started = time.monotonic()
+        target = gguf_export.export(models_dir / MODEL_ID, models_dir)
+        print(f"exported {gguf_export.REPO_ID} ({', '.join(gguf_export.QUANTIZATIONS)}) in "
+              f"{target} ({time.monotonic() - started:.1f}s)", file=sys.stderr)
     return 0
