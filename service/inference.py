@@ -9,23 +9,23 @@ fit) and hands validated jobs to the engine.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from service import field_policy
-from service.engines import reading
+from service.engines import gguf_engine, reading
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.scheduler import SchedulerLimits
-from service.engines.transformers_engine import TransformersEngine
 from service.errors import (
     EngineError,
     context_length_exceeded,
     invalid_parameter,
-    model_not_found,
     model_not_loaded,
     unused_fields_refused,
 )
@@ -36,7 +36,8 @@ from service.generation_job import (
     StepOutput,
     ValidatedGeneration,
 )
-from service.model_registry import ModelEntry, ModelRegistry
+from service.model_lifecycle import Lease, LifecycleConfig, ModelLifecycle, ModelState, ModelView
+from service.model_registry import GGUF, ModelEntry, ModelRegistry
 from service.structured_output import Constraint, document_problem
 from service.validation import (
     GenerateParams,
@@ -55,17 +56,11 @@ from service.validation import (
 log = logging.getLogger(__name__)
 
 
-class ModelState:
-    READY = "ready"
-    LOADING = "loading"
-    LOADED = "loaded"
+__all__ = ["InferenceService", "ModelState", "ModelView"]
 
-
-@dataclass(frozen=True)
-class ModelView:
-    entry: ModelEntry
-    state: str
-    loaded: LoadedModel | None
+# The leases taken while one request is prepared (see InferenceService.prepare).
+_pending_lease: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "pending_lease", default=None)
 
 
 @dataclass(frozen=True)
@@ -163,62 +158,44 @@ class InferenceService:
         device: str = "auto",
         limits: SchedulerLimits | None = None,
         prefix_cache_tokens: int = 32768,
+        lifecycle: LifecycleConfig | None = None,
     ):
         self.registry = registry
-        self.device = device
-        self.limits = limits or SchedulerLimits()
-        self.prefix_cache_tokens = prefix_cache_tokens
-        self.engine: Engine | None = None
-        self.loaded: LoadedModel | None = None
-        self.loading: str | None = None
-        self.load_error: str | None = None
+        self.lifecycle = ModelLifecycle(registry, lifecycle or LifecycleConfig(
+            device=device, limits=limits or SchedulerLimits(),
+            prefix_cache_tokens=prefix_cache_tokens))
+        # Each prepared request's lease on the engine, until generate() ends it
+        # (or the prepared request is dropped unused).
+        self._leases: dict[int, Lease] = {}
 
-    # -- lifecycle ---------------------------------------------------------------
+    @property
+    def engine(self) -> Engine | None:
+        return self.lifecycle.engine
+
+    @property
+    def loaded(self) -> LoadedModel | None:
+        return self.lifecycle.loaded
+
+    # -- lifecycle (service/model_lifecycle.py) --------------------------------------
 
     async def load(self, model_id: str) -> LoadedModel:
-        entry = self.registry.get(model_id)
-        if entry is None:
-            raise model_not_found(model_id)
-        self.loading = model_id
-        try:
-            engine = TransformersEngine(entry, device=self.device, limits=self.limits,
-                                        prefix_cache_tokens=self.prefix_cache_tokens)
-            started = time.monotonic()
-            info = await asyncio.to_thread(engine.load)
-            engine.start(asyncio.get_running_loop())
-            log.info("loaded %s in %.1fs (%s)", model_id, time.monotonic() - started,
-                     info.system_fingerprint)
-        except Exception as exc:
-            self.load_error = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
-            self.loading = None
-        self.engine, self.loaded = engine, info
-        return info
+        return await self.lifecycle.load(model_id)
+
+    async def unload(self, model_id: str) -> ModelEntry:
+        return await self.lifecycle.unload(model_id)
 
     def shutdown(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
+        self.lifecycle.shutdown()
 
     # -- models -------------------------------------------------------------------
 
-    def _view(self, entry: ModelEntry) -> ModelView:
-        if self.loaded is not None and entry.id == self.loaded.id:
-            return ModelView(entry, ModelState.LOADED, self.loaded)
-        if entry.id == self.loading:
-            return ModelView(entry, ModelState.LOADING, None)
-        return ModelView(entry, ModelState.READY, None)
-
     def list_models(self) -> list[ModelView]:
-        views = [self._view(e) for e in self.registry.scan()]
+        views = [self.lifecycle.view(e) for e in self.registry.scan()]
         # The loaded model first: clients that take the first id get one that answers.
         return sorted(views, key=lambda v: (v.state != ModelState.LOADED, v.entry.id))
 
     def get_model(self, model_id: str) -> ModelView:
-        entry = self.registry.get(model_id)
-        if entry is None:
-            raise model_not_found(model_id)
-        return self._view(entry)
+        return self.lifecycle.view(self.registry.resolve(model_id))
 
     def status(self) -> EngineStatus | None:
         return self.engine.status() if self.engine is not None else None
@@ -230,38 +207,53 @@ class InferenceService:
 
     # -- generation ----------------------------------------------------------------
 
-    def _serving_engine(self, model_id: str) -> Engine:
-        if not model_id:
-            raise invalid_parameter("model", "You must provide a model parameter.")
-        if self.loaded is not None and model_id == self.loaded.id:
-            return self.engine
-        if self.registry.get(model_id) is None:
-            raise model_not_found(model_id)
-        if model_id == self.loading:
-            raise model_not_loaded(f"The model '{model_id}' is still loading; retry shortly.")
-        serving = f"this engine serves '{self.loaded.id}'" if self.loaded else "no model is loaded"
-        raise model_not_loaded(
-            f"The model '{model_id}' is on disk but not loaded, and {serving}."
-        )
+    async def _serving_engine(self, model_id: str) -> Engine:
+        """The engine serving the named model, loaded first if another one is
+        (model_lifecycle.py); the request holds a lease on it until it ends."""
+        lease = await self.lifecycle.acquire(model_id)
+        holder = _pending_lease.get()
+        if holder is None:
+            lease.release()  # nobody would end it; the caller only reads facts
+        else:
+            holder.append(lease)
+        return lease.engine
 
     def _entry(self, model_id: str) -> ModelEntry:
-        if not model_id:
-            raise invalid_parameter("model", "You must provide a model parameter.")
-        if self.loaded is not None and model_id == self.loaded.id:
-            return self.engine.entry  # no disk scan on the hot path
-        entry = self.registry.get(model_id)
-        if entry is None:
-            raise model_not_found(model_id)
-        return entry
+        return self.lifecycle.resolve(model_id)
 
     async def prepare(self, params: GenerateParams) -> ValidatedGeneration:
-        """Validate a request completely, before anything is generated."""
+        """Validate a request completely, before anything is generated; the
+        prepared request holds a lease on the engine until generate() ends."""
+        holder: list[Lease] = []
+        token = _pending_lease.set(holder)
+        try:
+            spec = await self._prepare(params)
+        except BaseException:
+            for lease in holder:
+                lease.release()
+            raise
+        finally:
+            _pending_lease.reset(token)
+        for lease in holder:
+            self._leases[id(spec)] = lease
+            # A prepared request dropped without generate() still ends its lease.
+            weakref.finalize(spec, self._end_lease, id(spec))
+        return spec
+
+    def _end_lease(self, key: int) -> None:
+        lease = self._leases.pop(key, None)
+        if lease is not None:
+            lease.release()
+
+    async def _prepare(self, params: GenerateParams) -> ValidatedGeneration:
         entry = self._entry(params.model)
         # Which fields this route and engine honour is known without the model,
         # so a field that cannot be honoured is refused before any load.
         ignored = check_fields(params, entry.engine)
+        if entry.engine == GGUF:
+            gguf_engine.refuse_unhonoured(params)
         request_id = params.request_id or uuid.uuid4().hex
-        engine = self._serving_engine(params.model)
+        engine = await self._serving_engine(params.model)
         checked = check_params(params)
         if checked.scoring:
             ignored.extend(scoring_unused(params))
@@ -315,8 +307,17 @@ class InferenceService:
             unused.append("user")
         if params.strict and unused:
             raise unused_fields_refused(unused)
-        engine = self._serving_engine(params.model)
-        info = self.loaded
+        if entry.engine == GGUF:
+            raise invalid_parameter("model", f"Embeddings are not served on GGUF models "
+                                    f"('{entry.id}'); use a transformers checkpoint.")
+        lease = await self.lifecycle.acquire(params.model)
+        try:
+            return await self._embed(params, lease, unused)
+        finally:
+            lease.release()
+
+    async def _embed(self, params: EmbedParams, lease: Lease, unused: list[str]) -> EmbedResult:
+        engine, info = lease.engine, lease.info
         if not params.inputs:
             raise invalid_parameter("input", "'input' must not be empty.")
         if len(params.inputs) > MAX_EMBED_INPUTS:
@@ -365,6 +366,10 @@ class InferenceService:
         temperature = spec.options.temperature
         top = spec.logprobs or 0
         allowed = list(spec.allowed_token_ids) if spec.allowed_token_ids else None
+        if self.engine.kind == GGUF:
+            return await self.engine.score_prompts(
+                [list(g.prompt_ids) for g in spec.groups], temperature=temperature,
+                allowed=allowed, top=top, echo=spec.echo, next_token=next_token)
 
         def run(ctx):
             return [reading.score_prompt(ctx, list(g.prompt_ids), temperature=temperature,
@@ -377,12 +382,23 @@ class InferenceService:
         self, spec: ValidatedGeneration
     ) -> AsyncIterator[GenerationStarted | Echoed | StepOutput | GenerationFinished]:
         """Run a prepared generation. Closing the iterator early cancels it."""
+        lease = self._leases.pop(id(spec), None)
+        try:
+            async for event in self._generate(spec, lease):
+                yield event
+        finally:
+            if lease is not None:
+                lease.release()
+
+    async def _generate(self, spec: ValidatedGeneration, lease: Lease | None):
         if spec.scoring or spec.echo:
             async for event in self._generate_reading(spec):
                 yield event
             if spec.scoring or spec.groups[0].max_tokens == 0:
                 return
         job = GenerationJob(spec=spec, loop=asyncio.get_running_loop())
+        if lease is not None:
+            lease.jobs.append(job)  # ended by a forced unload (model_lifecycle.py)
         # Submitting first means a full queue is refused before the stream opens.
         self.engine.submit(job)
         try:

@@ -12,7 +12,7 @@ from service.servicers.error_handling import unary_errors
 from service.validation import MAX_LOGPROBS
 
 _LIBRARIES = {"millm": "millm", "torch": "torch", "transformers": "transformers",
-              "xgrammar": "xgrammar", "grpcio": "grpcio"}
+              "xgrammar": "xgrammar", "grpcio": "grpcio", "llama_cpp": "llama_cpp_python"}
 
 
 def _versions() -> dict[str, str]:
@@ -51,8 +51,10 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
         reply.context_window, reply.vocab_size = loaded.context_window, loaded.vocab_size
         reply.system_fingerprint = loaded.system_fingerprint
         on_transformers = loaded.engine == field_policy.TRANSFORMERS
+        # GGUF scores too (engines/gguf_engine.py), but serves no generation logprobs.
+        scores = on_transformers or loaded.engine == field_policy.GGUF
         reply.features.CopyFrom(server_service_pb2.Features(
-            scoring=on_transformers, logprobs=on_transformers, max_logprobs=MAX_LOGPROBS,
+            scoring=scores, logprobs=on_transformers, max_logprobs=MAX_LOGPROBS,
             structured_output=on_transformers, embeddings=on_transformers, steering=False,
             seed_scope=generation_pb2.SEED_SCOPE_REQUEST,
             max_batch=status.max_batch if status else 0))

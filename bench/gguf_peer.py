@@ -1,0 +1,138 @@
+"""GGUF peer benchmark: miLLM (bridge + GGUF engine) against llama-cpp-python's
+own OpenAI server (llama_cpp.server), serving the same GGUF file side by side.
+
+Each server gets the same streamed chat requests at temperature 0 (so both
+generate the same tokens: tests/test_gguf_peer.py checks the text is equal),
+first one client at a time, then 8 concurrent closed-loop clients, and the
+script prints tokens/s and time to first token (p50/p95) for each. Both run
+llama.cpp with one thread; with two or more cores the servers get the first
+core and the clients the rest. Only one server is busy at a time.
+
+Usage: python bench/gguf_peer.py [--model millm-tiny-gguf:Q8_0] [--requests 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from tests import harness  # noqa: E402
+
+PROMPTS = ["Tell me a story about the river.", "What does the miller do in the morning?",
+           "Hello!", "Where is the lighthouse?", "Tell me about the market.",
+           "What is in the garden?"]
+# llama_cpp.server's own defaults are not OpenAI's; neutral values for it.
+PEER_NEUTRAL = {"repeat_penalty": 1.0, "top_k": 0, "min_p": 0.0}
+
+
+async def one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[float, int]:
+    """(seconds to the first content, content chunks) of one streamed chat."""
+    started = time.perf_counter()
+    first, pieces = None, 0
+    async with client.stream("POST", url, json=body) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("choices") and event["choices"][0]["delta"].get("content"):
+                pieces += 1
+                if first is None:
+                    first = time.perf_counter() - started
+    return first or 0.0, pieces
+
+
+async def drive(base: str, model: str, extra: dict, clients: int, requests: int,
+                tokens: dict[str, int], max_tokens: int) -> dict:
+    url = f"{base}/v1/chat/completions"
+    ttfts: list[float] = []
+    generated = 0
+    async with httpx.AsyncClient(timeout=120) as client:
+        async def worker(c: int):
+            nonlocal generated
+            for r in range(c, requests, clients):
+                prompt = PROMPTS[r % len(PROMPTS)]
+                ttft, _ = await one(client, url, {
+                    "model": model, "messages": [{"role": "user", "content": prompt}],
+                    "temperature": 0, "max_tokens": max_tokens, "stream": True, **extra})
+                ttfts.append(ttft)
+                generated += tokens[prompt]
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(c) for c in range(clients)))
+        elapsed = time.perf_counter() - started
+    ttfts.sort()
+    return {"tokens_per_s": generated / elapsed,
+            "ttft_p50_ms": 1000 * statistics.median(ttfts),
+            "ttft_p95_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))]}
+
+
+def completion_tokens(base: str, model: str, extra: dict, max_tokens: int) -> dict[str, int]:
+    """Tokens each prompt's greedy answer has (the same on both servers)."""
+    counts = {}
+    with httpx.Client(timeout=60) as client:
+        for prompt in PROMPTS:
+            reply = client.post(f"{base}/v1/chat/completions", json={
+                "model": model, "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0, "max_tokens": max_tokens, **extra}).json()
+            counts[prompt] = reply["usage"]["completion_tokens"]
+    return counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="millm-tiny-gguf:Q8_0")
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpus, client_cpus = ({cpus[0]}, set(cpus[1:])) if len(cpus) > 1 else (None, None)
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        engine, grpc_port = harness.start_engine(tmp, server_cpus, MILLM_MODEL=args.model)
+        peer, peer_port = harness.start_llama_cpp_server(tmp, harness.gguf_file(args.model),
+                                                         cpus=server_cpus)
+        bridge = None
+        try:
+            harness.wait_serving(engine, grpc_port)
+            bridge, http_port = harness.start_bridge(tmp, grpc_port, client_cpus)
+            harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
+            harness.wait_http(peer, f"http://127.0.0.1:{peer_port}/v1/models")
+            servers = {"miLLM": (f"http://127.0.0.1:{http_port}", {}),
+                       "llama_cpp.server": (f"http://127.0.0.1:{peer_port}", PEER_NEUTRAL)}
+            for name, (base, extra) in servers.items():
+                tokens = completion_tokens(base, args.model, extra, args.max_tokens)
+                for clients in (1, 8):
+                    results[(name, clients)] = asyncio.run(drive(
+                        base, args.model, extra, clients, args.requests, tokens,
+                        args.max_tokens))
+        finally:
+            for process in (bridge, peer, engine):
+                if process is not None:
+                    process.stop()
+    print(f"GGUF peer benchmark: {args.model}, {args.requests} streamed greedy chats per "
+          f"cell, max_tokens {args.max_tokens}, llama.cpp with 1 thread")
+    print(f"{'server':<18} {'clients':>7} {'tokens/s':>9} {'TTFT p50':>10} {'TTFT p95':>10}")
+    for (name, clients), r in results.items():
+        print(f"{name:<18} {clients:>7} {r['tokens_per_s']:>9.0f} {r['ttft_p50_ms']:>8.1f}ms "
+              f"{r['ttft_p95_ms']:>8.1f}ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
