@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import pathlib
+import re
 import statistics
 import sys
 import tempfile
@@ -26,9 +27,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
-
-from tests import harness  # noqa: E402
+from tests import harness, http_helpers  # noqa: E402
 
 PROMPTS = ["Tell me a story about the river.", "What does the miller do in the morning?",
            "Hello!", "Where is the lighthouse?", "Tell me about the market.",
@@ -37,57 +36,67 @@ PROMPTS = ["Tell me a story about the river.", "What does the miller do in the m
 PEER_NEUTRAL = {"repeat_penalty": 1.0, "top_k": 0, "min_p": 0.0}
 
 
-async def one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[float, int]:
-    """(seconds to the first content, content chunks) of one streamed chat."""
+_CONTENT = re.compile(rb'"content":\s?"[^"]')
+
+
+async def one(port: int, body: dict) -> float:
+    """Seconds to the first non-empty content of one streamed chat, over a bare
+    connection read to its [DONE]."""
+    payload = json.dumps(body).encode()
     started = time.perf_counter()
-    first, pieces = None, 0
-    async with client.stream("POST", url, json=body) as reply:
-        reply.raise_for_status()
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("choices") and event["choices"][0]["delta"].get("content"):
-                pieces += 1
-                if first is None:
-                    first = time.perf_counter() - started
-    return first or 0.0, pieces
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: "
+                 + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    await writer.drain()
+    first, buffer = None, b""
+    while True:
+        piece = await reader.read(65536)
+        if not piece:
+            break
+        buffer += piece
+        if first is None and _CONTENT.search(buffer):
+            first = time.perf_counter() - started
+        if b"data: [DONE]" in buffer:
+            break
+    writer.close()
+    if b" 200 " not in buffer.split(b"\r\n", 1)[0]:
+        raise RuntimeError(f"request failed: {buffer[:300]!r}")
+    return first or 0.0
 
 
-async def drive(base: str, model: str, extra: dict, clients: int, requests: int,
+async def drive(port: int, model: str, extra: dict, clients: int, requests: int,
                 tokens: dict[str, int], max_tokens: int) -> dict:
-    url = f"{base}/v1/chat/completions"
     ttfts: list[float] = []
     generated = 0
-    async with httpx.AsyncClient(timeout=120) as client:
-        async def worker(c: int):
-            nonlocal generated
-            for r in range(c, requests, clients):
-                prompt = PROMPTS[r % len(PROMPTS)]
-                ttft, _ = await one(client, url, {
-                    "model": model, "messages": [{"role": "user", "content": prompt}],
-                    "temperature": 0, "max_tokens": max_tokens, "stream": True, **extra})
-                ttfts.append(ttft)
-                generated += tokens[prompt]
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(c) for c in range(clients)))
-        elapsed = time.perf_counter() - started
+    async def worker(c: int):
+        nonlocal generated
+        for r in range(c, requests, clients):
+            prompt = PROMPTS[r % len(PROMPTS)]
+            ttfts.append(await one(port, {
+                "model": model, "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0, "max_tokens": max_tokens, "stream": True, **extra}))
+            generated += tokens[prompt]
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in range(clients)))
+    elapsed = time.perf_counter() - started
     ttfts.sort()
     return {"tokens_per_s": generated / elapsed,
             "ttft_p50_ms": 1000 * statistics.median(ttfts),
             "ttft_p95_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))]}
 
 
-def completion_tokens(base: str, model: str, extra: dict, max_tokens: int) -> dict[str, int]:
+def completion_tokens(port: int, model: str, extra: dict, max_tokens: int) -> dict[str, int]:
     """Tokens each prompt's greedy answer has (the same on both servers)."""
     counts = {}
-    with httpx.Client(timeout=60) as client:
-        for prompt in PROMPTS:
-            reply = client.post(f"{base}/v1/chat/completions", json={
-                "model": model, "messages": [{"role": "user", "content": prompt}],
-                "temperature": 0, "max_tokens": max_tokens, **extra}).json()
-            counts[prompt] = reply["usage"]["completion_tokens"]
+    for prompt in PROMPTS:
+        reply, content = http_helpers.post(port, "/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": prompt}],
+            "temperature": 0, "max_tokens": max_tokens, **extra})
+        assert reply.status == 200, content
+        counts[prompt] = json.loads(content)["usage"]["completion_tokens"]
     return counts
 
 
@@ -113,13 +122,12 @@ def main() -> int:
             bridge, http_port = harness.start_bridge(tmp, grpc_port, client_cpus)
             harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
             harness.wait_http(peer, f"http://127.0.0.1:{peer_port}/v1/models")
-            servers = {"miLLM": (f"http://127.0.0.1:{http_port}", {}),
-                       "llama_cpp.server": (f"http://127.0.0.1:{peer_port}", PEER_NEUTRAL)}
-            for name, (base, extra) in servers.items():
-                tokens = completion_tokens(base, args.model, extra, args.max_tokens)
+            servers = {"miLLM": (http_port, {}), "llama_cpp.server": (peer_port, PEER_NEUTRAL)}
+            for name, (port, extra) in servers.items():
+                tokens = completion_tokens(port, args.model, extra, args.max_tokens)
                 for clients in (1, 8):
                     results[(name, clients)] = asyncio.run(drive(
-                        base, args.model, extra, clients, args.requests, tokens,
+                        port, args.model, extra, clients, args.requests, tokens,
                         args.max_tokens))
         finally:
             for process in (bridge, peer, engine):

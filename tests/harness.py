@@ -27,8 +27,9 @@ def models_dir() -> pathlib.Path:
     configured = os.environ.get("MILLM_MODELS_DIR")
     data = os.environ.get("MILLM_DATA_DIR", str(ROOT / ".millm"))
     path = pathlib.Path(configured) if configured else pathlib.Path(data) / "models"
-    if not ((path / "millm-tiny" / "millm_model.json").is_file()
-            and (path / "millm-tiny-gguf" / "millm_model.json").is_file()):
+    from service.demo_model import build, gguf_export
+
+    if not (build.is_built(path) and gguf_export.is_exported(path)):
         subprocess.run(
             [sys.executable, "-m", "service.demo_model", "--models-dir", str(path)],
             check=True, cwd=ROOT,

@@ -16,13 +16,13 @@ import time
 import urllib.error
 import urllib.request
 
-import httpx
 import numpy as np
 import openai
 import pytest
 
 from tests import harness
 from tests.conftest import wait_until
+from tests.http_helpers import SseStream
 
 F32, Q8 = "millm-tiny-gguf:F32", "millm-tiny-gguf:Q8_0"
 MODELS = harness.ROOT / ".millm" / "models"
@@ -224,13 +224,15 @@ def test_a_trailing_assistant_message_is_continued(client, gclient):
 
 
 def test_stop_sequences_cut_the_text(gclient):
-    full = greedy_chat(gclient, F32, "Tell me a story about the river.")
+    def greedy(**extra):
+        return gclient.completions.create(model=F32, prompt="Once upon a time", max_tokens=30,
+                                          temperature=0, **extra).choices[0]
+
+    full = greedy().text
     word = full.split()[3]
-    reply = gclient.chat.completions.create(
-        model=F32, messages=[{"role": "user", "content": "Tell me a story about the river."}],
-        temperature=0, max_tokens=40, stop=[word])
-    assert reply.choices[0].finish_reason == "stop"
-    assert reply.choices[0].message.content == full[: full.index(word)]
+    cut = greedy(stop=[word])
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[: full.index(word)]
 
 
 def test_sampling_fields_change_the_draw_and_stay_in_range(gclient):
@@ -241,17 +243,22 @@ def test_sampling_fields_change_the_draw_and_stay_in_range(gclient):
     assert len(texts) > 1  # sampled, not greedy
 
 
-@pytest.mark.parametrize(("body", "param", "code"), [
-    ({"response_format": {"type": "json_object"}}, "response_format",
+CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
+
+
+@pytest.mark.parametrize(("route", "body", "param", "code"), [
+    ("chat", {"response_format": {"type": "json_object"}}, "response_format",
      "response_format_unsupported"),
-    ({"n": 2}, "n", "field_not_honoured"),
-    ({"logprobs": True, "max_tokens": 5}, "logprobs", "field_not_honoured"),
+    ("chat", {"n": 2}, "n", "field_not_honoured"),
+    ("completions", {"logprobs": 2, "max_tokens": 5}, "logprobs", "field_not_honoured"),
+    ("chat", {"seed": 7}, "seed", "field_not_honoured"),
 ])
-def test_unhonoured_fields_are_refused_before_any_load(gguf, body, param, code):
+def test_unhonoured_fields_are_refused_before_any_load(gguf, route, body, param, code):
     loaded_before = _loaded(gguf)
     other = Q8 if loaded_before == F32 else F32
-    status, reply, _ = post(gguf, "/v1/chat/completions", {
-        "model": other, "messages": [{"role": "user", "content": "Hi"}], **body})
+    path, base = (("/v1/chat/completions", CHAT) if route == "chat"
+                  else ("/v1/completions", {"prompt": "Hi"}))
+    status, reply, _ = post(gguf, path, {"model": other, **base, **body})
     assert status == 400 and reply["error"]["code"] == code and reply["error"]["param"] == param
     assert _loaded(gguf) == loaded_before  # nothing was loaded for it
 
@@ -285,10 +292,10 @@ def test_a_disconnected_stream_frees_the_engine_at_once(gguf, gclient):
 
     gclient.completions.create(model=F32, prompt="warm", max_tokens=1)
     before = status()["cancelled_generations_total"]
-    with httpx.stream("POST", f"{gguf.base_url}/v1/completions", timeout=30, json={
+    with SseStream(gguf.base_url, "/v1/completions", timeout=30, body={
             "model": F32, "prompt": "Once upon a time", "max_tokens": 1000, "stream": True,
             "ignore_eos": True}) as reply:
-        lines = reply.iter_lines()
+        lines = reply.lines()
         assert next(line for line in lines if line.startswith("data: "))
     # The engine noticed and dropped it: nothing runs, and the next request starts at once.
     assert wait_until(lambda: status()["cancelled_generations_total"] == before + 1, 10)

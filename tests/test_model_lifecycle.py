@@ -13,12 +13,12 @@ import time
 import urllib.error
 import urllib.request
 
-import httpx
 import openai
 import pytest
 
 from tests import harness
 from tests.conftest import wait_until
+from tests.http_helpers import SseStream
 
 TINY, F32, Q8 = "millm-tiny", "millm-tiny-gguf:F32", "millm-tiny-gguf:Q8_0"
 HUGE_BYTES = 4 * 2**40  # a sparse 4 TiB weights file: no machine here has that free
@@ -150,11 +150,11 @@ def test_explicit_load_and_unload(life):
 def test_requests_during_an_unload_are_model_busy_and_running_ones_finish(life):
     assert chat(life, TINY)[0] == 200
     tokens = 900
-    with httpx.stream("POST", f"{life.base_url}/v1/completions", timeout=120, json={
+    with SseStream(life.base_url, "/v1/completions", timeout=120, body={
             "model": TINY, "prompt": "Once upon a time", "max_tokens": tokens,
             "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}) as running:
-        lines = running.iter_lines()
+        lines = running.lines()
         assert next(line for line in lines if line.startswith("data: "))
         loader = concurrent.futures.ThreadPoolExecutor(1).submit(
             call, life, "POST", f"/api/models/{F32}/load")
@@ -238,10 +238,10 @@ def test_a_locked_server_lists_and_serves_only_its_model(locked):
 
 
 def test_an_unload_ends_requests_that_outlast_the_graceful_timeout(locked):
-    with httpx.stream("POST", f"{locked.base_url}/v1/completions", timeout=60, json={
+    with SseStream(locked.base_url, "/v1/completions", timeout=60, body={
             "model": Q8, "prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0,
             "ignore_eos": True, "stream": True}) as running:
-        lines = running.iter_lines()
+        lines = running.lines()
         assert next(line for line in lines if line.startswith("data: "))
         started = time.monotonic()
         status, body, _ = call(locked, "POST", f"/api/models/{Q8}/unload")

@@ -61,6 +61,22 @@ def refuse_unhonoured(params) -> None:
                                  "and with echo, not for generated text.")
 
 
+def token_piece(vocab, token: int, special: bool) -> bytes:
+    """A token's bytes. (llama-cpp-python's own token_to_piece returns its
+    whole 32-byte buffer, NUL padding included.)"""
+    import ctypes
+
+    from llama_cpp import llama_cpp as lib
+
+    size = 64
+    while True:
+        buffer = ctypes.create_string_buffer(size)
+        n = lib.llama_token_to_piece(vocab, token, buffer, size, 0, special)
+        if n >= 0:
+            return buffer.raw[:n]
+        size = -n  # too small: llama.cpp says how much it needs
+
+
 @dataclass
 class _Call:
     """Work on the model thread that is not a generation (scoring)."""
@@ -145,17 +161,17 @@ class GgufEngine(Engine):
         model = llm._model
         vocab = model.vocab
         n_vocab = llm.n_vocab()
-        self._token_bytes = [model.token_to_piece(i, special=False) for i in range(n_vocab)]
+        self._token_bytes = [token_piece(vocab, i, special=False) for i in range(n_vocab)]
         self._eog = frozenset(i for i in range(n_vocab) if lib.llama_vocab_is_eog(vocab, i))
         self._control = frozenset(i for i in range(n_vocab)
                                   if lib.llama_vocab_is_control(vocab, i))
         self._special_tokens = tuple(sorted({
-            model.token_to_piece(i, special=True).decode("utf-8", errors="replace")
+            token_piece(vocab, i, special=True).decode("utf-8", errors="replace")
             for i in self._control} - {""}))
         template = llm.metadata.get("tokenizer.chat_template")
         self._template_from_file = bool(template)
-        eos = model.token_to_piece(llm.token_eos(), special=True).decode("utf-8", "replace")
-        bos = model.token_to_piece(llm.token_bos(), special=True).decode("utf-8", "replace")
+        eos = token_piece(vocab, llm.token_eos(), special=True).decode("utf-8", "replace")
+        bos = token_piece(vocab, llm.token_bos(), special=True).decode("utf-8", "replace")
         # llama-cpp-python's Jinja formatter, as its own server uses it.
         self._formatter = Jinja2ChatFormatter(template or CHATML, eos_token=eos, bos_token=bos,
                                               add_generation_prompt=True)
@@ -334,7 +350,15 @@ class GgufEngine(Engine):
         """Generate one prompt's choice; False when the caller left."""
         llm, spec = self.llm, job.spec
         prompt = list(group.prompt_ids)
-        cached = self._reuse_prefix(prompt)
+        if spec.seed is None:
+            cached = self._reuse_prefix(prompt)
+        else:
+            # A seeded request evaluates its whole prompt from an empty cache:
+            # a reused prefix changes the batch shapes, and with them the last
+            # bits of the logits, so its text would depend on what ran before.
+            self.llm.reset()
+            self.llm._ctx.kv_cache_clear()
+            cached = 0
         with self._lock:
             self._cache_hits += cached
         llm.eval(prompt[cached:])
