@@ -26,6 +26,7 @@ from service.errors import (
     EngineError,
     context_length_exceeded,
     invalid_parameter,
+    model_not_found,
     model_not_loaded,
     unused_fields_refused,
 )
@@ -195,7 +196,13 @@ class InferenceService:
         return sorted(views, key=lambda v: (v.state != ModelState.LOADED, v.entry.id))
 
     def get_model(self, model_id: str) -> ModelView:
-        return self.lifecycle.view(self.registry.resolve(model_id))
+        try:
+            entry = self.registry.resolve(model_id)
+        except EngineError as exc:
+            if exc.code == "AMBIGUOUS_MODEL_NAME" and self.lifecycle.config.lock_model:
+                raise model_not_found(model_id) from None  # nothing else exists when locked
+            raise
+        return self.lifecycle.view(entry)
 
     def status(self) -> EngineStatus | None:
         return self.engine.status() if self.engine is not None else None

@@ -143,8 +143,15 @@ class ModelLifecycle:
         if self.loaded is not None and name == self.loaded.id:
             return self.engine.entry  # no disk scan on the hot path
         lock = self.config.lock_model
-        entry = self.registry.resolve(name)
-        if lock and entry.id != lock:
+        if not lock:
+            return self.registry.resolve(name)
+        try:
+            entry = self.registry.resolve(name)
+        except EngineError as exc:
+            if exc.code != "AMBIGUOUS_MODEL_NAME":
+                raise
+            raise model_not_found(name) from None
+        if entry.id != lock:
             # A locked server presents one model; the others do not exist for it.
             raise model_not_found(name)
         return entry

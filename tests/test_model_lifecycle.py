@@ -213,7 +213,7 @@ def test_concurrent_requests_for_one_new_model_load_it_once(life):
 
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory):
-    stack = harness.OwnStack(tmp_path_factory.mktemp("locked"), MILLM_LOCK_MODEL=Q8,
+    stack = harness.OwnStack(tmp_path_factory.mktemp("locked"), MILLM_LOCK_MODEL=TINY,
                              MILLM_GRACEFUL_UNLOAD_TIMEOUT="0.3")
     yield stack
     stack.stop()
@@ -221,10 +221,11 @@ def locked(tmp_path_factory):
 
 def test_a_locked_server_lists_and_serves_only_its_model(locked):
     client = openai.OpenAI(base_url=f"{locked.base_url}/v1", api_key="x", max_retries=0)
-    assert [m.id for m in client.models.list().data] == [Q8]
-    assert client.chat.completions.create(model=Q8, messages=[{"role": "user", "content": "Hi"}],
-                                          max_tokens=2).model == Q8
-    for other in (TINY, F32):
+    assert [m.id for m in client.models.list().data] == [TINY]
+    assert client.chat.completions.create(model=TINY,
+                                          messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=2).model == TINY
+    for other in (Q8, F32, "millm-tiny-gguf"):
         with pytest.raises(openai.NotFoundError) as caught:
             client.chat.completions.create(model=other,
                                            messages=[{"role": "user", "content": "Hi"}])
@@ -234,21 +235,21 @@ def test_a_locked_server_lists_and_serves_only_its_model(locked):
     # The management view still shows everything on disk.
     _, body, _ = call(locked, "GET", "/api/models")
     locked_out = {m["id"]: m["locked_out"] for m in body["data"]}
-    assert locked_out[Q8] is False and locked_out[TINY] is True
+    assert locked_out[TINY] is False and locked_out[Q8] is True
 
 
 def test_an_unload_ends_requests_that_outlast_the_graceful_timeout(locked):
     with SseStream(locked.base_url, "/v1/completions", timeout=60, body={
-            "model": Q8, "prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0,
+            "model": TINY, "prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0,
             "ignore_eos": True, "stream": True}) as running:
         lines = running.lines()
         assert next(line for line in lines if line.startswith("data: "))
         started = time.monotonic()
-        status, body, _ = call(locked, "POST", f"/api/models/{Q8}/unload")
+        status, body, _ = call(locked, "POST", f"/api/models/{TINY}/unload")
         assert status == 200 and time.monotonic() - started < 10
         rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]"
     error = json.loads(rest[-2][6:])
     assert error["error"]["code"] == "model_busy"
     # The next request loads the model again.
-    assert chat(locked, Q8)[0] == 200
+    assert chat(locked, TINY)[0] == 200
