@@ -148,6 +148,11 @@ def continuation(turns) -> tuple[list[dict[str, str]], str | None]:
         for t in turns
     ]
     if messages and messages[-1]["role"] == "assistant":
+        if len(messages) == 1:
+            # Nothing before the partial answer: no template renders an empty
+            # conversation (HF's refuses it), so this is the caller's to fix.
+            raise invalid_parameter("messages", "A trailing assistant message is continued, "
+                                    "so it needs at least one message before it.")
         return messages[:-1], messages[-1]["content"]
     return messages, None
 
