@@ -37,6 +37,7 @@ PEER_NEUTRAL = {"repeat_penalty": 1.0, "top_k": 0, "min_p": 0.0}
 
 
 _CONTENT = re.compile(rb'"content":\s?"[^"]')
+_FINISHED = re.compile(rb'"finish_reason":\s?"')
 
 
 async def one(port: int, body: dict) -> float:
@@ -60,8 +61,8 @@ async def one(port: int, body: dict) -> float:
         if b"data: [DONE]" in buffer:
             break
     writer.close()
-    if b" 200 " not in buffer.split(b"\r\n", 1)[0]:
-        raise RuntimeError(f"request failed: {buffer[:300]!r}")
+    if b" 200 " not in buffer.split(b"\r\n", 1)[0] or not _FINISHED.search(buffer):
+        raise RuntimeError(f"request failed or ended early: {buffer[:300]!r}")
     return first or 0.0
 
 
@@ -110,7 +111,7 @@ def main() -> int:
     server_cpus, client_cpus = ({cpus[0]}, set(cpus[1:])) if len(cpus) > 1 else (None, None)
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
-    results = {}
+    results, lengths = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         engine, grpc_port = harness.start_engine(tmp, server_cpus, MILLM_MODEL=args.model)
@@ -125,6 +126,7 @@ def main() -> int:
             servers = {"miLLM": (http_port, {}), "llama_cpp.server": (peer_port, PEER_NEUTRAL)}
             for name, (port, extra) in servers.items():
                 tokens = completion_tokens(port, args.model, extra, args.max_tokens)
+                lengths[name] = statistics.mean(tokens.values())
                 for clients in (1, 8):
                     results[(name, clients)] = asyncio.run(drive(
                         port, args.model, extra, clients, args.requests, tokens,
@@ -134,7 +136,8 @@ def main() -> int:
                 if process is not None:
                     process.stop()
     print(f"GGUF peer benchmark: {args.model}, {args.requests} streamed greedy chats per "
-          f"cell, max_tokens {args.max_tokens}, llama.cpp with 1 thread")
+          f"cell, max_tokens {args.max_tokens}, llama.cpp with 1 thread; answers average "
+          + ", ".join(f"{n:.1f} tokens on {name}" for name, n in lengths.items()))
     print(f"{'server':<18} {'clients':>7} {'tokens/s':>9} {'TTFT p50':>10} {'TTFT p95':>10}")
     for (name, clients), r in results.items():
         print(f"{name:<18} {clients:>7} {r['tokens_per_s']:>9.0f} {r['ttft_p50_ms']:>8.1f}ms "

@@ -172,5 +172,8 @@ def start_llama_cpp_server(tmp: pathlib.Path, model_path: pathlib.Path, n_ctx: i
     port = free_port()
     args = [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
             "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
-            "--n_threads", "1", "--n_threads_batch", "1", "--verbose", "False"]
+            "--n_threads", "1", "--n_threads_batch", "1", "--verbose", "False",
+            # Its default lets a new request cut the running stream short;
+            # miLLM queues instead, so the peer must too for a fair comparison.
+            "--interrupt_requests", "False"]
     return Process(args, dict(os.environ), tmp / f"llama-cpp-server-{port}.log", cpus), port
