@@ -253,3 +253,13 @@ def test_an_unload_ends_requests_that_outlast_the_graceful_timeout(locked):
     assert error["error"]["code"] == "model_busy"
     # The next request loads the model again.
     assert chat(locked, TINY)[0] == 200
+
+
+def test_the_python_client_loads_and_unloads(life):
+    from millm.client import Client
+    from millm.v1 import model_pb2
+
+    with Client(life.grpc_target) as client:
+        assert client.load_model(F32).state == model_pb2.MODEL_STATE_LOADED
+        assert client.unload_model(F32).state == model_pb2.MODEL_STATE_READY
+        assert client.load_model(TINY).engine == "transformers"
