@@ -128,8 +128,9 @@ class ModelLifecycle:
         self._leases: set[Lease] = set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._switching = asyncio.Lock()
-        self._load_done: asyncio.Event | None = None
+        # The model change that runs (a task of its own), and the model it is for.
+        self._change: asyncio.Future | None = None
+        self._change_target: str | None = None
         # Requests load models on demand only once the startup model has
         # loaded (before that the engine is not SERVING and answers
         # model_not_loaded).
@@ -171,9 +172,14 @@ class ModelLifecycle:
     # -- leases -------------------------------------------------------------------
 
     def _busy(self) -> EngineError:
+        if self.transition is None:
+            return model_busy("Another model change is running; retry once it finishes.")
         state, model = self.transition
         doing = "unloading" if state == ModelState.UNLOADING else "loading"
         return model_busy(f"The server is {doing} '{model}'; retry once it finishes.")
+
+    def _changing(self) -> bool:
+        return self._change is not None and not self._change.done()
 
     async def acquire(self, name: str) -> Lease:
         """A lease on the engine serving `name`, loading it first if needed."""
@@ -182,13 +188,17 @@ class ModelLifecycle:
             if not self.started:
                 raise model_not_loaded("The engine is still starting: its startup model is not "
                                        "loaded yet; retry shortly.")
-            if self.transition is not None:
-                state, model = self.transition
-                if state == ModelState.LOADING and model == entry.id and self._load_done:
-                    # Wait for the load already running rather than start another.
-                    await self._load_done.wait()
+            if self._changing():
+                if self.transition == (ModelState.LOADING, entry.id) or (
+                        self.transition is None and self._change_target == entry.id):
+                    # Wait for the load that is coming rather than start another.
+                    await asyncio.shield(self._change)
                     continue
-                raise self._busy()
+                if self.transition is not None or self.loaded is None \
+                        or self.loaded.id != entry.id:
+                    raise self._busy()
+                # A change is about to start: this request holds the model, and
+                # the unload waits for it like for any running request.
             if self.loaded is not None and self.loaded.id == entry.id:
                 lease = Lease(self, self.engine, self.loaded)
                 self._leases.add(lease)
@@ -243,19 +253,27 @@ class ModelLifecycle:
         """Make `entry` the loaded model (steps 1-4 of the module docstring).
         The change runs as a task of its own: a caller that goes away mid-way
         never leaves a half-moved model behind."""
-        if self._switching.locked():
-            raise self._busy() if self.transition else model_busy(
-                "Another model change is running; retry once it finishes.")
-        return await asyncio.shield(asyncio.ensure_future(self._switch(entry)))
+        return await self._run_change(entry.id, self._switch(entry))
+
+    async def _run_change(self, target: str, change) -> object:
+        """Start a model change unless one runs (checked and claimed with no
+        await in between, so two callers can never both start one)."""
+        if self._changing():
+            change.close()
+            if self._change_target == target:
+                return await asyncio.shield(self._change)
+            raise self._busy()
+        self._change_target = target
+        self._change = asyncio.ensure_future(change)
+        return await asyncio.shield(self._change)
 
     async def _switch(self, entry: ModelEntry) -> LoadedModel:
-        async with self._switching:
-            if self.loaded is not None and self.loaded.id == entry.id:
-                return self.loaded
-            self.check_load(entry)
-            if self.engine is not None:
-                await self._unload()
-            return await self._load(entry)
+        if self.loaded is not None and self.loaded.id == entry.id:
+            return self.loaded
+        self.check_load(entry)
+        if self.engine is not None:
+            await self._unload()
+        return await self._load(entry)
 
     async def _unload(self) -> None:
         engine, info = self.engine, self.loaded
@@ -285,7 +303,6 @@ class ModelLifecycle:
 
     async def _load(self, entry: ModelEntry) -> LoadedModel:
         self.transition = (ModelState.LOADING, entry.id)
-        self._load_done = asyncio.Event()
         engine = self._make_engine(entry)
         started = time.monotonic()
         try:
@@ -303,7 +320,6 @@ class ModelLifecycle:
                               f"failed: {message}", "model") from None
         finally:
             self.transition = None
-            self._load_done.set()
         self.failed.pop(entry.id, None)
         self.engine, self.loaded = engine, info
         self.started = True
@@ -316,17 +332,12 @@ class ModelLifecycle:
 
     async def unload(self, name: str) -> ModelEntry:
         entry = self.resolve(name)
-        if self._switching.locked():
-            raise self._busy() if self.transition else model_busy(
-                "Another model change is running; retry once it finishes.")
-        await asyncio.shield(asyncio.ensure_future(self._unload_named(entry)))
+        if self.loaded is None or self.loaded.id != entry.id or self._changing():
+            if self._changing():
+                raise self._busy()
+            raise invalid_parameter("model", f"The model '{entry.id}' is not loaded.")
+        await self._run_change(f"unload:{entry.id}", self._unload())
         return entry
-
-    async def _unload_named(self, entry: ModelEntry) -> None:
-        async with self._switching:
-            if self.loaded is None or self.loaded.id != entry.id:
-                raise invalid_parameter("model", f"The model '{entry.id}' is not loaded.")
-            await self._unload()
 
     def shutdown(self) -> None:
         if self.engine is not None:

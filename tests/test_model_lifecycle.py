@@ -263,3 +263,32 @@ def test_the_python_client_loads_and_unloads(life):
         assert client.load_model(F32).state == model_pb2.MODEL_STATE_LOADED
         assert client.unload_model(F32).state == model_pb2.MODEL_STATE_READY
         assert client.load_model(TINY).engine == "transformers"
+
+
+def test_two_changes_claimed_in_the_same_instant_start_one_load():
+    """In process, on the real models: two requests for two other models in the
+    same event-loop turn; exactly one change runs, the other is model_busy,
+    and a third request for the model being loaded waits for it."""
+    import asyncio
+
+    from service.errors import EngineError
+    from service.model_lifecycle import LifecycleConfig, ModelLifecycle
+    from service.model_registry import ModelRegistry
+
+    async def main():
+        life = ModelLifecycle(ModelRegistry(harness.models_dir()), LifecycleConfig(device="cpu"))
+        await life.load(TINY)
+        results = await asyncio.gather(life.acquire(F32), life.acquire(Q8), life.acquire(F32),
+                                       return_exceptions=True)
+        try:
+            first, second, third = results
+            assert first.info.id == F32 and third.info.id == F32
+            assert isinstance(second, EngineError) and second.code == "model_busy"
+            assert life.loaded.id == F32
+        finally:
+            for lease in (first, third):
+                if not isinstance(lease, BaseException):
+                    lease.release()
+            life.shutdown()
+
+    asyncio.run(main())
