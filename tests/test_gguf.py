@@ -324,3 +324,56 @@ def test_a_seed_reproduces_byte_identical_text(gguf, gclient, model):
     others = {gclient.chat.completions.create(seed=seed, **body).choices[0].message.content
               for seed in (1, 2, 3)}
     assert others - texts  # the seed is what decides the draw
+
+
+# -- the same OpenAI SDK calls on both engines ------------------------------------------------
+
+SDK_CALLS = {
+    "chat with a system prompt": lambda c, m: c.chat.completions.create(
+        model=m, messages=[{"role": "system", "content": "You are concise."},
+                           {"role": "user", "content": "Where is the lighthouse?"}],
+        temperature=0, max_completion_tokens=24),
+    "two raw prompts": lambda c, m: c.completions.create(
+        model=m, prompt=["The river ran", "In the morning the market"], temperature=0,
+        max_tokens=12),
+    "token-id prompt": lambda c, m: c.completions.create(
+        model=m, prompt=[40, 41, 42, 43], temperature=0, max_tokens=8),
+}
+
+
+def _shape(reply) -> dict:
+    body = reply.model_dump()
+    return {"object": body["object"], "indexes": [c["index"] for c in body["choices"]],
+            "finish": [c["finish_reason"] for c in body["choices"]],
+            "texts": [c.get("text") or c["message"]["content"] for c in body["choices"]],
+            "usage": {k: body["usage"][k] for k in ("prompt_tokens", "completion_tokens")}}
+
+
+@pytest.mark.parametrize("name", sorted(SDK_CALLS))
+def test_both_engines_answer_the_same_sdk_calls(client, gclient, name):
+    ours, theirs = SDK_CALLS[name](gclient, F32), SDK_CALLS[name](client, "millm-tiny")
+    assert _shape(ours) == _shape(theirs)
+    assert ours.system_fingerprint.endswith(":gguf")
+    assert theirs.system_fingerprint.endswith(":transformers")
+
+
+def test_both_engines_stream_the_same_chat(client, gclient):
+    def streamed(c, model):
+        chunks = list(c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Tell me a story."}],
+            temperature=0, max_tokens=20, stream=True, stream_options={"include_usage": True}))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        return text, chunks[-1].usage.completion_tokens, chunks[-1].usage.prompt_tokens
+
+    assert streamed(gclient, F32) == streamed(client, "millm-tiny")
+
+
+def test_capabilities_describe_the_gguf_engine(gguf, gclient):
+    gclient.completions.create(model=F32, prompt="Hi", max_tokens=1)
+    with urllib.request.urlopen(f"{gguf.base_url}/api/capabilities", timeout=10) as reply:
+        caps = json.loads(reply.read())
+    assert caps["engine"] == "gguf" and caps["model"] == F32
+    assert caps["features"]["scoring"] is True and caps["features"]["structured_output"] is False
+    honoured = {(f["field"], f["route"]): f["honoured"] for f in caps["fields"]}
+    assert honoured[("seed", "chat")] and honoured[("echo", "completions")]
+    assert not honoured[("n", "chat")] and not honoured[("response_format", "chat")]
