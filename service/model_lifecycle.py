@@ -219,8 +219,9 @@ class ModelLifecycle:
             raise EngineError("unsupported_quantization", f"The model '{entry.id}' cannot be "
                               f"loaded: {entry.unsupported}.", "model")
         device = "cpu" if entry.engine == GGUF else self.config.device
-        needed = entry.size_bytes + self.config.memory_headroom_bytes
-        freed = self.engine.entry.size_bytes if self.engine is not None else 0
+        weights, cache = self.memory_needed(entry, device)
+        needed = weights + cache + self.config.memory_headroom_bytes
+        freed = sum(self.memory_needed(self.engine.entry, device)) if self.engine else 0
         figures = [(name, free + freed) for name, free in available_memory_bytes(device)]
         if not any(free >= needed for _, free in figures):
             by_device = "; ".join(
@@ -231,11 +232,27 @@ class ModelLifecycle:
             raise EngineError(
                 "insufficient_memory",
                 f"The model '{entry.id}' needs about {needed / MIB:.0f} MiB "
-                f"({entry.size_bytes / MIB:.0f} MiB of weights and "
+                f"({weights / MIB:.0f} MiB of weights, {cache / MIB:.0f} MiB of KV cache and "
                 f"{self.config.memory_headroom_bytes / MIB:.0f} MiB of headroom), and no "
                 f"device holds it: {by_device}. The loaded model keeps serving.", "model",
                 details={"needed_bytes": needed,
                          "free_bytes": ",".join(f"{n}={f}" for n, f in figures)})
+
+    def memory_needed(self, entry: ModelEntry, device: str) -> tuple[int, int]:
+        """(weights, KV cache allocated at load) in bytes, as the engine will hold them."""
+        if entry.engine == GGUF:
+            context = entry.context_length
+            if self.config.gguf_context:
+                context = min(context, self.config.gguf_context) if context \
+                    else self.config.gguf_context
+            return entry.size_bytes, entry.kv_bytes_per_token * context
+        weights = entry.size_bytes
+        on_cpu = device == "cpu" or (device == "auto" and not any(
+            name.startswith("cuda") for name, _ in available_memory_bytes("auto")))
+        if on_cpu and entry.stored_bytes_per_param == 2:
+            weights *= 2  # the transformers engine computes in float32 on a CPU
+        # The transformers engine grows its KV cache with the requests: headroom covers it.
+        return weights, 0
 
     def _make_engine(self, entry: ModelEntry) -> Engine:
         config = self.config

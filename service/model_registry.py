@@ -51,6 +51,13 @@ class ModelEntry:
     size_bytes: int = 0
     # Why this engine cannot load its quantization; "" when it can.
     unsupported: str = ""
+    # Bytes per parameter as stored (2 for a float16/bfloat16 checkpoint, which
+    # the transformers engine widens to float32 on a CPU); 0 when not known.
+    stored_bytes_per_param: int = 0
+    # GGUF: the trained context, and the f16 KV cache bytes one token takes
+    # (llama.cpp allocates the whole context's cache at load).
+    context_length: int = 0
+    kv_bytes_per_token: int = 0
 
 
 def _metadata(directory: pathlib.Path) -> dict:
@@ -92,6 +99,9 @@ def _checkpoint_entry(path: pathlib.Path) -> ModelEntry:
                            "engine does not have")
     size = sum(f.stat().st_size for f in path.iterdir()
                if f.suffix in (".safetensors", ".bin") and f.is_file())
+    dtype = str((config.get("dtype") or config.get("torch_dtype") or "")
+                if isinstance(config, dict) else "")
+    stored = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 0)
     return ModelEntry(
         id=path.name,
         path=path,
@@ -101,6 +111,7 @@ def _checkpoint_entry(path: pathlib.Path) -> ModelEntry:
         quantization=quantization,
         size_bytes=size,
         unsupported=unsupported,
+        stored_bytes_per_param=stored,
     )
 
 
@@ -123,6 +134,8 @@ def _file_type_name(value: int) -> str | None:
 class _GgufFacts:
     quantization: str
     unsupported: str
+    context_length: int = 0
+    kv_bytes_per_token: int = 0
 
 
 class _GgufFactsCache:
@@ -161,9 +174,25 @@ def _read_gguf(path: pathlib.Path) -> _GgufFacts:
         return _GgufFacts(fallback, "")
     except (KeyError, OSError):
         return _GgufFacts(fallback, "")
+    def number(key: str) -> int:
+        found = reader.get_field(key)
+        try:
+            return int(found.contents()) if found is not None else 0
+        except (TypeError, ValueError):  # a per-layer array: take the largest
+            return max(int(v) for v in found.contents())
+
     field = reader.get_field("general.file_type")
     name = _file_type_name(int(field.contents())) if field is not None else None
-    return _GgufFacts(name or fallback, "")
+    arch_field = reader.get_field("general.architecture")
+    arch = str(arch_field.contents()) if arch_field is not None else "llama"
+    heads = number(f"{arch}.attention.head_count")
+    kv_heads = number(f"{arch}.attention.head_count_kv") or heads
+    head_dim = number(f"{arch}.attention.key_length") or (
+        number(f"{arch}.embedding_length") // heads if heads else 0)
+    value_dim = number(f"{arch}.attention.value_length") or head_dim
+    # K and V, f16 (2 bytes), every layer.
+    per_token = number(f"{arch}.block_count") * kv_heads * (head_dim + value_dim) * 2
+    return _GgufFacts(name or fallback, "", number(f"{arch}.context_length"), per_token)
 
 
 _GGUF_FACTS = _GgufFactsCache()
@@ -186,6 +215,8 @@ def _gguf_entry(path: pathlib.Path, repo: str, meta: dict) -> ModelEntry:
         quantization=facts.quantization,
         size_bytes=path.stat().st_size,
         unsupported=facts.unsupported,
+        context_length=facts.context_length,
+        kv_bytes_per_token=facts.kv_bytes_per_token,
     )
 
 
