@@ -26,6 +26,7 @@ from service.errors import (
     EngineError,
     context_length_exceeded,
     invalid_parameter,
+    model_busy,
     model_not_found,
     model_not_loaded,
     unused_fields_refused,
@@ -409,10 +410,14 @@ class InferenceService:
             if spec.scoring or spec.groups[0].max_tokens == 0:
                 return
         job = GenerationJob(spec=spec, loop=asyncio.get_running_loop())
+        engine = self.engine
         if lease is not None:
+            if lease.released:  # a forced unload ended it: its engine is gone
+                raise model_busy("The model was unloaded before this request ran; retry.")
+            engine = lease.engine
             lease.jobs.append(job)  # ended by a forced unload (model_lifecycle.py)
         # Submitting first means a full queue is refused before the stream opens.
-        self.engine.submit(job)
+        engine.submit(job)
         try:
             if not spec.echo:
                 yield self._started(spec)

@@ -88,6 +88,10 @@ class Lease:
         self.jobs: list[GenerationJob] = []
         self._released = False
 
+    @property
+    def released(self) -> bool:
+        return self._released
+
     def release(self) -> None:
         if not self._released:
             self._released = True
