@@ -19,8 +19,10 @@ import urllib.request
 import numpy as np
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from tests import harness
+from tests import test_fuzz_bodies as fuzz
 from tests.conftest import wait_until
 from tests.http_helpers import SseStream
 
@@ -377,3 +379,28 @@ def test_capabilities_describe_the_gguf_engine(gguf, gclient):
     honoured = {(f["field"], f["route"]): f["honoured"] for f in caps["fields"]}
     assert honoured[("seed", "chat")] and honoured[("echo", "completions")]
     assert not honoured[("n", "chat")] and not honoured[("response_format", "chat")]
+
+
+# -- generated bodies on the GGUF engine -------------------------------------------------------
+
+GGUF_FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
+                     suppress_health_check=[HealthCheck.too_slow,
+                                            HealthCheck.function_scoped_fixture])
+
+
+def _on_gguf(payload):
+    if isinstance(payload, dict) and payload.get("model") == fuzz.MODEL:
+        return {**payload, "model": F32}
+    return payload
+
+
+@GGUF_FUZZ
+@given(payload=fuzz.CHAT_BODIES.map(_on_gguf), headers=fuzz.STRICT)
+def test_generated_chat_bodies_never_get_a_5xx_on_gguf(gguf, payload, headers):
+    fuzz.check(gguf, "/v1/chat/completions", payload, headers)
+
+
+@GGUF_FUZZ
+@given(payload=fuzz.COMPLETION_BODIES.map(_on_gguf), headers=fuzz.STRICT)
+def test_generated_completion_bodies_never_get_a_5xx_on_gguf(gguf, payload, headers):
+    fuzz.check(gguf, "/v1/completions", payload, headers)
