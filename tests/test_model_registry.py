@@ -50,7 +50,7 @@ def test_names_resolve_to_one_model(models):
     assert caught.value.code == "model_not_found"
 
 
-def test_a_bare_name_with_several_quantizations_is_ambiguous(tmp_path):
+def test_a_bare_name_with_several_quantizations_is_ambiguous():
     source = harness.models_dir()
     registry = ModelRegistry(source)
     with pytest.raises(EngineError) as caught:
