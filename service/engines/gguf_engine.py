@@ -29,7 +29,13 @@ import numpy as np
 
 from service.chat_template import CHATML
 from service.engines.base import Engine, EngineStatus, LoadedModel
-from service.errors import EngineError, field_not_honoured, internal_error, invalid_parameter
+from service.errors import (
+    EngineError,
+    field_not_honoured,
+    internal_error,
+    invalid_parameter,
+    queue_full,
+)
 from service.generation_job import (
     ChoiceDelta,
     FinishReason,
@@ -170,8 +176,9 @@ class GgufEngine(Engine):
             for i in self._control} - {""}))
         template = llm.metadata.get("tokenizer.chat_template")
         self._template_from_file = bool(template)
-        eos = token_piece(vocab, llm.token_eos(), special=True).decode("utf-8", "replace")
-        bos = token_piece(vocab, llm.token_bos(), special=True).decode("utf-8", "replace")
+        # A file may have no BOS (or EOS): llama.cpp says -1, and the template gets "".
+        eos, bos = (token_piece(vocab, i, special=True).decode("utf-8", "replace")
+                    if 0 <= i < n_vocab else "" for i in (llm.token_eos(), llm.token_bos()))
         # llama-cpp-python's Jinja formatter, as its own server uses it.
         self._formatter = Jinja2ChatFormatter(template or CHATML, eos_token=eos, bos_token=bos,
                                               add_generation_prompt=True)
@@ -223,8 +230,6 @@ class GgufEngine(Engine):
         self._thread.start()
 
     def submit(self, job: GenerationJob) -> None:
-        from service.errors import queue_full
-
         with self._lock:
             if self._waiting >= self.max_queued:
                 raise queue_full(self.max_queued)
