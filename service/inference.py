@@ -320,9 +320,6 @@ class InferenceService:
             unused.append("user")
         if params.strict and unused:
             raise unused_fields_refused(unused)
-        if entry.engine == GGUF:
-            raise invalid_parameter("model", f"Embeddings are not served on GGUF models "
-                                    f"('{entry.id}'); use a transformers checkpoint.")
         lease = await self.lifecycle.acquire(params.model)
         try:
             return await self._embed(params, lease, unused)
@@ -356,7 +353,10 @@ class InferenceService:
                     f"input[{i}]", f"This model's maximum context length is "
                     f"{info.context_window} tokens. However, input {i} has {len(tokens)} "
                     "tokens. Please shorten it.")
-        vectors = await engine.call(lambda ctx: reading.embed(ctx, ids))
+        if engine.kind == GGUF:
+            vectors = await engine.embed_inputs(ids)
+        else:
+            vectors = await engine.call(lambda ctx: reading.embed(ctx, ids))
         return EmbedResult(vectors, sum(len(t) for t in ids), info.id, tuple(unused))
 
     def _started(self, spec: ValidatedGeneration) -> GenerationStarted:

@@ -266,10 +266,17 @@ def test_unhonoured_fields_are_refused_before_any_load(gguf, route, body, param,
     assert _loaded(gguf) == loaded_before  # nothing was loaded for it
 
 
-def test_embeddings_are_refused_on_gguf(gclient):
-    with pytest.raises(openai.BadRequestError) as caught:
-        gclient.embeddings.create(model=F32, input="the mill")
-    assert caught.value.body["param"] == "model"
+def test_embeddings_equal_the_transformers_engine(client, gclient):
+    inputs = ["the mill by the river", "Cats sleep", "Once upon a time, a miller lived"]
+    ours = gclient.embeddings.create(model=F32, input=inputs)
+    theirs = client.embeddings.create(model="millm-tiny", input=inputs)
+    assert ours.usage.prompt_tokens == theirs.usage.prompt_tokens
+    for a, b in zip(ours.data, theirs.data, strict=True):
+        assert a.index == b.index and len(a.embedding) == len(b.embedding) == 64
+        assert max(abs(x - y) for x, y in zip(a.embedding, b.embedding, strict=True)) < 1e-4
+    # One input's vector does not depend on the others sent with it.
+    alone = gclient.embeddings.create(model=F32, input=inputs[1]).data[0].embedding
+    assert alone == ours.data[1].embedding
 
 
 def _loaded(stack) -> str:

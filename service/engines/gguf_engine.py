@@ -6,7 +6,7 @@ contexts (they are not thread-safe) and serves jobs one at a time, first in,
 first out; a job whose caller left is dropped between two tokens, so the next
 one starts at once.
 
-Two contexts share the memory-mapped weights:
+Up to three contexts share the memory-mapped weights:
 
 - the *generation* context keeps the KV cache of the last sequence it ran; a
   new prompt that starts with the same tokens (a system prompt, a chat's
@@ -14,7 +14,9 @@ Two contexts share the memory-mapped weights:
   usage.prompt_tokens_details.cached_tokens;
 - the *scoring* context, made on first use, keeps every position's logits
   (logits_all) and an f32 KV cache, so log-probabilities are not moved by f16
-  rounding. Every scored prompt is evaluated from an empty cache.
+  rounding. Every scored prompt is evaluated from an empty cache;
+- the *embedding* context, made on first use, mean-pools the last layer (as
+  the transformers engine does), also with an f32 KV cache.
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ class GgufEngine(Engine):
         self.requested_context = context
         self.llm = None
         self._scorer = None
+        self._embedder = None
         self.info: LoadedModel | None = None
         self._formatter = None
         self._template_from_file = False
@@ -449,6 +452,45 @@ class GgufEngine(Engine):
 
         return self.call(run)
 
+    # -- embeddings -------------------------------------------------------------------
+
+    def _embedding_context(self):
+        if self._embedder is None:
+            from llama_cpp import llama_cpp as lib
+
+            # Mean pooling of the last layer's normalised hidden states, as the
+            # transformers engine computes; a whole input fits one micro-batch,
+            # and the KV cache is f32 (f16 moves the vectors by ~3e-4).
+            window = self.info.context_window
+            self._embedder = self._open(n_ctx=window, n_batch=window, n_ubatch=window,
+                                        embedding=True, type_k=GGML_TYPE_F32,
+                                        type_v=GGML_TYPE_F32,
+                                        pooling_type=lib.LLAMA_POOLING_TYPE_MEAN)
+        return self._embedder
+
+    def embed_inputs(self, inputs: list[list[int]]):
+        """One mean-pooled vector per tokenized input; await the result."""
+        from llama_cpp import llama_cpp as lib
+
+        def run(engine: GgufEngine) -> list[list[float]]:
+            embedder = engine._embedding_context()
+            width = embedder.n_embd()
+            vectors = []
+            for ids in inputs:
+                # One input per pass from an empty cache: a vector never depends
+                # on its neighbours.
+                embedder._batch.reset()
+                embedder._ctx.kv_cache_clear()
+                embedder._batch.add_sequence(ids, 0, True)
+                embedder._ctx.decode(embedder._batch)
+                pooled = lib.llama_get_embeddings_seq(embedder._ctx.ctx, 0)
+                vectors.append([float(x) for x in pooled[:width]])
+            embedder._batch.reset()
+            embedder._ctx.kv_cache_clear()
+            return vectors
+
+        return self.call(run)
+
     # -- status and shutdown ----------------------------------------------------------
 
     async def clear_prefix_cache(self) -> int:
@@ -483,7 +525,7 @@ class GgufEngine(Engine):
         self._inbox.put(None)
         if self._thread is not None:
             self._thread.join(timeout=10)
-        for llm in (self.llm, self._scorer):
+        for llm in (self.llm, self._scorer, self._embedder):
             if llm is not None:
                 llm.close()
-        self.llm = self._scorer = None
+        self.llm = self._scorer = self._embedder = None

@@ -51,11 +51,12 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
         reply.context_window, reply.vocab_size = loaded.context_window, loaded.vocab_size
         reply.system_fingerprint = loaded.system_fingerprint
         on_transformers = loaded.engine == field_policy.TRANSFORMERS
-        # GGUF scores too (engines/gguf_engine.py), but serves no generation logprobs.
+        # GGUF scores and embeds too (engines/gguf_engine.py), but serves no
+        # generation logprobs.
         scores = on_transformers or loaded.engine == field_policy.GGUF
         reply.features.CopyFrom(server_service_pb2.Features(
             scoring=scores, logprobs=on_transformers, max_logprobs=MAX_LOGPROBS,
-            structured_output=on_transformers, embeddings=on_transformers, steering=False,
+            structured_output=on_transformers, embeddings=scores, steering=False,
             seed_scope=generation_pb2.SEED_SCOPE_REQUEST,
             max_batch=status.max_batch if status else 0))
         for name, route, honoured, code, why in field_policy.support_table(loaded.engine):
