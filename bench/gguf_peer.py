@@ -89,15 +89,20 @@ async def drive(port: int, model: str, extra: dict, clients: int, requests: int,
             "ttft_p95_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))]}
 
 
-def completion_tokens(port: int, model: str, extra: dict, max_tokens: int) -> dict[str, int]:
-    """Tokens each prompt's greedy answer has (the same on both servers)."""
+def completion_tokens(port: int, model: str, extra: dict, max_tokens: int,
+                      counts_end_token: bool) -> dict[str, int]:
+    """Text tokens of each prompt's greedy answer (the same on both servers).
+    miLLM's usage counts the end-of-turn token it generated, llama_cpp.server's
+    does not; it is left out here so both are measured on the same tokens."""
     counts = {}
     for prompt in PROMPTS:
         reply, content = http_helpers.post(port, "/v1/chat/completions", {
             "model": model, "messages": [{"role": "user", "content": prompt}],
             "temperature": 0, "max_tokens": max_tokens, **extra})
         assert reply.status == 200, content
-        counts[prompt] = json.loads(content)["usage"]["completion_tokens"]
+        answer = json.loads(content)
+        ended = answer["choices"][0]["finish_reason"] == "stop"
+        counts[prompt] = answer["usage"]["completion_tokens"] - (counts_end_token and ended)
     return counts
 
 
@@ -123,9 +128,10 @@ def main() -> int:
             bridge, http_port = harness.start_bridge(tmp, grpc_port, client_cpus)
             harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
             harness.wait_http(peer, f"http://127.0.0.1:{peer_port}/v1/models")
-            servers = {"miLLM": (http_port, {}), "llama_cpp.server": (peer_port, PEER_NEUTRAL)}
-            for name, (port, extra) in servers.items():
-                tokens = completion_tokens(port, args.model, extra, args.max_tokens)
+            servers = {"miLLM": (http_port, {}, True),
+                       "llama_cpp.server": (peer_port, PEER_NEUTRAL, False)}
+            for name, (port, extra, counts_end) in servers.items():
+                tokens = completion_tokens(port, args.model, extra, args.max_tokens, counts_end)
                 lengths[name] = statistics.mean(tokens.values())
                 for clients in (1, 8):
                     results[(name, clients)] = asyncio.run(drive(
