@@ -18,11 +18,20 @@ TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
 setup: $(INSTALLED)
 
+# llama-cpp-python builds llama.cpp from source (about 6 minutes on two cores,
+# once: pip's wheel cache keeps the wheel). Without its multimodal library
+# (mtmd), which miLLM does not use, and for a portable x86-64 baseline
+# (AVX2) rather than -march=native: this workplace's CPUs advertise AMX,
+# which the sandbox does not allow, and a native build dies with SIGILL on
+# quantized (Q8_0) matrices.
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+  -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+
 $(INSTALLED): pyproject.toml clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ./clients/python
-	$(PY) -m pip install --quiet -e '.[dev]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
 tools: $(BUF)
@@ -90,6 +99,7 @@ bench: setup proto model
 	$(PY) bench/serving.py
 	$(PY) bench/structured_output.py
 	$(PY) bench/steering.py
+	$(PY) bench/gguf_peer.py
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \

@@ -66,6 +66,29 @@ async def get_model(model_id: str, request: Request):
     return await request.app.state.models.get(model_id)
 
 
+@router.get("/api/models")
+async def manage_models(request: Request):
+    """Every model on disk with its state (ModelService.ListModels; admin)."""
+    return await request.app.state.models.manage_list()
+
+
+@router.get("/api/models/{model_id}")
+async def manage_model(model_id: str, request: Request):
+    return await request.app.state.models.manage_get(model_id)
+
+
+@router.post("/api/models/{model_id}/load")
+async def load_model(model_id: str, request: Request):
+    """Make the model the loaded one (ModelService.LoadModel; admin)."""
+    return await request.app.state.models.load(model_id)
+
+
+@router.post("/api/models/{model_id}/unload")
+async def unload_model(model_id: str, request: Request):
+    """Unload the loaded model (ModelService.UnloadModel; admin)."""
+    return await request.app.state.models.unload(model_id)
+
+
 @router.get("/healthz")
 async def healthz():
     return {"status": "ok"}

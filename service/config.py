@@ -37,6 +37,15 @@ class EngineConfig:
     cluster_intensity_max: float = 2.0
     circuit_intensity_min: float = 0.0
     circuit_intensity_max: float = 2.0
+    # Serve (and list) only this model; others are 404. Empty: any model on disk.
+    lock_model: str = ""
+    # An unload waits this long for running requests before ending them.
+    graceful_unload_timeout: float = 30.0
+    # Memory a load must leave free beyond the model's weights.
+    memory_headroom_mib: int = 256
+    # llama.cpp threads for GGUF models, and their context (0: the file's own).
+    gguf_threads: int = 1
+    gguf_context: int = 0
 
     @property
     def grpc_address(self) -> str:
@@ -118,12 +127,29 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         env = "MILLM_" + name.upper().replace("-", "_")
         parser.add_argument(f"--{name}", type=float, default=float(_env(env, default)),
                             help=f"{env} (default {default}; docs/steering.md)")
+    parser.add_argument("--lock-model", default=_env("MILLM_LOCK_MODEL", ""),
+                        help="MILLM_LOCK_MODEL: serve and list only this model id; others 404")
+    parser.add_argument(
+        "--graceful-unload-timeout", type=float,
+        default=float(_env("MILLM_GRACEFUL_UNLOAD_TIMEOUT", "30")),
+        help="MILLM_GRACEFUL_UNLOAD_TIMEOUT: seconds an unload waits for running requests")
+    parser.add_argument(
+        "--memory-headroom-mib", type=int, default=int(_env("MILLM_MEMORY_HEADROOM_MIB", "256")),
+        help="MILLM_MEMORY_HEADROOM_MIB: memory a load must leave free beyond the weights")
+    parser.add_argument("--gguf-threads", type=int, default=int(_env("MILLM_GGUF_THREADS", "1")),
+                        help="MILLM_GGUF_THREADS: llama.cpp threads for GGUF models")
+    parser.add_argument("--gguf-context", type=int, default=int(_env("MILLM_GGUF_CONTEXT", "0")),
+                        help="MILLM_GGUF_CONTEXT: GGUF context window (0: the file's own)")
     args = parser.parse_args(argv)
     for low, high in (("cluster_intensity_min", "cluster_intensity_max"),
                       ("circuit_intensity_min", "circuit_intensity_max")):
         if not 0 <= getattr(args, low) <= getattr(args, high) <= 2:
             parser.error(f"--{low.replace('_', '-')} and --{high.replace('_', '-')} must "
                          "satisfy 0 <= min <= max <= 2")
+    if args.graceful_unload_timeout < 0 or args.memory_headroom_mib < 0:
+        parser.error("--graceful-unload-timeout and --memory-headroom-mib must not be negative")
+    if args.gguf_threads < 1 or args.gguf_context < 0:
+        parser.error("--gguf-threads must be at least 1 and --gguf-context not negative")
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
@@ -142,7 +168,8 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         grpc_port=args.grpc_port,
         data_dir=data_dir,
         models_dir=models_dir,
-        model=args.model,
+        # A locked server starts with the model it is locked to.
+        model=args.lock_model or args.model,
         torch_threads=args.torch_threads,
         device=args.device,
         log_level=args.log_level.upper(),
@@ -160,4 +187,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         cluster_intensity_max=args.cluster_intensity_max,
         circuit_intensity_min=args.circuit_intensity_min,
         circuit_intensity_max=args.circuit_intensity_max,
+        lock_model=args.lock_model,
+        graceful_unload_timeout=args.graceful_unload_timeout,
+        memory_headroom_mib=args.memory_headroom_mib,
+        gguf_threads=args.gguf_threads,
+        gguf_context=args.gguf_context,
     )

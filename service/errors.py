@@ -45,6 +45,9 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "context_length_exceeded": ErrorCode(_S.INVALID_ARGUMENT, 400),
     # models
     "model_not_found": ErrorCode(_S.NOT_FOUND, 404),
+    # A bare GGUF repository name while it holds several quantizations (the
+    # reference spells this code in capitals).
+    "AMBIGUOUS_MODEL_NAME": ErrorCode(_S.INVALID_ARGUMENT, 400),
     "model_not_loaded": ErrorCode(_S.UNAVAILABLE, 503, SERVER_ERROR),
     "model_busy": ErrorCode(_S.UNAVAILABLE, 503, SERVER_ERROR),
     "model_load_failed": ErrorCode(_S.INTERNAL, 500, SERVER_ERROR),
@@ -153,6 +156,11 @@ def model_not_found(model: str) -> EngineError:
 
 def model_not_loaded(message: str) -> EngineError:
     return EngineError("model_not_loaded", message, "model")
+
+
+def model_busy(message: str) -> EngineError:
+    # Retry-After reaches HTTP clients through the bridge's error mapping.
+    return EngineError("model_busy", message, "model", details={"retry_after_s": 1})
 
 
 def context_length_exceeded(param: str, message: str) -> EngineError:

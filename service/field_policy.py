@@ -77,17 +77,21 @@ EXTRA_FIELD_RULES: dict[str, FieldRule] = {
 GENERATING = frozenset((route, engine) for route in (CHAT, COMPLETIONS)
                        for engine in (TRANSFORMERS, GGUF))
 ON_TRANSFORMERS = frozenset({(CHAT, TRANSFORMERS), (COMPLETIONS, TRANSFORMERS)})
+# Scoring reads llama.cpp's logits on GGUF too (engines/gguf_engine.py); the
+# GGUF engine refuses log-probabilities of generated text itself, before any load.
+SCORING = ON_TRANSFORMERS | {(CHAT, GGUF), (COMPLETIONS, GGUF)}
 
 CONTRACT_FIELD_RULES: dict[str, FieldRule] = {
     # n above 1: rows of one batch on the transformers engine
     "n": FieldRule((1,), ON_TRANSFORMERS, "several choices are not served here"),
-    "seed": FieldRule((), ON_TRANSFORMERS, "seeds are not yet measured to reproduce here"),
+    # GGUF: measured byte-identical over 20 runs per seed (docs/gguf.md), with a
+    # seeded request never reusing a cached prefix (engines/gguf_engine.py).
+    "seed": FieldRule((), GENERATING, "seeds are not yet measured to reproduce here"),
     "max_completion_tokens": FieldRule((), GENERATING, "nothing is generated here"),
-    "logprobs": FieldRule((), ON_TRANSFORMERS, "this engine gives no per-token distribution"),
-    "allowed_token_ids": FieldRule((), ON_TRANSFORMERS,
-                                   "this engine gives no per-token distribution"),
-    "echo": FieldRule((), frozenset({(COMPLETIONS, TRANSFORMERS)}),
-                      "only raw prompts on the transformers engine can be echoed"),
+    "logprobs": FieldRule((), SCORING, "this engine gives no per-token distribution"),
+    "allowed_token_ids": FieldRule((), SCORING, "this engine gives no per-token distribution"),
+    "echo": FieldRule((), frozenset({(COMPLETIONS, TRANSFORMERS), (COMPLETIONS, GGUF)}),
+                      "only raw prompts can be echoed"),
     "extra_messages": FieldRule((), frozenset({(CHAT, TRANSFORMERS)}),
                                 "extra conversations are served on chat completions only"),
     "response_format": FieldRule((), frozenset({(CHAT, TRANSFORMERS)}),

@@ -9,22 +9,24 @@ fit) and hands validated jobs to the engine.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from service import field_policy
-from service.engines import reading
+from service.engines import gguf_engine, reading
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.scheduler import SchedulerLimits
-from service.engines.transformers_engine import TransformersEngine
 from service.errors import (
     EngineError,
     context_length_exceeded,
     invalid_parameter,
+    model_busy,
     model_not_found,
     model_not_loaded,
     unused_fields_refused,
@@ -36,7 +38,8 @@ from service.generation_job import (
     StepOutput,
     ValidatedGeneration,
 )
-from service.model_registry import ModelEntry, ModelRegistry
+from service.model_lifecycle import Lease, LifecycleConfig, ModelLifecycle, ModelState, ModelView
+from service.model_registry import GGUF, ModelEntry, ModelRegistry
 from service.steering import intensity, readout
 from service.steering.manager import UNSTEERED, SteeringManager
 from service.steering.runtime import UNSTEERED as UNSTEERED_READ
@@ -59,17 +62,11 @@ from service.validation import (
 log = logging.getLogger(__name__)
 
 
-class ModelState:
-    READY = "ready"
-    LOADING = "loading"
-    LOADED = "loaded"
+__all__ = ["InferenceService", "ModelState", "ModelView"]
 
-
-@dataclass(frozen=True)
-class ModelView:
-    entry: ModelEntry
-    state: str
-    loaded: LoadedModel | None
+# The leases taken while one request is prepared (see InferenceService.prepare).
+_pending_lease: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "pending_lease", default=None)
 
 
 @dataclass(frozen=True)
@@ -168,6 +165,11 @@ def continuation(turns) -> tuple[list[dict[str, str]], str | None]:
         for t in turns
     ]
     if messages and messages[-1]["role"] == "assistant":
+        if len(messages) == 1:
+            # Nothing before the partial answer: no template renders an empty
+            # conversation (HF's refuses it), so this is the caller's to fix.
+            raise invalid_parameter("messages", "A trailing assistant message is continued, "
+                                    "so it needs at least one message before it.")
         return messages[:-1], messages[-1]["content"]
     return messages, None
 
@@ -179,66 +181,55 @@ class InferenceService:
         device: str = "auto",
         limits: SchedulerLimits | None = None,
         prefix_cache_tokens: int = 32768,
+        lifecycle: LifecycleConfig | None = None,
         steering: SteeringManager | None = None,
     ):
         self.registry = registry
         self.steering = steering
-        self.device = device
-        self.limits = limits or SchedulerLimits()
-        self.prefix_cache_tokens = prefix_cache_tokens
-        self.engine: Engine | None = None
-        self.loaded: LoadedModel | None = None
-        self.loading: str | None = None
-        self.load_error: str | None = None
+        self.lifecycle = ModelLifecycle(registry, lifecycle or LifecycleConfig(
+            device=device, limits=limits or SchedulerLimits(),
+            prefix_cache_tokens=prefix_cache_tokens))
+        if steering is not None:
+            # SAEs attach to whichever model is loaded, whenever it changes.
+            self.lifecycle.on_engine_change.append(steering.bind)
+        # Each prepared request's lease on the engine, until generate() ends it
+        # (or the prepared request is dropped unused).
+        self._leases: dict[int, Lease] = {}
 
-    # -- lifecycle ---------------------------------------------------------------
+    @property
+    def engine(self) -> Engine | None:
+        return self.lifecycle.engine
+
+    @property
+    def loaded(self) -> LoadedModel | None:
+        return self.lifecycle.loaded
+
+    # -- lifecycle (service/model_lifecycle.py) --------------------------------------
 
     async def load(self, model_id: str) -> LoadedModel:
-        entry = self.registry.get(model_id)
-        if entry is None:
-            raise model_not_found(model_id)
-        self.loading = model_id
-        try:
-            engine = TransformersEngine(entry, device=self.device, limits=self.limits,
-                                        prefix_cache_tokens=self.prefix_cache_tokens)
-            started = time.monotonic()
-            info = await asyncio.to_thread(engine.load)
-            engine.start(asyncio.get_running_loop())
-            log.info("loaded %s in %.1fs (%s)", model_id, time.monotonic() - started,
-                     info.system_fingerprint)
-        except Exception as exc:
-            self.load_error = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
-            self.loading = None
-        self.engine, self.loaded = engine, info
-        if self.steering is not None:
-            await self.steering.bind(engine)
-        return info
+        return await self.lifecycle.load(model_id)
+
+    async def unload(self, model_id: str) -> ModelEntry:
+        return await self.lifecycle.unload(model_id)
 
     def shutdown(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
+        self.lifecycle.shutdown()
 
     # -- models -------------------------------------------------------------------
 
-    def _view(self, entry: ModelEntry) -> ModelView:
-        if self.loaded is not None and entry.id == self.loaded.id:
-            return ModelView(entry, ModelState.LOADED, self.loaded)
-        if entry.id == self.loading:
-            return ModelView(entry, ModelState.LOADING, None)
-        return ModelView(entry, ModelState.READY, None)
-
     def list_models(self) -> list[ModelView]:
-        views = [self._view(e) for e in self.registry.scan()]
+        views = [self.lifecycle.view(e) for e in self.registry.scan()]
         # The loaded model first: clients that take the first id get one that answers.
         return sorted(views, key=lambda v: (v.state != ModelState.LOADED, v.entry.id))
 
     def get_model(self, model_id: str) -> ModelView:
-        entry = self.registry.get(model_id)
-        if entry is None:
-            raise model_not_found(model_id)
-        return self._view(entry)
+        try:
+            entry = self.registry.resolve(model_id)
+        except EngineError as exc:
+            if exc.code == "AMBIGUOUS_MODEL_NAME" and self.lifecycle.config.lock_model:
+                raise model_not_found(model_id) from None  # nothing else exists when locked
+            raise
+        return self.lifecycle.view(entry)
 
     def status(self) -> EngineStatus | None:
         return self.engine.status() if self.engine is not None else None
@@ -250,38 +241,53 @@ class InferenceService:
 
     # -- generation ----------------------------------------------------------------
 
-    def _serving_engine(self, model_id: str) -> Engine:
-        if not model_id:
-            raise invalid_parameter("model", "You must provide a model parameter.")
-        if self.loaded is not None and model_id == self.loaded.id:
-            return self.engine
-        if self.registry.get(model_id) is None:
-            raise model_not_found(model_id)
-        if model_id == self.loading:
-            raise model_not_loaded(f"The model '{model_id}' is still loading; retry shortly.")
-        serving = f"this engine serves '{self.loaded.id}'" if self.loaded else "no model is loaded"
-        raise model_not_loaded(
-            f"The model '{model_id}' is on disk but not loaded, and {serving}."
-        )
+    async def _serving_engine(self, model_id: str) -> Engine:
+        """The engine serving the named model, loaded first if another one is
+        (model_lifecycle.py); the request holds a lease on it until it ends."""
+        lease = await self.lifecycle.acquire(model_id)
+        holder = _pending_lease.get()
+        if holder is None:
+            lease.release()  # nobody would end it; the caller only reads facts
+        else:
+            holder.append(lease)
+        return lease.engine
 
     def _entry(self, model_id: str) -> ModelEntry:
-        if not model_id:
-            raise invalid_parameter("model", "You must provide a model parameter.")
-        if self.loaded is not None and model_id == self.loaded.id:
-            return self.engine.entry  # no disk scan on the hot path
-        entry = self.registry.get(model_id)
-        if entry is None:
-            raise model_not_found(model_id)
-        return entry
+        return self.lifecycle.resolve(model_id)
 
     async def prepare(self, params: GenerateParams) -> ValidatedGeneration:
-        """Validate a request completely, before anything is generated."""
+        """Validate a request completely, before anything is generated; the
+        prepared request holds a lease on the engine until generate() ends."""
+        holder: list[Lease] = []
+        token = _pending_lease.set(holder)
+        try:
+            spec = await self._prepare(params)
+        except BaseException:
+            for lease in holder:
+                lease.release()
+            raise
+        finally:
+            _pending_lease.reset(token)
+        for lease in holder:
+            self._leases[id(spec)] = lease
+            # A prepared request dropped without generate() still ends its lease.
+            weakref.finalize(spec, self._end_lease, id(spec))
+        return spec
+
+    def _end_lease(self, key: int) -> None:
+        lease = self._leases.pop(key, None)
+        if lease is not None:
+            lease.release()
+
+    async def _prepare(self, params: GenerateParams) -> ValidatedGeneration:
         entry = self._entry(params.model)
         # Which fields this route and engine honour is known without the model,
         # so a field that cannot be honoured is refused before any load.
         ignored = check_fields(params, entry.engine)
+        if entry.engine == GGUF:
+            gguf_engine.refuse_unhonoured(params)
         request_id = params.request_id or uuid.uuid4().hex
-        engine = self._serving_engine(params.model)
+        engine = await self._serving_engine(params.model)
         checked = check_params(params)
         if checked.scoring:
             ignored.extend(scoring_unused(params))
@@ -357,8 +363,14 @@ class InferenceService:
             unused.append("user")
         if params.strict and unused:
             raise unused_fields_refused(unused)
-        engine = self._serving_engine(params.model)
-        info = self.loaded
+        lease = await self.lifecycle.acquire(params.model)
+        try:
+            return await self._embed(params, lease, unused)
+        finally:
+            lease.release()
+
+    async def _embed(self, params: EmbedParams, lease: Lease, unused: list[str]) -> EmbedResult:
+        engine, info = lease.engine, lease.info
         if not params.inputs:
             raise invalid_parameter("input", "'input' must not be empty.")
         if len(params.inputs) > MAX_EMBED_INPUTS:
@@ -384,7 +396,10 @@ class InferenceService:
                     f"input[{i}]", f"This model's maximum context length is "
                     f"{info.context_window} tokens. However, input {i} has {len(tokens)} "
                     "tokens. Please shorten it.")
-        vectors = await engine.call(lambda ctx: reading.embed(ctx, ids))
+        if engine.kind == GGUF:
+            vectors = await engine.embed_inputs(ids)
+        else:
+            vectors = await engine.call(lambda ctx: reading.embed(ctx, ids))
         return EmbedResult(vectors, sum(len(t) for t in ids), info.id, tuple(unused))
 
     def _started(self, spec: ValidatedGeneration) -> GenerationStarted:
@@ -411,6 +426,10 @@ class InferenceService:
         temperature = spec.options.temperature
         top = spec.logprobs or 0
         allowed = list(spec.allowed_token_ids) if spec.allowed_token_ids else None
+        if self.engine.kind == GGUF:
+            return await self.engine.score_prompts(
+                [list(g.prompt_ids) for g in spec.groups], temperature=temperature,
+                allowed=allowed, top=top, echo=spec.echo, next_token=next_token)
 
         def run(ctx):
             # Scoring is never steered; an echo is read as its completion is generated.
@@ -426,14 +445,29 @@ class InferenceService:
         self, spec: ValidatedGeneration
     ) -> AsyncIterator[GenerationStarted | Echoed | StepOutput | GenerationFinished]:
         """Run a prepared generation. Closing the iterator early cancels it."""
+        lease = self._leases.pop(id(spec), None)
+        try:
+            async for event in self._generate(spec, lease):
+                yield event
+        finally:
+            if lease is not None:
+                lease.release()
+
+    async def _generate(self, spec: ValidatedGeneration, lease: Lease | None):
         if spec.scoring or spec.echo:
             async for event in self._generate_reading(spec):
                 yield event
             if spec.scoring or spec.groups[0].max_tokens == 0:
                 return
         job = GenerationJob(spec=spec, loop=asyncio.get_running_loop())
+        engine = self.engine
+        if lease is not None:
+            if lease.released:  # a forced unload ended it: its engine is gone
+                raise model_busy("The model was unloaded before this request ran; retry.")
+            engine = lease.engine
+            lease.jobs.append(job)  # ended by a forced unload (model_lifecycle.py)
         # Submitting first means a full queue is refused before the stream opens.
-        self.engine.submit(job)
+        engine.submit(job)
         try:
             if not spec.echo:
                 yield self._started(spec)

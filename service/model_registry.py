@@ -1,14 +1,36 @@
-"""The models on disk: every directory under the models dir holding an HF
-checkpoint (a config.json) is a model whose id is the directory name."""
+"""The models on disk.
+
+Two kinds are found in the models dir:
+
+- an HF checkpoint: a directory holding a config.json; its id is the
+  directory name, and the transformers engine serves it;
+- GGUF files, served by the llama.cpp engine: every `.gguf` file in a
+  directory (the directory is the *repository*) or directly in the models dir
+  (its repository is the file name without the quantization tag). Each file is
+  one model whose id is `<repository>:<QUANT>`, the quantization read from the
+  file's own metadata (general.file_type), so several quantizations of one
+  repository are served side by side.
+
+A bare repository name resolves while the repository holds one quantization;
+with several it is ambiguous, and the refusal names the tags.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
+import re
+import threading
 from dataclasses import dataclass
+
+from service.errors import EngineError, model_not_found
+
+log = logging.getLogger(__name__)
 
 # Written beside a checkpoint by the project's own builders (the demo model).
 METADATA_FILE = "millm_model.json"
+TRANSFORMERS, GGUF = "transformers", "gguf"
 
 
 @dataclass(frozen=True)
@@ -19,28 +41,188 @@ class ModelEntry:
     owned_by: str
     # A content revision recorded at build time; None when nobody recorded one.
     revision: str | None
-    # The engine that serves it; every checkpoint directory is a transformers one.
-    engine: str = "transformers"
+    # The engine that serves it.
+    engine: str = TRANSFORMERS
+    # GGUF: the repository and quantization tag; transformers: the
+    # checkpoint's quantization method ("" when unquantized).
+    repo: str = ""
+    quantization: str = ""
+    # Bytes of weights on disk: what loading it needs, at least.
+    size_bytes: int = 0
+    # Why this engine cannot load its quantization; "" when it can.
+    unsupported: str = ""
+    # Bytes per parameter as stored (2 for a float16/bfloat16 checkpoint, which
+    # the transformers engine widens to float32 on a CPU); 0 when not known.
+    stored_bytes_per_param: int = 0
+    # GGUF: the trained context, and the f16 KV cache bytes one token takes
+    # (llama.cpp allocates the whole context's cache at load).
+    context_length: int = 0
+    kv_bytes_per_token: int = 0
 
 
-def _entry(path: pathlib.Path) -> ModelEntry:
-    meta: dict = {}
-    meta_file = path / METADATA_FILE
+def _metadata(directory: pathlib.Path) -> dict:
+    meta_file = directory / METADATA_FILE
     if meta_file.is_file():
         try:
             meta = json.loads(meta_file.read_text())
+            return meta if isinstance(meta, dict) else {}
         except (OSError, ValueError):
-            meta = {}
+            return {}
+    return {}
+
+
+# -- HF checkpoints ---------------------------------------------------------------
+
+# Quantization methods the transformers engine can run here: none yet (every
+# method in a checkpoint's quantization_config needs kernels this engine does
+# not ship), so a quantized checkpoint is refused before any unload.
+TRANSFORMERS_QUANTIZATIONS: frozenset[str] = frozenset()
+
+
+def _checkpoint_entry(path: pathlib.Path) -> ModelEntry:
+    meta = _metadata(path)
     created = meta.get("created")
     if not isinstance(created, int):
         created = int((path / "config.json").stat().st_mtime)
+    quantization, unsupported = "", ""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    if isinstance(quant, dict):
+        method = str(quant.get("quant_method") or "unrecorded")
+        bits = quant.get("bits")
+        quantization = f"{method}{f'-{bits}bit' if bits else ''}"
+        if method not in TRANSFORMERS_QUANTIZATIONS:
+            unsupported = (f"its quantization ({quantization}) needs kernels the transformers "
+                           "engine does not have")
+    size = sum(f.stat().st_size for f in path.iterdir()
+               if f.suffix in (".safetensors", ".bin") and f.is_file())
+    dtype = str((config.get("dtype") or config.get("torch_dtype") or "")
+                if isinstance(config, dict) else "")
+    stored = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype, 0)
     return ModelEntry(
         id=path.name,
         path=path,
         created=created,
         owned_by=str(meta.get("owned_by") or "local"),
         revision=str(meta["revision"]) if meta.get("revision") else None,
+        quantization=quantization,
+        size_bytes=size,
+        unsupported=unsupported,
+        stored_bytes_per_param=stored,
     )
+
+
+# -- GGUF files -------------------------------------------------------------------
+
+_QUANT_TAG = re.compile(r"[-._](I?Q\d[A-Z0-9_]*|F16|F32|BF16|TQ\d_\d)$", re.IGNORECASE)
+
+
+def _file_type_name(value: int) -> str | None:
+    import gguf
+
+    try:
+        name = gguf.LlamaFileType(value).name
+    except ValueError:
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+@dataclass(frozen=True)
+class _GgufFacts:
+    quantization: str
+    unsupported: str
+    context_length: int = 0
+    kv_bytes_per_token: int = 0
+
+
+class _GgufFactsCache:
+    """Reading a GGUF header costs a parse of every tensor's description, and
+    the registry is scanned per request for models that are not loaded: keep
+    each file's facts until its size or mtime changes."""
+
+    def __init__(self):
+        self._facts: dict[tuple, _GgufFacts] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: pathlib.Path) -> _GgufFacts:
+        stat = path.stat()
+        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        with self._lock:
+            if key in self._facts:
+                return self._facts[key]
+        facts = _read_gguf(path)
+        with self._lock:
+            self._facts[key] = facts
+        return facts
+
+
+def _read_gguf(path: pathlib.Path) -> _GgufFacts:
+    import gguf
+
+    tagged = _QUANT_TAG.search(path.stem)
+    fallback = tagged.group(1).upper() if tagged else "unrecorded"
+    try:
+        reader = gguf.GGUFReader(path)
+    except ValueError as exc:
+        if "GGMLQuantizationType" in str(exc):
+            # A tensor type this llama.cpp does not know: refused before any unload.
+            return _GgufFacts(fallback, f"it holds a tensor type llama.cpp cannot load ({exc})")
+        # A damaged file: listed; its load fails with llama.cpp's own reason.
+        return _GgufFacts(fallback, "")
+    except (KeyError, OSError):
+        return _GgufFacts(fallback, "")
+    def number(key: str) -> int:
+        found = reader.get_field(key)
+        try:
+            return int(found.contents()) if found is not None else 0
+        except (TypeError, ValueError):  # a per-layer array: take the largest
+            return max(int(v) for v in found.contents())
+
+    field = reader.get_field("general.file_type")
+    name = _file_type_name(int(field.contents())) if field is not None else None
+    arch_field = reader.get_field("general.architecture")
+    arch = str(arch_field.contents()) if arch_field is not None else "llama"
+    heads = number(f"{arch}.attention.head_count")
+    kv_heads = number(f"{arch}.attention.head_count_kv") or heads
+    head_dim = number(f"{arch}.attention.key_length") or (
+        number(f"{arch}.embedding_length") // heads if heads else 0)
+    value_dim = number(f"{arch}.attention.value_length") or head_dim
+    # K and V, f16 (2 bytes), every layer.
+    per_token = number(f"{arch}.block_count") * kv_heads * (head_dim + value_dim) * 2
+    return _GgufFacts(name or fallback, "", number(f"{arch}.context_length"), per_token)
+
+
+_GGUF_FACTS = _GgufFactsCache()
+
+
+def _gguf_entry(path: pathlib.Path, repo: str, meta: dict) -> ModelEntry:
+    facts = _GGUF_FACTS.get(path)
+    revisions = meta.get("revisions") if isinstance(meta.get("revisions"), dict) else {}
+    created = meta.get("created")
+    if not isinstance(created, int):
+        created = int(path.stat().st_mtime)
+    return ModelEntry(
+        id=f"{repo}:{facts.quantization}",
+        path=path,
+        created=created,
+        owned_by=str(meta.get("owned_by") or "local"),
+        revision=str(revisions[path.name]) if revisions.get(path.name) else None,
+        engine=GGUF,
+        repo=repo,
+        quantization=facts.quantization,
+        size_bytes=path.stat().st_size,
+        unsupported=facts.unsupported,
+        context_length=facts.context_length,
+        kv_bytes_per_token=facts.kv_bytes_per_token,
+    )
+
+
+def _repo_of_file(path: pathlib.Path) -> str:
+    tagged = _QUANT_TAG.search(path.stem)
+    return path.stem[: tagged.start()] if tagged else path.stem
 
 
 class ModelRegistry:
@@ -50,16 +232,52 @@ class ModelRegistry:
     def scan(self) -> list[ModelEntry]:
         if not self.models_dir.is_dir():
             return []
-        entries = [
-            _entry(child)
-            for child in self.models_dir.iterdir()
-            if child.is_dir()
-            and not child.name.startswith(".")
-            and (child / "config.json").is_file()
-        ]
-        return sorted(entries, key=lambda e: e.id)
+        entries: dict[str, ModelEntry] = {}
+
+        def add(entry: ModelEntry) -> None:
+            if entry.id in entries:
+                # Two files of one repository with the same quantization: the
+                # id would be ambiguous, so only the first by name is served.
+                log.warning("%s and %s are both %s; serving the first", entries[entry.id].path,
+                            entry.path, entry.id)
+                return
+            entries[entry.id] = entry
+
+        for child in sorted(self.models_dir.iterdir()):
+            if child.name.startswith("."):
+                continue
+            try:
+                if child.is_dir() and (child / "config.json").is_file():
+                    add(_checkpoint_entry(child))
+                elif child.is_dir():
+                    meta = _metadata(child)
+                    for path in sorted(child.glob("*.gguf")):
+                        add(_gguf_entry(path, child.name, meta))
+                elif child.suffix == ".gguf" and child.is_file():
+                    add(_gguf_entry(child, _repo_of_file(child), {}))
+            except OSError as exc:  # removed while scanning, unreadable: skip it
+                log.warning("skipping %s: %s", child, exc)
+        return sorted(entries.values(), key=lambda e: e.id)
 
     def get(self, model_id: str) -> ModelEntry | None:
         # Look the id up among scanned entries rather than joining it onto a
         # path, so a request can never name something outside the models dir.
         return next((e for e in self.scan() if e.id == model_id), None)
+
+    def resolve(self, name: str) -> ModelEntry:
+        """The entry a request's model name means: an exact id, or a bare GGUF
+        repository name while it holds one quantization."""
+        entries = self.scan()
+        exact = next((e for e in entries if e.id == name), None)
+        if exact is not None:
+            return exact
+        tagged = [e for e in entries if e.engine == GGUF and e.repo == name]
+        if len(tagged) == 1:
+            return tagged[0]
+        if tagged:
+            tags = ", ".join(f"'{e.id}'" for e in tagged)
+            raise EngineError("AMBIGUOUS_MODEL_NAME", f"The model name '{name}' is ambiguous: "
+                              f"the repository holds several quantizations ({tags}). Name one "
+                              "of them.", "model", details={"candidates": ",".join(
+                                  e.id for e in tagged)})
+        raise model_not_found(name)

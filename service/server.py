@@ -30,6 +30,7 @@ from service.config import EngineConfig
 from service.engines.scheduler import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
+from service.model_lifecycle import LifecycleConfig
 from service.model_registry import ModelRegistry
 from service.servicers.access import AccessInterceptor, DrainState
 from service.servicers.embeddings import EmbeddingServicer
@@ -70,13 +71,20 @@ class EngineServer:
         )
         self.inference = InferenceService(
             ModelRegistry(config.models_dir),
-            device=config.device,
-            limits=SchedulerLimits(
-                max_batch=config.max_batch,
-                max_queued=config.max_queued,
-                serial=config.batching == "serial",
+            lifecycle=LifecycleConfig(
+                device=config.device,
+                limits=SchedulerLimits(
+                    max_batch=config.max_batch,
+                    max_queued=config.max_queued,
+                    serial=config.batching == "serial",
+                ),
+                prefix_cache_tokens=config.prefix_cache_tokens,
+                lock_model=config.lock_model,
+                graceful_unload_timeout=config.graceful_unload_timeout,
+                memory_headroom_bytes=config.memory_headroom_mib * 1024 * 1024,
+                gguf_threads=config.gguf_threads,
+                gguf_context=config.gguf_context,
             ),
-            prefix_cache_tokens=config.prefix_cache_tokens,
             steering=self.steering,
         )
         self.health = health.aio.HealthServicer()

@@ -29,9 +29,11 @@ def models_dir() -> pathlib.Path:
     configured = os.environ.get("MILLM_MODELS_DIR")
     data = os.environ.get("MILLM_DATA_DIR", str(ROOT / ".millm"))
     path = pathlib.Path(configured) if configured else pathlib.Path(data) / "models"
-    built = (path / "millm-tiny" / "millm_model.json").is_file() and all(
-        (path / "saes" / name[0] / "sae_weights.safetensors").is_file() for name in DEMO_SAES)
-    if not built:
+    from service.demo_model import build, gguf_export
+
+    saes_built = all((path / "saes" / name[0] / "sae_weights.safetensors").is_file()
+                     for name in DEMO_SAES)
+    if not (build.is_built(path) and gguf_export.is_exported(path) and saes_built):
         subprocess.run(
             [sys.executable, "-m", "service.demo_model", "--models-dir", str(path)],
             check=True, cwd=ROOT,
@@ -129,3 +131,53 @@ def wait_http(process: Process, url: str, timeout: float = 60, want: int = 200) 
             pass
         time.sleep(0.2)
     raise RuntimeError(f"{url} did not answer {want} after {timeout}s:\n{process.log()}")
+
+
+class OwnStack:
+    """An engine and bridge of a test's own (a model change there leaves the
+    session stack on millm-tiny)."""
+
+    def __init__(self, tmp: pathlib.Path, bridge_env: dict[str, str] | None = None,
+                 **engine_env: str):
+        self.engine, self.grpc_port = start_engine(tmp, **engine_env)
+        self.bridge = None
+        try:
+            wait_serving(self.engine, self.grpc_port)
+            self.bridge, self.http_port = start_bridge(tmp, self.grpc_port, **(bridge_env or {}))
+            wait_http(self.bridge, f"{self.base_url}/readyz")
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def stop(self) -> None:
+        if self.bridge is not None:
+            self.bridge.stop()
+        self.engine.stop()
+
+
+def gguf_file(model_id: str) -> pathlib.Path:
+    """The demo GGUF export's file for 'millm-tiny-gguf:<QUANT>'."""
+    repo, quant = model_id.split(":")
+    return models_dir() / repo / f"{repo}-{quant}.gguf"
+
+
+def start_llama_cpp_server(tmp: pathlib.Path, model_path: pathlib.Path, n_ctx: int = 1024,
+                           cpus: set[int] | None = None) -> tuple[Process, int]:
+    """llama-cpp-python's own OpenAI server on the same file: the GGUF peer
+    miLLM is compared with (one thread, as miLLM's GGUF engine uses here)."""
+    port = free_port()
+    args = [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
+            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
+            "--n_threads", "1", "--n_threads_batch", "1", "--verbose", "False",
+            # Its default lets a new request cut the running stream short;
+            # miLLM queues instead, so the peer must too for a fair comparison.
+            "--interrupt_requests", "False"]
+    return Process(args, dict(os.environ), tmp / f"llama-cpp-server-{port}.log", cpus), port

@@ -48,3 +48,31 @@ def sse_events(content: bytes) -> list[bytes]:
         assert b"\n" not in frame, frame
         payloads.append(frame[len(b"data: "):])
     return payloads
+
+
+class SseStream:
+    """A streamed POST read line by line as it arrives: `with SseStream(...) as
+    s: for line in s.lines(): ...`; leaving the block closes the connection."""
+
+    def __init__(self, base_url: str, path: str, body: dict, timeout: float = 120):
+        host, port = base_url.removeprefix("http://").split(":")
+        self._conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+        self._conn.request("POST", path, body=json.dumps(body).encode(),
+                           headers={"Content-Type": "application/json"})
+        self.reply = self._conn.getresponse()
+
+    def lines(self):
+        """Each non-empty line of the body (`data: ...` for SSE)."""
+        while True:
+            line = self.reply.readline()
+            if not line:
+                return
+            line = line.decode().rstrip("\r\n")
+            if line:
+                yield line
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._conn.close()

@@ -13,6 +13,8 @@ import pytest
 
 from millm.v1 import (
     generation_service_pb2_grpc,
+    model_service_pb2,
+    model_service_pb2_grpc,
     scoring_service_pb2,
     scoring_service_pb2_grpc,
     server_service_pb2,
@@ -98,6 +100,9 @@ MATRIX = [
     ("POST /api/prefix-cache/clear", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
     ("GET /api/health/inference", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
     ("GET /metrics", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
+    ("GET /api/models", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
+    # Loading the model already loaded changes nothing, so the matrix can run it.
+    ("POST /api/models/millm-tiny/load", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
     ("GET /healthz", {NONE: 200, WRONG: 200, INF: 200, ADMIN: 200}),
     ("GET /readyz", {NONE: 200, WRONG: 200, INF: 200, ADMIN: 200}),
     ("grpc Generate", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED", INF: "OK",
@@ -112,6 +117,12 @@ MATRIX = [
                           INF: "PERMISSION_DENIED", ADMIN: "OK"}),
     ("GET /api/steering", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
     ("PUT /api/steering", {NONE: 401, WRONG: 401, INF: 403, ADMIN: 200}),
+    ("grpc LoadModel", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED",
+                        INF: "PERMISSION_DENIED", ADMIN: "OK"}),
+    # The admin cell unloads the model the matrix uses: it runs last of the row,
+    # and the next request names the model and loads it again.
+    ("grpc UnloadModel", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED",
+                          INF: "PERMISSION_DENIED", ADMIN: "OK"}),
 ]
 CELLS = [(target, key, expected) for target, row in MATRIX for key, expected in row.items()]
 
@@ -134,6 +145,10 @@ def _call(keyed, target: str, key: str | None):
                 request = (steering_service_pb2.GetSteeringRequest() if rpc == "GetSteering"
                            else steering_service_pb2.SetSteeringRequest(enabled=True))
                 getattr(stub, rpc)(request, metadata=grpc_auth(key), timeout=30)
+            elif rpc in ("LoadModel", "UnloadModel"):
+                stub = model_service_pb2_grpc.ModelServiceStub(keyed.channel)
+                request_type = getattr(model_service_pb2, f"{rpc}Request")
+                getattr(stub, rpc)(request_type(id=MODEL), metadata=grpc_auth(key), timeout=60)
             else:
                 stub = server_service_pb2_grpc.ServerServiceStub(keyed.channel)
                 stub.ClearPrefixCache(server_service_pb2.ClearPrefixCacheRequest(),

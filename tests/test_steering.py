@@ -225,7 +225,8 @@ def _direct_logprobs(prompt_ids: list[int], delta: torch.Tensor | None, layer: i
     if handle is not None:
         handle.remove()
     eos = model.generation_config.eos_token_id
-    banned = [i for i in tokenizer.all_special_ids if i != eos]
+    eos = set(eos) if isinstance(eos, list) else {eos}
+    banned = [i for i in tokenizer.all_special_ids if i not in eos]
     banned += list(range(len(tokenizer), logits.shape[0]))
     logits[banned] = float("-inf")
     return torch.log_softmax(logits, dim=-1), tokenizer

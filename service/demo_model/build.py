@@ -20,6 +20,7 @@ import sys
 import time
 
 from service.chat_template import CHATML
+from service.demo_model import gguf_export
 from service.demo_model import sae as demo_sae
 
 MODEL_ID = "millm-tiny"
@@ -32,6 +33,9 @@ TRAIN_BATCH = 16
 TRAIN_SEQ = 96
 # Marker written last: a directory without it is an interrupted build.
 METADATA_FILE = "millm_model.json"
+# Bumped when the build's output changes, so an older build is rebuilt.
+# 2: <|endoftext|> is an end token too (generation_config), as llama.cpp reads it.
+BUILD_VERSION = 2
 
 CORPUS = pathlib.Path(__file__).with_name("corpus.txt")
 
@@ -126,7 +130,11 @@ def build_model(tokenizer, documents: list[str]):
         loss.backward()
         optimizer.step()
     model.eval()
-    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
+    # Training ends every document with <|endoftext|>, and llama.cpp stops on
+    # it by name in any GGUF file, so it ends a generation here too: raw
+    # completions stop where the model ends its text, on both engines.
+    model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id],
+                                               pad_token_id=pad_id)
     return model, float(loss.detach())
 
 def weights_revision(model_dir: pathlib.Path) -> str:
@@ -136,7 +144,11 @@ def weights_revision(model_dir: pathlib.Path) -> str:
     return digest.hexdigest()[:12]
 
 def is_built(models_dir: pathlib.Path) -> bool:
-    return (models_dir / MODEL_ID / METADATA_FILE).is_file()
+    try:
+        meta = json.loads((models_dir / MODEL_ID / METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("build") == BUILD_VERSION
 
 def build(models_dir: pathlib.Path) -> pathlib.Path:
     import torch
@@ -159,6 +171,7 @@ def build(models_dir: pathlib.Path) -> pathlib.Path:
         "revision": weights_revision(staging),
         "created": int(time.time()),
         "final_training_loss": round(final_loss, 4),
+        "build": BUILD_VERSION,
     }
     (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     shutil.rmtree(target, ignore_errors=True)
@@ -178,15 +191,23 @@ def main(argv: list[str] | None = None) -> int:
     # The demo SAEs are cheap and independent of the model's build.
     for path in demo_sae.ensure_built(models_dir):
         print(f"built demo SAE {path}", file=sys.stderr)
+    rebuilt = False
     if is_built(models_dir) and not args.force:
         print(f"{MODEL_ID} already built in {models_dir}")
-        return 0
-    started = time.monotonic()
-    target = build(models_dir)
-    meta = json.loads((target / METADATA_FILE).read_text())
-    print(
-        f"built {MODEL_ID} in {target} ({time.monotonic() - started:.1f}s, "
-        f"revision {meta['revision']}, loss {meta['final_training_loss']})",
-        file=sys.stderr,
-    )
+    else:
+        started = time.monotonic()
+        target = build(models_dir)
+        rebuilt = True
+        meta = json.loads((target / METADATA_FILE).read_text())
+        print(
+            f"built {MODEL_ID} in {target} ({time.monotonic() - started:.1f}s, "
+            f"revision {meta['revision']}, loss {meta['final_training_loss']})",
+            file=sys.stderr,
+        )
+    # The GGUF export follows the checkpoint: a rebuilt checkpoint is exported again.
+    if rebuilt or not gguf_export.is_exported(models_dir):
+        started = time.monotonic()
+        target = gguf_export.export(models_dir / MODEL_ID, models_dir)
+        print(f"exported {gguf_export.REPO_ID} ({', '.join(gguf_export.QUANTIZATIONS)}) in "
+              f"{target} ({time.monotonic() - started:.1f}s)", file=sys.stderr)
     return 0

@@ -26,7 +26,7 @@ import torch
 from service.engines.base import EngineStatus
 from service.engines.batch import GroupProgress, Lane, ModelContext, Row, prefill
 from service.engines.prefix_cache import PrefixCache
-from service.errors import internal_error, queue_full
+from service.errors import EngineError, internal_error, queue_full
 from service.generation_job import GenerationJob, GroupDone, GroupFailed, StepOutput
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,19 @@ class Scheduler:
                 self._step_lanes()
         for waiting in self._waiting:
             waiting.job.cancelled.set()
+        # Reads still queued when the engine stops (an unload that ran out of
+        # patience) are answered rather than left waiting forever.
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, ModelCall):
+                item.loop.call_soon_threadsafe(item._settle, None, EngineError(
+                    "model_busy", "The model was unloaded before this request ran; retry.",
+                    "model"))
+            elif item is not None:
+                item.cancelled.set()
 
     def _running_rows(self) -> int:
         return len(self._shared.rows) + sum(len(lane.rows) for lane in self._isolated)

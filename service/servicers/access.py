@@ -27,7 +27,9 @@ log = logging.getLogger("millm.access")
 
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 # RPCs that change the server's state need an admin key.
-ADMIN_METHODS = frozenset({"/millm.v1.ServerService/ClearPrefixCache"}) | steering.ADMIN_METHODS
+ADMIN_METHODS = frozenset({"/millm.v1.ServerService/ClearPrefixCache",
+                           "/millm.v1.ModelService/LoadModel",
+                           "/millm.v1.ModelService/UnloadModel"}) | steering.ADMIN_METHODS
 
 
 class DrainState:

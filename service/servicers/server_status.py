@@ -12,7 +12,7 @@ from service.servicers.error_handling import unary_errors
 from service.validation import MAX_LOGPROBS
 
 _LIBRARIES = {"millm": "millm", "torch": "torch", "transformers": "transformers",
-              "xgrammar": "xgrammar", "grpcio": "grpcio"}
+              "xgrammar": "xgrammar", "grpcio": "grpcio", "llama_cpp": "llama_cpp_python"}
 
 
 def _versions() -> dict[str, str]:
@@ -51,11 +51,14 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
         reply.context_window, reply.vocab_size = loaded.context_window, loaded.vocab_size
         reply.system_fingerprint = loaded.system_fingerprint
         on_transformers = loaded.engine == field_policy.TRANSFORMERS
+        # GGUF scores and embeds too (engines/gguf_engine.py), but serves no
+        # generation logprobs and cannot be steered.
+        scores = on_transformers or loaded.engine == field_policy.GGUF
         steering = self._inference.steering
         can_steer = steering is not None and getattr(self._inference.engine, "can_steer", False)
         reply.features.CopyFrom(server_service_pb2.Features(
-            scoring=on_transformers, logprobs=on_transformers, max_logprobs=MAX_LOGPROBS,
-            structured_output=on_transformers, embeddings=on_transformers, steering=can_steer,
+            scoring=scores, logprobs=on_transformers, max_logprobs=MAX_LOGPROBS,
+            structured_output=on_transformers, embeddings=scores, steering=can_steer,
             attached_saes=sorted(steering.attached) if can_steer else (),
             seed_scope=generation_pb2.SEED_SCOPE_REQUEST,
             max_batch=status.max_batch if status else 0))

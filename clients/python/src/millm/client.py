@@ -245,6 +245,24 @@ class Client(_Stubs):
             raise _error(exc) from None
         return [m.id for m in reply.models]
 
+    def load_model(self, model_id: str, *, timeout=None):
+        """Make the model the loaded one (admin key); returns its millm.v1.Model."""
+        try:
+            reply = self.models.LoadModel(model_service_pb2.LoadModelRequest(id=model_id),
+                                          **self.options(timeout, None))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return reply.model
+
+    def unload_model(self, model_id: str, *, timeout=None):
+        """Unload the loaded model (admin key); returns its millm.v1.Model."""
+        try:
+            reply = self.models.UnloadModel(model_service_pb2.UnloadModelRequest(id=model_id),
+                                            **self.options(timeout, None))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return reply.model
+
     def capabilities(self, *, timeout=None) -> server_service_pb2.GetCapabilitiesResponse:
         try:
             return self.server.GetCapabilities(server_service_pb2.GetCapabilitiesRequest(),

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14millm/v1/model.proto\x12\x08millm.v1\"\xe6\x01\n\x05Model\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n\x07\x63reated\x18\x02 \x01(\x03R\x07\x63reated\x12\x19\n\x08owned_by\x18\x03 \x01(\tR\x07ownedBy\x12*\n\x05state\x18\x04 \x01(\x0e\x32\x14.millm.v1.ModelStateR\x05state\x12\x16\n\x06\x65ngine\x18\x05 \x01(\tR\x06\x65ngine\x12%\n\x0e\x63ontext_window\x18\x06 \x01(\x03R\rcontextWindow\x12-\n\x12system_fingerprint\x18\x07 \x01(\tR\x11systemFingerprint*q\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11MODEL_STATE_READY\x10\x01\x12\x17\n\x13MODEL_STATE_LOADING\x10\x02\x12\x16\n\x12MODEL_STATE_LOADED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14millm/v1/model.proto\x12\x08millm.v1\"\xf2\x02\n\x05Model\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n\x07\x63reated\x18\x02 \x01(\x03R\x07\x63reated\x12\x19\n\x08owned_by\x18\x03 \x01(\tR\x07ownedBy\x12*\n\x05state\x18\x04 \x01(\x0e\x32\x14.millm.v1.ModelStateR\x05state\x12\x16\n\x06\x65ngine\x18\x05 \x01(\tR\x06\x65ngine\x12%\n\x0e\x63ontext_window\x18\x06 \x01(\x03R\rcontextWindow\x12-\n\x12system_fingerprint\x18\x07 \x01(\tR\x11systemFingerprint\x12\x12\n\x04repo\x18\x08 \x01(\tR\x04repo\x12\"\n\x0cquantization\x18\t \x01(\tR\x0cquantization\x12\x1d\n\nsize_bytes\x18\n \x01(\x03R\tsizeBytes\x12\x14\n\x05\x65rror\x18\x0b \x01(\tR\x05\x65rror\x12\x1d\n\nlocked_out\x18\x0c \x01(\x08R\tlockedOut*\xa4\x01\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11MODEL_STATE_READY\x10\x01\x12\x17\n\x13MODEL_STATE_LOADING\x10\x02\x12\x16\n\x12MODEL_STATE_LOADED\x10\x03\x12\x19\n\x15MODEL_STATE_UNLOADING\x10\x04\x12\x16\n\x12MODEL_STATE_FAILED\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'millm.v1.model_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODELSTATE']._serialized_start=267
-  _globals['_MODELSTATE']._serialized_end=380
+  _globals['_MODELSTATE']._serialized_start=408
+  _globals['_MODELSTATE']._serialized_end=572
   _globals['_MODEL']._serialized_start=35
-  _globals['_MODEL']._serialized_end=265
+  _globals['_MODEL']._serialized_end=405
 # @@protoc_insertion_point(module_scope)

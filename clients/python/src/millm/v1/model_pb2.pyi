@@ -11,13 +11,17 @@ class ModelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_STATE_READY: _ClassVar[ModelState]
     MODEL_STATE_LOADING: _ClassVar[ModelState]
     MODEL_STATE_LOADED: _ClassVar[ModelState]
+    MODEL_STATE_UNLOADING: _ClassVar[ModelState]
+    MODEL_STATE_FAILED: _ClassVar[ModelState]
 MODEL_STATE_UNSPECIFIED: ModelState
 MODEL_STATE_READY: ModelState
 MODEL_STATE_LOADING: ModelState
 MODEL_STATE_LOADED: ModelState
+MODEL_STATE_UNLOADING: ModelState
+MODEL_STATE_FAILED: ModelState
 
 class Model(_message.Message):
-    __slots__ = ("id", "created", "owned_by", "state", "engine", "context_window", "system_fingerprint")
+    __slots__ = ("id", "created", "owned_by", "state", "engine", "context_window", "system_fingerprint", "repo", "quantization", "size_bytes", "error", "locked_out")
     ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     OWNED_BY_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +29,11 @@ class Model(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    REPO_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LOCKED_OUT_FIELD_NUMBER: _ClassVar[int]
     id: str
     created: int
     owned_by: str
@@ -32,4 +41,9 @@ class Model(_message.Message):
     engine: str
     context_window: int
     system_fingerprint: str
-    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., owned_by: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., engine: _Optional[str] = ..., context_window: _Optional[int] = ..., system_fingerprint: _Optional[str] = ...) -> None: ...
+    repo: str
+    quantization: str
+    size_bytes: int
+    error: str
+    locked_out: bool
+    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., owned_by: _Optional[str] = ..., state: _Optional[_Union[ModelState, str]] = ..., engine: _Optional[str] = ..., context_window: _Optional[int] = ..., system_fingerprint: _Optional[str] = ..., repo: _Optional[str] = ..., quantization: _Optional[str] = ..., size_bytes: _Optional[int] = ..., error: _Optional[str] = ..., locked_out: _Optional[bool] = ...) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from millm.v1 import model_pb2 as millm_dot_v1_dot_model__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmillm/v1/model_service.proto\x12\x08millm.v1\x1a\x14millm/v1/model.proto\"\x13\n\x11ListModelsRequest\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x0f.millm.v1.ModelR\x06models\"!\n\x0fGetModelRequest\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"9\n\x10GetModelResponse\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x0f.millm.v1.ModelR\x05model2\x9a\x01\n\x0cModelService\x12G\n\nListModels\x12\x1b.millm.v1.ListModelsRequest\x1a\x1c.millm.v1.ListModelsResponse\x12\x41\n\x08GetModel\x12\x19.millm.v1.GetModelRequest\x1a\x1a.millm.v1.GetModelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmillm/v1/model_service.proto\x12\x08millm.v1\x1a\x14millm/v1/model.proto\"\x13\n\x11ListModelsRequest\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x0f.millm.v1.ModelR\x06models\"!\n\x0fGetModelRequest\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"9\n\x10GetModelResponse\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x0f.millm.v1.ModelR\x05model\"\"\n\x10LoadModelRequest\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\":\n\x11LoadModelResponse\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x0f.millm.v1.ModelR\x05model\"$\n\x12UnloadModelRequest\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"<\n\x13UnloadModelResponse\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x0f.millm.v1.ModelR\x05model2\xac\x02\n\x0cModelService\x12G\n\nListModels\x12\x1b.millm.v1.ListModelsRequest\x1a\x1c.millm.v1.ListModelsResponse\x12\x41\n\x08GetModel\x12\x19.millm.v1.GetModelRequest\x1a\x1a.millm.v1.GetModelResponse\x12\x44\n\tLoadModel\x12\x1a.millm.v1.LoadModelRequest\x1a\x1b.millm.v1.LoadModelResponse\x12J\n\x0bUnloadModel\x12\x1c.millm.v1.UnloadModelRequest\x1a\x1d.millm.v1.UnloadModelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETMODELREQUEST']._serialized_end=181
   _globals['_GETMODELRESPONSE']._serialized_start=183
   _globals['_GETMODELRESPONSE']._serialized_end=240
-  _globals['_MODELSERVICE']._serialized_start=243
-  _globals['_MODELSERVICE']._serialized_end=397
+  _globals['_LOADMODELREQUEST']._serialized_start=242
+  _globals['_LOADMODELREQUEST']._serialized_end=276
+  _globals['_LOADMODELRESPONSE']._serialized_start=278
+  _globals['_LOADMODELRESPONSE']._serialized_end=336
+  _globals['_UNLOADMODELREQUEST']._serialized_start=338
+  _globals['_UNLOADMODELREQUEST']._serialized_end=374
+  _globals['_UNLOADMODELRESPONSE']._serialized_start=376
+  _globals['_UNLOADMODELRESPONSE']._serialized_end=436
+  _globals['_MODELSERVICE']._serialized_start=439
+  _globals['_MODELSERVICE']._serialized_end=739
 # @@protoc_insertion_point(module_scope)

@@ -45,6 +45,16 @@ class ModelServiceStub:
                 request_serializer=millm_dot_v1_dot_model__service__pb2.GetModelRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_model__service__pb2.GetModelResponse.FromString,
                 _registered_method=True)
+        self.LoadModel = channel.unary_unary(
+                '/millm.v1.ModelService/LoadModel',
+                request_serializer=millm_dot_v1_dot_model__service__pb2.LoadModelRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_model__service__pb2.LoadModelResponse.FromString,
+                _registered_method=True)
+        self.UnloadModel = channel.unary_unary(
+                '/millm.v1.ModelService/UnloadModel',
+                request_serializer=millm_dot_v1_dot_model__service__pb2.UnloadModelRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_model__service__pb2.UnloadModelResponse.FromString,
+                _registered_method=True)
 
 
 class ModelServiceServicer:
@@ -59,7 +69,29 @@ class ModelServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetModel(self, request, context):
-        """One model by id; NOT_FOUND (reason model_not_found) when unknown.
+        """One model by id; NOT_FOUND (reason model_not_found) when unknown. A bare
+        GGUF repository name resolves while it holds one quantization
+        (INVALID_ARGUMENT, reason AMBIGUOUS_MODEL_NAME, otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadModel(self, request, context):
+        """Makes the model the loaded one (admin): the load is checked first
+        (unsupported_quantization, insufficient_memory), then the loaded model is
+        unloaded once its running requests finish, then this one loads
+        (model_load_failed if that fails). UNAVAILABLE (model_busy) while another
+        change runs. Returns when the model is loaded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadModel(self, request, context):
+        """Unloads the loaded model (admin) once its running requests finish (up to
+        the graceful unload timeout); requests are model_busy meanwhile. Until a
+        request names a model, none is loaded.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -77,6 +109,16 @@ def add_ModelServiceServicer_to_server(servicer, server):
                     servicer.GetModel,
                     request_deserializer=millm_dot_v1_dot_model__service__pb2.GetModelRequest.FromString,
                     response_serializer=millm_dot_v1_dot_model__service__pb2.GetModelResponse.SerializeToString,
+            ),
+            'LoadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadModel,
+                    request_deserializer=millm_dot_v1_dot_model__service__pb2.LoadModelRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_model__service__pb2.LoadModelResponse.SerializeToString,
+            ),
+            'UnloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadModel,
+                    request_deserializer=millm_dot_v1_dot_model__service__pb2.UnloadModelRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_model__service__pb2.UnloadModelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +176,60 @@ class ModelService:
             '/millm.v1.ModelService/GetModel',
             millm_dot_v1_dot_model__service__pb2.GetModelRequest.SerializeToString,
             millm_dot_v1_dot_model__service__pb2.GetModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.ModelService/LoadModel',
+            millm_dot_v1_dot_model__service__pb2.LoadModelRequest.SerializeToString,
+            millm_dot_v1_dot_model__service__pb2.LoadModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.ModelService/UnloadModel',
+            millm_dot_v1_dot_model__service__pb2.UnloadModelRequest.SerializeToString,
+            millm_dot_v1_dot_model__service__pb2.UnloadModelResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,531 @@
+"""The GGUF engine: a .gguf file served through llama-cpp-python (llama.cpp).
+
+Behind the same Engine interface as the transformers engine, so servicers and
+the bridge cannot tell which one answers. One model thread owns the llama.cpp
+contexts (they are not thread-safe) and serves jobs one at a time, first in,
+first out; a job whose caller left is dropped between two tokens, so the next
+one starts at once.
+
+Up to three contexts share the memory-mapped weights:
+
+- the *generation* context keeps the KV cache of the last sequence it ran; a
+  new prompt that starts with the same tokens (a system prompt, a chat's
+  earlier turns) evaluates only the rest, and the reused count is reported as
+  usage.prompt_tokens_details.cached_tokens;
+- the *scoring* context, made on first use, keeps every position's logits
+  (logits_all) and an f32 KV cache, so log-probabilities are not moved by f16
+  rounding. Every scored prompt is evaluated from an empty cache;
+- the *embedding* context, made on first use, mean-pools the last layer (as
+  the transformers engine does), also with an f32 KV cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.chat_template import CHATML
+from service.engines.base import Engine, EngineStatus, LoadedModel
+from service.errors import (
+    EngineError,
+    field_not_honoured,
+    internal_error,
+    invalid_parameter,
+    queue_full,
+)
+from service.generation_job import (
+    ChoiceDelta,
+    FinishReason,
+    GenerationJob,
+    GroupDone,
+    GroupFailed,
+    PromptGroup,
+    StepOutput,
+)
+from service.text_output import ByteLevelDetokenizer, StopMatcher
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's GGML_TYPE_F32: the scoring context's KV cache type.
+GGML_TYPE_F32 = 0
+
+_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def refuse_unhonoured(params) -> None:
+    """What the field table cannot say because it depends on two fields: on
+    GGUF, log-probabilities are served for scoring (max_tokens 1) and echo,
+    not alongside generated text. Checked before any load."""
+    max_tokens = params.max_tokens if params.max_tokens is not None \
+        else params.max_completion_tokens
+    if params.logprobs is not None and max_tokens != 1 and not params.echo:
+        raise field_not_honoured("logprobs", "'logprobs' is not honoured: on GGUF models "
+                                 "log-probabilities are served in scoring mode (max_tokens 1) "
+                                 "and with echo, not for generated text.")
+
+
+def token_piece(vocab, token: int, special: bool) -> bytes:
+    """A token's bytes. (llama-cpp-python's own token_to_piece returns its
+    whole 32-byte buffer, NUL padding included.)"""
+    import ctypes
+
+    from llama_cpp import llama_cpp as lib
+
+    size = 64
+    while True:
+        buffer = ctypes.create_string_buffer(size)
+        n = lib.llama_token_to_piece(vocab, token, buffer, size, 0, special)
+        if n >= 0:
+            return buffer.raw[:n]
+        size = -n  # too small: llama.cpp says how much it needs
+
+
+@dataclass
+class _Call:
+    """Work on the model thread that is not a generation (scoring)."""
+
+    fn: object
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+    def run(self, engine: GgufEngine) -> None:
+        try:
+            result, error = self.fn(engine), None
+        except BaseException as exc:  # handed to the caller
+            result, error = None, exc
+        self.loop.call_soon_threadsafe(self._settle, result, error)
+
+    def _settle(self, result, error) -> None:
+        if self.future.cancelled():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
+
+
+class _ReadingContext:
+    """What engines.reading's scoring functions need from a model."""
+
+    def __init__(self, vocab_size: int, token_bytes: list[bytes]):
+        import torch
+
+        self.vocab_size = vocab_size
+        self.token_bytes = token_bytes
+        self.decoder = None
+        self.device = torch.device("cpu")
+
+
+class GgufEngine(Engine):
+    kind = "gguf"
+
+    def __init__(self, entry, threads: int = 1, max_queued: int = 256, context: int = 0):
+        super().__init__(entry)
+        self.threads = threads
+        self.max_queued = max_queued
+        self.requested_context = context
+        self.llm = None
+        self._scorer = None
+        self._embedder = None
+        self.info: LoadedModel | None = None
+        self._formatter = None
+        self._template_from_file = False
+        self._token_bytes: list[bytes] = []
+        self._special_tokens: tuple[str, ...] = ()
+        self._eog: frozenset[int] = frozenset()
+        self._control: frozenset[int] = frozenset()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._running = 0
+        self._generated = self._completed = self._cancelled = self._failed = 0
+        self._cache_hits = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- loading and tokenization -------------------------------------------------
+
+    def _open(self, **kwargs):
+        from llama_cpp import Llama
+
+        return Llama(model_path=str(self.entry.path), n_threads=self.threads,
+                     n_threads_batch=self.threads, verbose=False, **kwargs)
+
+    def load(self) -> LoadedModel:
+        from llama_cpp import llama_cpp as lib
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        probe = self._open(vocab_only=True)
+        trained = int(probe.metadata.get("llama.context_length")
+                      or next((v for k, v in probe.metadata.items()
+                               if k.endswith(".context_length")), 0) or 2048)
+        probe.close()
+        n_ctx = min(self.requested_context, trained) if self.requested_context else trained
+        self.llm = llm = self._open(n_ctx=n_ctx, n_batch=min(512, n_ctx))
+        model = llm._model
+        vocab = model.vocab
+        n_vocab = llm.n_vocab()
+        self._token_bytes = [token_piece(vocab, i, special=False) for i in range(n_vocab)]
+        self._eog = frozenset(i for i in range(n_vocab) if lib.llama_vocab_is_eog(vocab, i))
+        self._control = frozenset(i for i in range(n_vocab)
+                                  if lib.llama_vocab_is_control(vocab, i))
+        self._special_tokens = tuple(sorted({
+            token_piece(vocab, i, special=True).decode("utf-8", errors="replace")
+            for i in self._control} - {""}))
+        template = llm.metadata.get("tokenizer.chat_template")
+        self._template_from_file = bool(template)
+        # A file may have no BOS (or EOS): llama.cpp says -1, and the template gets "".
+        eos, bos = (token_piece(vocab, i, special=True).decode("utf-8", "replace")
+                    if 0 <= i < n_vocab else "" for i in (llm.token_eos(), llm.token_bos()))
+        # llama-cpp-python's Jinja formatter, as its own server uses it.
+        self._formatter = Jinja2ChatFormatter(template or CHATML, eos_token=eos, bos_token=bos,
+                                              add_generation_prompt=True)
+        quant = self.entry.quantization
+        self.info = LoadedModel(
+            id=self.entry.id,
+            engine=self.kind,
+            context_window=llm.n_ctx(),
+            vocab_size=n_vocab,
+            dtype=_DTYPES.get(quant, "unrecorded"),
+            quantization=quant or "unrecorded",
+            revision=self.entry.revision,
+        )
+        return self.info
+
+    @property
+    def special_tokens(self) -> tuple[str, ...]:
+        return self._special_tokens
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template_from_file
+
+    def encode_chat(self, messages: list[dict[str, str]], partial: str | None = None) -> list[int]:
+        from jinja2 import TemplateError
+
+        try:
+            rendered = self._formatter(messages=messages).prompt
+        except TemplateError as exc:
+            raise invalid_parameter("messages", f"The chat template refused the "
+                                    f"conversation: {exc}") from None
+        # The rendered template holds any BOS it wants; its markers are special
+        # tokens (message text cannot spell them: check_no_special_tokens).
+        return self.llm.tokenize((rendered + (partial or "")).encode(), add_bos=False,
+                                 special=True)
+
+    def encode_text(self, text: str, parse_special: bool = False,
+                    add_special: bool = True) -> list[int]:
+        add_bos = add_special and self.llm._model.add_bos_token()
+        return self.llm.tokenize(text.encode(), add_bos=add_bos, special=parse_special)
+
+    def decode(self, ids: list[int]) -> str:
+        return b"".join(self._token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+    # -- the model thread ---------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._thread = threading.Thread(target=self._run, name="millm-gguf", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: GenerationJob) -> None:
+        with self._lock:
+            if self._waiting >= self.max_queued:
+                raise queue_full(self.max_queued)
+            self._waiting += 1
+        self._inbox.put(job)
+
+    def call(self, fn):
+        """Run fn(engine) on the model thread; await the returned future."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._inbox.put(_Call(fn, future, loop))
+        return future
+
+    def _run(self) -> None:
+        while not self._stopping:
+            item = self._inbox.get()
+            if item is None:
+                break
+            if isinstance(item, _Call):
+                if not item.future.cancelled():
+                    item.run(self)
+                continue
+            with self._lock:
+                self._waiting -= 1
+                self._running = 1
+            try:
+                self._run_job(item)
+            finally:
+                with self._lock:
+                    self._running = 0
+        # Whatever still waits is cancelled; its callers see the engine go.
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, GenerationJob):
+                item.cancelled.set()
+            elif isinstance(item, _Call):
+                error = EngineError("model_busy", "The model was unloaded before this "
+                                    "request ran; retry.", "model")
+                item.loop.call_soon_threadsafe(item._settle, None, error)
+
+    def _end(self, outcome: str) -> None:
+        with self._lock:
+            if outcome == "done":
+                self._completed += 1
+            elif outcome == "cancelled":
+                self._cancelled += 1
+            else:
+                self._failed += 1
+
+    def _run_job(self, job: GenerationJob) -> None:
+        if job.cancelled.is_set():
+            self._end("cancelled")
+            return
+        try:
+            for group in job.spec.groups:
+                if not self._run_group(job, group):
+                    self._end("cancelled")
+                    return
+        except EngineError as exc:
+            job.post(GroupFailed(exc))
+            self._end("failed")
+            return
+        except Exception:
+            log.exception("GGUF generation failed")
+            job.post(GroupFailed(internal_error()))
+            self._end("failed")
+            return
+        self._end("done")
+
+    def _reuse_prefix(self, prompt: list[int]) -> int:
+        """Keep the KV of the longest prefix this prompt shares with what the
+        context holds; at least one prompt token is evaluated again so its
+        logits are fresh. Returns the tokens reused."""
+        llm = self.llm
+        held = llm.input_ids[: llm.n_tokens]
+        limit = min(len(held), len(prompt) - 1)
+        same = 0
+        while same < limit and held[same] == prompt[same]:
+            same += 1
+        if same > 0 and llm._ctx.kv_cache_seq_rm(-1, same, -1):
+            llm.n_tokens = same
+            return same
+        llm.reset()
+        llm._ctx.kv_cache_clear()
+        return 0
+
+    def _sampler(self, spec, seed: int):
+        from llama_cpp._internals import LlamaSampler
+
+        options = spec.options
+        sampler = LlamaSampler()
+        # Control tokens other than end-of-generation must never be generated
+        # (a forged <|im_start|> would open a new turn); ignore_eos bans those too.
+        banned = set(self._control - self._eog)
+        if spec.ignore_eos:
+            banned |= self._eog
+        if banned:
+            sampler.add_logit_bias(self.llm.n_vocab(), {i: float("-inf") for i in banned})
+        if (options.repetition_penalty != 1.0 or options.frequency_penalty
+                or options.presence_penalty):
+            # The penalties see the generated tokens (the sampler accepts each).
+            sampler.add_penalties(n_vocab=self.llm.n_vocab(), penalty_last_n=self.llm.n_ctx(),
+                                  penalty_repeat=options.repetition_penalty,
+                                  penalty_freq=options.frequency_penalty,
+                                  penalty_present=options.presence_penalty)
+        if options.temperature == 0.0:
+            sampler.add_greedy()
+            return sampler
+        if options.top_k:
+            sampler.add_top_k(options.top_k)
+        if options.top_p < 1.0:
+            sampler.add_top_p(options.top_p, 1)
+        if options.min_p > 0.0:
+            sampler.add_min_p(options.min_p, 1)
+        sampler.add_temp(options.temperature)
+        sampler.add_dist(seed)
+        return sampler
+
+    def _run_group(self, job: GenerationJob, group: PromptGroup) -> bool:
+        """Generate one prompt's choice; False when the caller left."""
+        llm, spec = self.llm, job.spec
+        prompt = list(group.prompt_ids)
+        if spec.seed is None:
+            cached = self._reuse_prefix(prompt)
+        else:
+            # A seeded request evaluates its whole prompt from an empty cache:
+            # a reused prefix changes the batch shapes, and with them the last
+            # bits of the logits, so its text would depend on what ran before.
+            self.llm.reset()
+            self.llm._ctx.kv_cache_clear()
+            cached = 0
+        with self._lock:
+            self._cache_hits += cached
+        llm.eval(prompt[cached:])
+        seed = group.row_seeds[0] & 0xFFFFFFFF
+        sampler = self._sampler(spec, seed)
+        detokenizer = ByteLevelDetokenizer(self._token_bytes)
+        stopper = StopMatcher(spec.stop)
+        generated = 0
+        index = group.first_index
+        while True:
+            if job.cancelled.is_set() or self._stopping:
+                return False
+            token = sampler.sample(llm._ctx, -1)
+            generated += 1
+            with self._lock:
+                self._generated += 1
+            if token in self._eog and not spec.ignore_eos:
+                text, hit = stopper.push(detokenizer.flush())
+                text = text if hit else text + stopper.flush()
+                job.post(StepOutput((ChoiceDelta(index, text, (token,), FinishReason.STOP),)))
+                break
+            text, hit = stopper.push(detokenizer.push(token))
+            if hit:
+                job.post(StepOutput((ChoiceDelta(index, text, (token,), FinishReason.STOP),)))
+                break
+            if generated >= group.max_tokens:
+                tail, hit = stopper.push(detokenizer.flush())
+                text += tail if hit else tail + stopper.flush()
+                job.post(StepOutput((ChoiceDelta(index, text, (token,), FinishReason.LENGTH),)))
+                break
+            job.post(StepOutput((ChoiceDelta(index, text, (token,)),)))
+            llm.eval([token])
+        job.post(GroupDone(generated, cached))
+        return True
+
+    # -- scoring --------------------------------------------------------------------
+
+    def _scoring_context(self):
+        if self._scorer is None:
+            # Every position's logits, and an f32 KV cache: llama.cpp's default
+            # f16 cache moves log-probabilities by up to ~5e-3.
+            self._scorer = self._open(n_ctx=self.info.context_window,
+                                      n_batch=min(512, self.info.context_window),
+                                      logits_all=True, type_k=GGML_TYPE_F32,
+                                      type_v=GGML_TYPE_F32)
+        return self._scorer
+
+    def prompt_logits(self, ids: list[int]) -> np.ndarray:
+        """Logits after each prompt position ([len(ids), vocab]): row p is the
+        prediction of token p + 1, made before seeing it. Model thread only."""
+        scorer = self._scoring_context()
+        scorer.reset()
+        scorer._ctx.kv_cache_clear()
+        scorer.eval(ids)
+        return np.array(scorer.scores[: len(ids)], dtype=np.float32)
+
+    def score_prompts(self, prompts: list[list[int]], *, temperature: float,
+                      allowed: list[int] | None, top: int, echo: bool, next_token: bool):
+        """engines.reading.score_prompt's semantics and shapes, from llama.cpp's
+        logits: echo entry p comes from the logits of position p - 1 (the
+        prediction before token p), the next token from the last position."""
+        import torch
+
+        from service.engines import reading
+
+        ctx = _ReadingContext(self.info.vocab_size, self._token_bytes)
+
+        def run(engine: GgufEngine):
+            out = []
+            for ids in prompts:
+                logits = torch.from_numpy(engine.prompt_logits(ids))
+                logits = reading.scaled(logits, temperature)
+                allowed_ids = torch.tensor(allowed, dtype=torch.long) if allowed else None
+                scores: tuple = ()
+                if echo:
+                    scores = (reading.TokenScore(reading.entry(ctx, ids[0], None)), *(
+                        reading.score_position(ctx, logits[p - 1], None, top, chosen=ids[p])
+                        for p in range(1, len(ids))))
+                nxt = (reading.score_position(ctx, logits[-1], allowed_ids, top)
+                       if next_token else None)
+                out.append(reading.ScoredPrompt(scores, nxt))
+            return out
+
+        return self.call(run)
+
+    # -- embeddings -------------------------------------------------------------------
+
+    def _embedding_context(self):
+        if self._embedder is None:
+            from llama_cpp import llama_cpp as lib
+
+            # Mean pooling of the last layer's normalised hidden states, as the
+            # transformers engine computes; a whole input fits one micro-batch,
+            # and the KV cache is f32 (f16 moves the vectors by ~3e-4).
+            window = self.info.context_window
+            self._embedder = self._open(n_ctx=window, n_batch=window, n_ubatch=window,
+                                        embedding=True, type_k=GGML_TYPE_F32,
+                                        type_v=GGML_TYPE_F32,
+                                        pooling_type=lib.LLAMA_POOLING_TYPE_MEAN)
+        return self._embedder
+
+    def embed_inputs(self, inputs: list[list[int]]):
+        """One mean-pooled vector per tokenized input; await the result."""
+        from llama_cpp import llama_cpp as lib
+
+        def run(engine: GgufEngine) -> list[list[float]]:
+            embedder = engine._embedding_context()
+            width = embedder.n_embd()
+            vectors = []
+            for ids in inputs:
+                # One input per pass from an empty cache: a vector never depends
+                # on its neighbours.
+                embedder._batch.reset()
+                embedder._ctx.kv_cache_clear()
+                embedder._batch.add_sequence(ids, 0, True)
+                embedder._ctx.decode(embedder._batch)
+                pooled = lib.llama_get_embeddings_seq(embedder._ctx.ctx, 0)
+                vectors.append([float(x) for x in pooled[:width]])
+            embedder._batch.reset()
+            embedder._ctx.kv_cache_clear()
+            return vectors
+
+        return self.call(run)
+
+    # -- status and shutdown ----------------------------------------------------------
+
+    async def clear_prefix_cache(self) -> int:
+        def clear(engine: GgufEngine) -> int:
+            held = engine.llm.n_tokens
+            engine.llm.reset()
+            engine.llm._ctx.kv_cache_clear()
+            return held
+
+        return await self.call(clear)
+
+    def status(self) -> EngineStatus:
+        with self._lock:
+            return EngineStatus(
+                backend="gguf/serial",
+                active_generations=self._running,
+                queued_requests=self._waiting,
+                generated_tokens_total=self._generated,
+                completed_generations_total=self._completed,
+                cancelled_generations_total=self._cancelled,
+                failed_generations_total=self._failed,
+                running_rows=self._running,
+                lanes=self._running,
+                max_batch=1,
+                max_queued=self.max_queued,
+                prefix_cache_tokens=self.llm.n_tokens if self.llm is not None else 0,
+                prefix_cache_hit_tokens_total=self._cache_hits,
+            )
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for llm in (self.llm, self._scorer, self._embedder):
+            if llm is not None:
+                llm.close()
+        self.llm = self._scorer = self._embedder = None
