@@ -921,3 +921,32 @@ def test_management_api_never_answers_5xx_and_bad_writes_change_nothing(clean):
             clean.ok("PUT", "/api/steering", {"enabled": True})
 
     fuzz()
+
+
+def test_steering_follows_model_switches_and_is_refused_on_gguf(tmp_path):
+    stack = harness.OwnStack(tmp_path, MILLM_SAES_DIR=str(harness.models_dir() / "saes"))
+    try:
+        own = SteerStack(stack.engine, stack.bridge, stack.grpc_port, stack.http_port,
+                         tmp_path, harness.models_dir() / "saes")
+        own.ok("POST", f"/api/saes/{L1}/attach")
+        profile(own, "sea", (1, 3, 8.0))
+        before, _ = chat(own, profile="sea")
+
+        gguf = "millm-tiny-gguf:F32"
+        reply = own.api("POST", "/v1/chat/completions", {
+            "model": gguf, "messages": MESSAGES, "max_tokens": 4, "profile": "sea"})
+        assert reply.status_code == 400 and error(reply)["code"] == "field_not_honoured"
+        assert error(reply)["param"] == "profile"
+        reply = own.api("POST", "/v1/chat/completions", {
+            "model": gguf, "messages": MESSAGES, "max_tokens": 4})
+        assert reply.status_code == 200, reply.text  # the engine switched to the GGUF export
+        assert own.ok("GET", "/api/steering")["steering"]["attached_sae_ids"] == []
+        reply = own.api("POST", f"/api/saes/{L1}/attach")
+        assert reply.status_code == 400 and error(reply)["code"] == "steering_unavailable"
+
+        # Naming millm-tiny switches back, and the SAE attached before comes back with it.
+        after, _ = chat(own, profile="sea")
+        assert after == before
+        assert own.ok("GET", "/api/steering")["steering"]["attached_sae_ids"] == [L1]
+    finally:
+        stack.stop()
