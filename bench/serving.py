@@ -46,7 +46,7 @@ import grpc  # noqa: E402
 
 from millm.v1 import generation_service_pb2_grpc  # noqa: E402
 from tests import harness  # noqa: E402
-from tests.grpc_helpers import chat_request, prompt_request  # noqa: E402
+from tests.grpc_helpers import chat_request, prompt_request, timed_generate  # noqa: E402
 
 MODEL = "millm-tiny"
 PROMPTS = ["The river ran", "In the morning the market", "The lighthouse keeper",
@@ -88,14 +88,7 @@ async def grpc_stream(stub, prompt: str, tokens: int, system: str | None = None)
         request = chat_request(prompt, max_tokens=tokens, temperature=1.0, ignore_eos=True)
         request.chat.messages.insert(0, request.chat.messages[0].__class__(role=1,
                                                                           content=system))
-    started = time.perf_counter()
-    first, produced = None, 0
-    async for response in stub.Generate(request, timeout=600):
-        if response.choices and first is None:
-            first = time.perf_counter() - started
-        if response.HasField("usage"):
-            produced = response.usage.completion_tokens
-    return first, produced
+    return await timed_generate(stub, request)
 
 
 def request_length(client: int, request: int, mean: int) -> int:

@@ -40,7 +40,7 @@ from millm.v1 import (  # noqa: E402
     steering_service_pb2_grpc,
 )
 from tests import harness  # noqa: E402
-from tests.grpc_helpers import chat_request  # noqa: E402
+from tests.grpc_helpers import chat_request, timed_generate  # noqa: E402
 
 SAE = "sae_millm-tiny-res-l1"
 PROMPTS = ["Tell me about the sea.", "What is a library?", "Describe a garden.",
@@ -64,13 +64,7 @@ async def one(stub, c: int, r: int, tokens: int, steered: bool) -> tuple[float, 
                            temperature=1.0, ignore_eos=True)
     if steered:
         request.profile = f"client-{c}"
-    started = time.perf_counter()
-    first, produced = None, 0
-    async for response in stub.Generate(request, timeout=600):
-        if response.choices and first is None:
-            first = time.perf_counter() - started
-        if response.HasField("usage"):
-            produced = response.usage.completion_tokens
+    first, produced = await timed_generate(stub, request)
     return first or 0.0, produced
 
 

@@ -59,3 +59,18 @@ def run(stub, request):
             if d.finish_reason:
                 finish[d.index] = d.finish_reason
     return responses[0].metadata, texts, tokens, finish, responses[-1].usage, responses
+
+
+async def timed_generate(stub, request) -> tuple[float | None, int]:
+    """Stream one generation on an aio stub: (seconds to the first choice delta,
+    completion tokens from usage). The benches' one way to time a request."""
+    import time
+
+    started = time.perf_counter()
+    first, produced = None, 0
+    async for response in stub.Generate(request, timeout=600):
+        if response.choices and first is None:
+            first = time.perf_counter() - started
+        if response.HasField("usage"):
+            produced = response.usage.completion_tokens
+    return first, produced

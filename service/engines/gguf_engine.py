@@ -25,12 +25,12 @@ import asyncio
 import logging
 import queue
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 
 from service.chat_template import CHATML
 from service.engines.base import Engine, EngineStatus, LoadedModel
+from service.engines.scheduler import ModelCall
 from service.errors import (
     EngineError,
     field_not_honoured,
@@ -83,30 +83,6 @@ def token_piece(vocab, token: int, special: bool) -> bytes:
         if n >= 0:
             return buffer.raw[:n]
         size = -n  # too small: llama.cpp says how much it needs
-
-
-@dataclass
-class _Call:
-    """Work on the model thread that is not a generation (scoring)."""
-
-    fn: object
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-
-    def run(self, engine: GgufEngine) -> None:
-        try:
-            result, error = self.fn(engine), None
-        except BaseException as exc:  # handed to the caller
-            result, error = None, exc
-        self.loop.call_soon_threadsafe(self._settle, result, error)
-
-    def _settle(self, result, error) -> None:
-        if self.future.cancelled():
-            return
-        if error is not None:
-            self.future.set_exception(error)
-        else:
-            self.future.set_result(result)
 
 
 class _ReadingContext:
@@ -243,7 +219,7 @@ class GgufEngine(Engine):
         """Run fn(engine) on the model thread; await the returned future."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._inbox.put(_Call(fn, future, loop))
+        self._inbox.put(ModelCall(fn, future, loop))
         return future
 
     def _run(self) -> None:
@@ -251,7 +227,7 @@ class GgufEngine(Engine):
             item = self._inbox.get()
             if item is None:
                 break
-            if isinstance(item, _Call):
+            if isinstance(item, ModelCall):
                 if not item.future.cancelled():
                     item.run(self)
                 continue
@@ -271,7 +247,7 @@ class GgufEngine(Engine):
                 break
             if isinstance(item, GenerationJob):
                 item.cancelled.set()
-            elif isinstance(item, _Call):
+            elif isinstance(item, ModelCall):
                 error = EngineError("model_busy", "The model was unloaded before this "
                                     "request ran; retry.", "model")
                 item.loop.call_soon_threadsafe(item._settle, None, error)
