@@ -106,8 +106,10 @@ class ChatCompletionHandler(GenerationHandler):
         return pb
 
     def relabel(self, error: OpenAIError) -> OpenAIError:
-        # The contract's one logprobs field carries chat's top_logprobs count.
-        if error.param == "logprobs":
+        # The contract's one logprobs field carries chat's top_logprobs count,
+        # so a complaint about the count is about top_logprobs; a refusal of
+        # log-probabilities altogether is about chat's own `logprobs` flag.
+        if error.param == "logprobs" and error.code != "field_not_honoured":
             error.param = "top_logprobs"
             error.message = error.message.replace("'logprobs'", "'top_logprobs'")
         return error
