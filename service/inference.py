@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from service import field_policy
-from service.engines import gguf_engine, reading
+from service.engines import reading
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.scheduler import SchedulerLimits
 from service.errors import (
@@ -284,8 +284,6 @@ class InferenceService:
         # Which fields this route and engine honour is known without the model,
         # so a field that cannot be honoured is refused before any load.
         ignored = check_fields(params, entry.engine)
-        if entry.engine == GGUF:
-            gguf_engine.refuse_unhonoured(params)
         request_id = params.request_id or uuid.uuid4().hex
         engine = await self._serving_engine(params.model)
         checked = check_params(params)

@@ -20,6 +20,7 @@ from service import field_policy
 from service.errors import (
     EngineError,
     context_length_exceeded,
+    field_not_honoured,
     invalid_parameter,
     special_token_in_content,
     unused_fields_refused,
@@ -208,6 +209,8 @@ def check_fields(params: GenerateParams, engine: str) -> list[str]:
                                       engine)
     field_policy.check_contract_field("return_sae_activations", params.sae_activations, route,
                                       engine)
+    if engine == field_policy.GGUF:
+        _check_gguf_logprobs(params)
     unused.extend(params.unused_fields)
     if params.user is not None:
         unused.append("user")  # OpenAI's end-user id: nothing here reads it
@@ -217,6 +220,19 @@ def check_fields(params: GenerateParams, engine: str) -> list[str]:
                 # Chat templates render role and content; the author name is not passed.
                 unused.append(f"{where}[{i}].name")
     return unused
+
+
+def _check_gguf_logprobs(params: GenerateParams) -> None:
+    """The one rule the field table cannot hold because it depends on two
+    fields: on GGUF, log-probabilities are served for scoring (max_tokens 1)
+    and echo, not alongside generated text (llama.cpp's sampler does not expose
+    the distribution it drew from)."""
+    max_tokens = (params.max_tokens if params.max_tokens is not None
+                  else params.max_completion_tokens)
+    if params.logprobs is not None and max_tokens != 1 and not params.echo:
+        raise field_not_honoured("logprobs", "'logprobs' is not honoured: on GGUF models "
+                                 "log-probabilities are served in scoring mode (max_tokens 1) "
+                                 "and with echo, not for generated text.")
 
 
 def refuse_if_strict(params: GenerateParams, unused: list[str]) -> None:

@@ -30,10 +30,9 @@ import numpy as np
 
 from service.chat_template import CHATML
 from service.engines.base import Engine, EngineStatus, LoadedModel
-from service.engines.scheduler import ModelCall
+from service.engines.scheduler import ModelCall, answer_unrun
 from service.errors import (
     EngineError,
-    field_not_honoured,
     internal_error,
     invalid_parameter,
     queue_full,
@@ -55,18 +54,6 @@ log = logging.getLogger(__name__)
 GGML_TYPE_F32 = 0
 
 _DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-
-
-def refuse_unhonoured(params) -> None:
-    """What the field table cannot say because it depends on two fields: on
-    GGUF, log-probabilities are served for scoring (max_tokens 1) and echo,
-    not alongside generated text. Checked before any load."""
-    max_tokens = params.max_tokens if params.max_tokens is not None \
-        else params.max_completion_tokens
-    if params.logprobs is not None and max_tokens != 1 and not params.echo:
-        raise field_not_honoured("logprobs", "'logprobs' is not honoured: on GGUF models "
-                                 "log-probabilities are served in scoring mode (max_tokens 1) "
-                                 "and with echo, not for generated text.")
 
 
 def token_piece(vocab, token: int, special: bool) -> bytes:
@@ -240,17 +227,7 @@ class GgufEngine(Engine):
                 with self._lock:
                     self._running = 0
         # Whatever still waits is cancelled; its callers see the engine go.
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, GenerationJob):
-                item.cancelled.set()
-            elif isinstance(item, ModelCall):
-                error = EngineError("model_busy", "The model was unloaded before this "
-                                    "request ran; retry.", "model")
-                item.loop.call_soon_threadsafe(item._settle, None, error)
+        answer_unrun(self._inbox)
 
     def _end(self, outcome: str) -> None:
         with self._lock:

@@ -69,6 +69,23 @@ class ModelCall:
             self.future.set_result(result)
 
 
+def answer_unrun(inbox: queue.Queue) -> None:
+    """When a model thread stops (an unload that ran out of patience), what is
+    still queued is answered rather than left waiting forever: reads get
+    model_busy, jobs are cancelled."""
+    while True:
+        try:
+            item = inbox.get_nowait()
+        except queue.Empty:
+            return
+        if isinstance(item, ModelCall):
+            item.loop.call_soon_threadsafe(item._settle, None, EngineError(
+                "model_busy", "The model was unloaded before this request ran; retry.",
+                "model"))
+        elif item is not None:
+            item.cancelled.set()
+
+
 @dataclass
 class SchedulerLimits:
     max_batch: int = 64  # running rows
@@ -150,19 +167,7 @@ class Scheduler:
                 self._step_lanes()
         for waiting in self._waiting:
             waiting.job.cancelled.set()
-        # Reads still queued when the engine stops (an unload that ran out of
-        # patience) are answered rather than left waiting forever.
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, ModelCall):
-                item.loop.call_soon_threadsafe(item._settle, None, EngineError(
-                    "model_busy", "The model was unloaded before this request ran; retry.",
-                    "model"))
-            elif item is not None:
-                item.cancelled.set()
+        answer_unrun(self._inbox)
 
     def _running_rows(self) -> int:
         return len(self._shared.rows) + sum(len(lane.rows) for lane in self._isolated)
