@@ -4,7 +4,6 @@ stubs, grpcurl and raw HTTP."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import grpc
@@ -24,36 +23,13 @@ from tests import harness
 MODEL = "millm-tiny"
 
 
-@dataclasses.dataclass
-class Stack:
-    engine: harness.Process
-    bridge: harness.Process
-    grpc_port: int
-    http_port: int
-
-    @property
-    def grpc_target(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("stack")
-    engine, grpc_port = harness.start_engine(tmp)
-    bridge = None
+    own = harness.OwnStack(tmp_path_factory.mktemp("stack"))
     try:
-        harness.wait_serving(engine, grpc_port)
-        bridge, http_port = harness.start_bridge(tmp, grpc_port)
-        harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
-        yield Stack(engine, bridge, grpc_port, http_port)
+        yield own
     finally:
-        if bridge is not None:
-            bridge.stop()
-        engine.stop()
+        own.stop()
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import socket
@@ -16,6 +17,29 @@ def post(port: int, path: str, body, headers: dict | None = None, raw: bytes | N
     content = reply.read()
     conn.close()
     return reply, content
+
+
+@dataclasses.dataclass
+class Reply:
+    status_code: int
+    text: str
+    headers: dict  # lower-case names
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def call(port: int, method: str, path: str, body=None, raw: bytes | None = None,
+         timeout: float = 60) -> Reply:
+    """Any method with a JSON body (or raw bytes), read whole."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    reply = conn.getresponse()
+    out = Reply(reply.status, reply.read().decode(),
+                {k.lower(): v for k, v in reply.getheaders()})
+    conn.close()
+    return out
 
 
 def request(port: int, method: str, path: str):

@@ -41,23 +41,17 @@ KEYS = json.dumps({"keys": [
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 3}
 
 
-class KeyedStack:
+class KeyedStack(harness.OwnStack):
     def __init__(self, tmp):
-        self.engine, self.grpc_port = harness.start_engine(
-            tmp, MILLM_API_KEYS=KEYS, MILLM_METRICS_PORT=str(harness.free_port()))
-        harness.wait_serving(self.engine, self.grpc_port)
-        self.bridge, self.http_port = harness.start_bridge(tmp, self.grpc_port,
-                                                           MILLM_API_KEYS=KEYS,
-                                                           MILLM_LOG_LEVEL="INFO")
-        harness.wait_http(self.bridge, f"http://127.0.0.1:{self.http_port}/readyz")
+        super().__init__(tmp, {"MILLM_API_KEYS": KEYS, "MILLM_LOG_LEVEL": "INFO"},
+                         MILLM_API_KEYS=KEYS, MILLM_METRICS_PORT=str(harness.free_port()))
         found = re.search(r"metrics on http://127.0.0.1:(\d+)/metrics", self.engine.log())
         self.metrics_port = int(found.group(1))
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.channel = grpc.insecure_channel(self.grpc_target)
 
     def stop(self):
         self.channel.close()
-        self.bridge.stop()
-        self.engine.stop()
+        super().stop()
 
 
 @pytest.fixture(scope="module")

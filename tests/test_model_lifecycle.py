@@ -10,8 +10,6 @@ import os
 import shutil
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
@@ -19,21 +17,15 @@ import pytest
 from tests import harness
 from tests.conftest import wait_until
 from tests.http_helpers import SseStream
+from tests.http_helpers import call as http_call
 
 TINY, F32, Q8 = "millm-tiny", "millm-tiny-gguf:F32", "millm-tiny-gguf:Q8_0"
 HUGE_BYTES = 4 * 2**40  # a sparse 4 TiB weights file: no machine here has that free
 
 
 def call(stack, method: str, path: str, body: dict | None = None, timeout: float = 120):
-    request = urllib.request.Request(
-        f"{stack.base_url}{path}", method=method,
-        data=json.dumps(body).encode() if body is not None else None,
-        headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            return reply.status, json.loads(reply.read()), dict(reply.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read()), dict(exc.headers)
+    reply = http_call(stack.http_port, method, path, body, timeout=timeout)
+    return reply.status_code, reply.json(), reply.headers
 
 
 def chat(stack, model: str, max_tokens: int = 4):

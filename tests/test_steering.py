@@ -8,8 +8,6 @@ of their own (a fresh data dir and SAE dir), never the shared session stack.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import http.client
 import json
 import pathlib
 import shutil
@@ -29,6 +27,7 @@ from millm.v1 import steering_service_pb2_grpc as steering_grpc
 from tests import harness
 from tests.conftest import MODEL
 from tests.grpc_helpers import chat_request, error_info
+from tests.http_helpers import Reply, SseStream, call
 from tests.test_batching import MaxRunningRows
 
 L1 = "sae_millm-tiny-res-l1"  # standard, layer 1, 256 features
@@ -36,38 +35,15 @@ L0 = "sae_millm-tiny-res-l0"  # jumprelu, layer 0, 128 features
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
 
 
-@dataclasses.dataclass
-class Reply:
-    status_code: int
-    text: str
-    headers: dict
+class SteerStack(harness.OwnStack):
+    """An engine and bridge of the steering tests' own, on an SAE dir of theirs."""
 
-    def json(self):
-        return json.loads(self.text)
-
-
-@dataclasses.dataclass
-class SteerStack:
-    engine: harness.Process
-    bridge: harness.Process
-    grpc_port: int
-    http_port: int
-    data_dir: pathlib.Path
-    saes_dir: pathlib.Path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+    def __init__(self, tmp: pathlib.Path, saes_dir: pathlib.Path):
+        super().__init__(tmp, MILLM_SAES_DIR=str(saes_dir))
+        self.saes_dir = saes_dir
 
     def api(self, method: str, path: str, body=None, raw: bytes | None = None) -> Reply:
-        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=60)
-        data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
-        reply = conn.getresponse()
-        out = Reply(reply.status, reply.read().decode(),
-                    {k.lower(): v for k, v in reply.getheaders()})
-        conn.close()
-        return out
+        return call(self.http_port, method, path, body, raw)
 
     def ok(self, method: str, path: str, body=None) -> dict:
         reply = self.api(method, path, body)
@@ -110,16 +86,11 @@ def steer(tmp_path_factory):
     _write_sae(saes_dir / "past-last-layer", d_in=64, layer=5)
     (saes_dir / "broken").mkdir()
     (saes_dir / "broken" / "cfg.json").write_text('{"d_in": 64}')
-    engine, grpc_port = _start(tmp, saes_dir)
-    bridge = None
+    stack = SteerStack(tmp, saes_dir)
     try:
-        bridge, http_port = harness.start_bridge(tmp, grpc_port)
-        harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
-        yield SteerStack(engine, bridge, grpc_port, http_port, tmp, saes_dir)
+        yield stack
     finally:
-        if bridge is not None:
-            bridge.stop()
-        engine.stop()
+        stack.stop()
 
 
 @pytest.fixture
@@ -470,29 +441,25 @@ def test_an_operator_change_during_a_request_is_never_undone(clean):
             "ignore_eos": True, "stream": True, "profile": "a"}
     operator_values = [{"layer": 1, "feature": 12, "strength": 3.5, "sae_id": ""}]
     texts = []
-    conn = http.client.HTTPConnection("127.0.0.1", clean.http_port, timeout=60)
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                 headers={"Content-Type": "application/json"})
-    reply = conn.getresponse()
     seen_text = False
-    while line := reply.readline().decode():
-        if not line.startswith("data: {"):
-            continue
-        chunk = json.loads(line[len("data: "):])
-        texts.extend(c["delta"].get("content", "") for c in chunk["choices"])
-        if not seen_text and "".join(texts):
-            seen_text = True
-            # Mid-stream, the operator changes the live values.
-            written = clean.ok("PUT", "/api/steering", {"values": operator_values})
-            assert written["liveness"]["live"] is True
-    conn.close()
+    with SseStream(clean.base_url, "/v1/chat/completions", body) as stream:
+        for line in stream.lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[len("data: "):])
+            texts.extend(c["delta"].get("content", "") for c in chunk["choices"])
+            if not seen_text and "".join(texts):
+                seen_text = True
+                # Mid-stream, the operator changes the live values.
+                written = clean.ok("PUT", "/api/steering", {"values": operator_values})
+                assert written["liveness"]["live"] is True
     assert seen_text
     assert clean.ok("GET", "/api/steering")["steering"]["values"] == operator_values
     # And the request's own steering was not disturbed by the change.
     alone = clean.client().chat.completions.create(
         model=MODEL, messages=MESSAGES, temperature=0, max_tokens=300,
         extra_body={"ignore_eos": True, "profile": "a"}).choices[0].message.content
-    assert alone.startswith("".join(texts)[:200])
+    assert "".join(texts) == alone
 
 
 # -- clusters, circuits and headers ----------------------------------------------------------------
@@ -723,22 +690,30 @@ def test_echo_is_read_under_the_completions_steering_and_scoring_is_not(clean):
 
 
 def test_activations_in_scoring_mode_are_unsteered(clean):
+    spec = {"positions": "prompt", "features": [3], "top_k": 1}
+
+    def prompt_values(max_tokens: int, **extra):
+        reply = clean.api("POST", "/v1/completions", {
+            "model": MODEL, "prompt": "The sea is", "max_tokens": max_tokens,
+            "temperature": 0, "return_sae_activations": spec, **extra})
+        assert reply.status_code == 200, reply.text
+        read = reply.json()["millm"]["sae_activations"]
+        return read, [p["features"][0]["value"] for p in read["positions"]], reply.headers
+
+    # Nothing steering: the generation's prompt positions are the reference.
+    _, unsteered, _ = prompt_values(2)
     profile(clean, "strong", (1, 3, 30.0))
     clean.ok("POST", "/api/profiles/strong/activate")
-    reply = clean.api("POST", "/v1/completions", {
-        "model": MODEL, "prompt": "The sea is", "max_tokens": 1, "logprobs": 2,
-        "return_sae_activations": {"positions": "prompt", "features": [3], "top_k": 1}})
-    assert reply.status_code == 200, reply.text
-    assert reply.headers["x-millm-steering"] == "none"
-    read = reply.json()["millm"]["sae_activations"]
+    _, steered, _ = prompt_values(2)  # the active profile steers a completion...
+    read, scored, headers = prompt_values(1, logprobs=2)  # ...but never scoring
+    assert headers["x-millm-steering"] == "none"
     assert read["read_point"] == "unsteered"
-    clean.ok("DELETE", "/api/profiles/active")
-    steered = _read(clean, "prompt", spec={"features": [3], "top_k": 1}, profile="strong")
-    unsteered = _read(clean, "prompt", spec={"features": [3], "top_k": 1})
-    values = [p["features"][0]["value"] for p in read["positions"][-1:]]
-    assert values != [p["features"][0]["value"] for p in steered.json()["millm"][
-        "sae_activations"]["positions"][-1:]]
-    assert unsteered.status_code == 200
+    assert scored == pytest.approx(unsteered, abs=1e-5)
+    # Steering adds 30 to feature 3's pre-activation (tied unit-norm dictionary);
+    # where the unsteered value was clipped at 0 the gap is a little less.
+    for s_value, u_value in zip(steered, unsteered, strict=True):
+        assert s_value - u_value == pytest.approx(30.0, abs=1e-3) if u_value > 0 else (
+            25 < s_value - u_value <= 30.0)
 
 
 @pytest.mark.parametrize(("extra", "param", "code", "words"), [
@@ -924,10 +899,8 @@ def test_management_api_never_answers_5xx_and_bad_writes_change_nothing(clean):
 
 
 def test_steering_follows_model_switches_and_is_refused_on_gguf(tmp_path):
-    stack = harness.OwnStack(tmp_path, MILLM_SAES_DIR=str(harness.models_dir() / "saes"))
+    own = SteerStack(tmp_path, harness.models_dir() / "saes")
     try:
-        own = SteerStack(stack.engine, stack.bridge, stack.grpc_port, stack.http_port,
-                         tmp_path, harness.models_dir() / "saes")
         own.ok("POST", f"/api/saes/{L1}/attach")
         profile(own, "sea", (1, 3, 8.0))
         before, _ = chat(own, profile="sea")
@@ -949,4 +922,4 @@ def test_steering_follows_model_switches_and_is_refused_on_gguf(tmp_path):
         assert after == before
         assert own.ok("GET", "/api/steering")["steering"]["attached_sae_ids"] == [L1]
     finally:
-        stack.stop()
+        own.stop()
