@@ -377,12 +377,13 @@ class Lane:
                                          ctx.steering)
             self._stacked_for = key
         captures: dict[int, list[Capture]] = {}
-        positions = self.positions.tolist()
-        for i, row in enumerate(self.rows):
-            recorder = row.progress.recorder
-            if recorder is not None:
-                captures.setdefault(recorder.spec.layer, []).append(
-                    Capture(i, 0, [positions[i]], [row.last_token], recorder))
+        recording = [i for i, row in enumerate(self.rows) if row.progress.recorder is not None]
+        if recording:
+            positions = self.positions.tolist()  # one device sync, only when reading
+            for i in recording:
+                row = self.rows[i]
+                captures.setdefault(row.progress.recorder.spec.layer, []).append(
+                    Capture(i, 0, [positions[i]], [row.last_token], row.progress.recorder))
         return ForwardSteering(self._stacked, captures)
 
     def step(self) -> list[tuple[Row, ChoiceDelta, bool]]:
