@@ -6,9 +6,9 @@ import sys
 
 import uvicorn
 
+from common import api_keys
 from rest_bridge.app import create_app
 from rest_bridge.config import parse_config
-from service import api_keys
 
 log = logging.getLogger("millm.bridge")
 

@@ -16,9 +16,9 @@ import re
 import time
 import uuid
 
+from common import api_keys
 from rest_bridge.errors import SERVER_ERROR, OpenAIError
 from rest_bridge.metrics import BridgeMetrics, route_label
-from service import api_keys
 
 log = logging.getLogger("millm.access")
 

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common import api_keys
 from rest_bridge.access import AccessMiddleware, BridgeState
 from rest_bridge.config import BridgeConfig
 from rest_bridge.engine_client import EngineClient
@@ -22,7 +23,6 @@ from rest_bridge.serving.disconnect import ClientDisconnected
 from rest_bridge.serving.embeddings import EmbeddingsHandler
 from rest_bridge.serving.models import ModelsHandler
 from rest_bridge.unserved import is_openai_endpoint
-from service import api_keys
 
 log = logging.getLogger("millm.bridge")
 

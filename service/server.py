@@ -11,6 +11,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from common import api_keys
 from millm.v1 import (
     embedding_service_pb2,
     embedding_service_pb2_grpc,
@@ -25,13 +26,12 @@ from millm.v1 import (
     steering_service_pb2,
     steering_service_pb2_grpc,
 )
-from service import api_keys
 from service.config import EngineConfig
-from service.engines.scheduler import SchedulerLimits
+from service.engines.transformers.scheduler import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
-from service.model_lifecycle import LifecycleConfig
-from service.model_registry import ModelRegistry
+from service.models.lifecycle import LifecycleConfig
+from service.models.registry import ModelRegistry
 from service.servicers.access import AccessInterceptor, DrainState
 from service.servicers.embeddings import EmbeddingServicer
 from service.servicers.generation import GenerationServicer

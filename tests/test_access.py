@@ -11,6 +11,7 @@ import urllib.request
 import grpc
 import pytest
 
+from common import api_keys
 from millm.v1 import (
     generation_service_pb2_grpc,
     model_service_pb2,
@@ -22,7 +23,6 @@ from millm.v1 import (
     steering_service_pb2,
     steering_service_pb2_grpc,
 )
-from service import api_keys
 from service.rate_limit import TokenBucket
 from tests import harness
 from tests.conftest import MODEL

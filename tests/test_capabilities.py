@@ -35,6 +35,6 @@ def test_rest_capabilities(stack):
     assert reply.status == 200
     body = json.loads(content)
     assert body["model"] == MODEL and body["features"]["scoring"] is True
-    assert {"field": "logit_bias", "route": "chat", "honoured": False,
+    assert {"field": "logit_bias", "route": "chat", "honoured": False, "reported": False,
             "refusal_code": "field_not_honoured",
             "reason": "logit bias is not supported"} in body["fields"]

@@ -264,8 +264,8 @@ def test_two_changes_claimed_in_the_same_instant_start_one_load():
     import asyncio
 
     from service.errors import EngineError
-    from service.model_lifecycle import LifecycleConfig, ModelLifecycle
-    from service.model_registry import ModelRegistry
+    from service.models.lifecycle import LifecycleConfig, ModelLifecycle
+    from service.models.registry import ModelRegistry
 
     async def main():
         life = ModelLifecycle(ModelRegistry(harness.models_dir()), LifecycleConfig(device="cpu"))
@@ -287,8 +287,8 @@ def test_two_changes_claimed_in_the_same_instant_start_one_load():
 
 
 def test_memory_needed_counts_weights_and_the_gguf_kv_cache():
-    from service.model_lifecycle import LifecycleConfig, ModelLifecycle
-    from service.model_registry import ModelRegistry
+    from service.models.lifecycle import LifecycleConfig, ModelLifecycle
+    from service.models.registry import ModelRegistry
 
     registry = ModelRegistry(harness.models_dir())
     gguf, tiny = registry.resolve(F32), registry.resolve(TINY)
@@ -299,3 +299,70 @@ def test_memory_needed_counts_weights_and_the_gguf_kv_cache():
     assert life.memory_needed(tiny, "cpu") == (tiny.size_bytes, 0)  # float32 as stored
     capped = ModelLifecycle(registry, LifecycleConfig(device="cpu", gguf_context=256))
     assert capped.memory_needed(gguf, "cpu")[1] == 256 * 256
+
+
+def test_the_state_table_refuses_an_illegal_move(tmp_path):
+    from service.errors import EngineError
+    from service.models.lifecycle import MOVES, ModelLifecycle, Phase
+    from service.models.registry import ModelRegistry
+
+    life = ModelLifecycle(ModelRegistry(tmp_path))
+    assert life.phase is Phase.STARTING and not life.started
+    assert (Phase.STARTING, Phase.LOADED) not in MOVES  # a load always passes through loading
+    with pytest.raises(EngineError) as caught:
+        life._move(Phase.LOADED, TINY)
+    assert caught.value.code == "internal_error"
+    assert life.phase is Phase.STARTING and life.engine is None
+
+
+def test_loads_and_unloads_pass_through_the_expected_states(tmp_path, caplog):
+    """In process: every move is logged, and the states a model reports follow them."""
+    import asyncio
+    import logging
+    import pathlib
+
+    from service.errors import EngineError
+    from service.models.lifecycle import LifecycleConfig, ModelLifecycle
+    from service.models.lifecycle import Phase as P
+    from service.models.registry import ModelRegistry
+
+    caplog.set_level(logging.DEBUG, logger="service.models.lifecycle")
+    registry = ModelRegistry(pathlib.Path(models_dir(tmp_path)))
+    life = ModelLifecycle(registry, LifecycleConfig(device="cpu"))
+    tiny, f32 = registry.resolve(TINY), registry.resolve(F32)
+    announced = []
+
+    async def listener(engine):  # runs while loading (engine) and releasing (None)
+        announced.append((life.phase, life.view(tiny).state, life.view(f32).state))
+
+    life.on_engine_change.append(listener)
+
+    def moves():
+        found = [r.args[:2] for r in caplog.records if r.getMessage().startswith("model state")]
+        caplog.clear()
+        return found
+
+    async def main():
+        await life.load(TINY)
+        assert moves() == [(P.STARTING, P.FIRST_LOAD), (P.FIRST_LOAD, P.LOADED)]
+        assert life.started and life.view(tiny).state == "loaded"
+        await life.load(F32)
+        assert moves() == [(P.LOADED, P.DRAINING), (P.DRAINING, P.RELEASING),
+                           (P.RELEASING, P.EMPTY), (P.EMPTY, P.LOADING), (P.LOADING, P.LOADED)]
+        assert announced == [(P.FIRST_LOAD, "loading", "ready"),
+                             (P.RELEASING, "unloading", "ready"),
+                             (P.LOADING, "ready", "loading")]
+        await life.unload(F32)
+        assert moves() == [(P.LOADED, P.DRAINING), (P.DRAINING, P.RELEASING),
+                           (P.RELEASING, P.EMPTY)]
+        assert life.engine is None and life.view(f32).state == "ready"
+        with pytest.raises(EngineError):
+            await life.load("tiny-broken")
+        assert moves() == [(P.EMPTY, P.LOADING), (P.LOADING, P.EMPTY)]
+        broken = life.view(registry.resolve("tiny-broken"))
+        assert broken.state == "failed" and broken.error
+
+    try:
+        asyncio.run(main())
+    finally:
+        life.shutdown()

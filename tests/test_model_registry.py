@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from service.errors import EngineError
-from service.model_registry import ModelRegistry
+from service.models.registry import ModelRegistry
 from tests import harness
 
 

@@ -352,19 +352,14 @@ def test_grpc_embed(embedding_stub, direct):
 # -- non-finite logits --
 
 
-class _Ctx:
-    vocab_size = 4
-    token_bytes = [b"a", b"b", b"c", b"d"]
-
-
 def test_non_finite_logits_where_they_reach_the_answer():
-    from service.engines import reading
+    from service.engines import scores
     from service.errors import EngineError
 
-    ctx = _Ctx()
+    ctx = scores.TokenTable(4, [b"a", b"b", b"c", b"d"])
     allowed = torch.tensor([0, 1])
     # -inf outside the allowed set is fine (padded vocabularies look like that).
-    fine = reading.score_position(ctx, torch.tensor([1.0, 2.0, float("-inf"), 0.0]), allowed, 2)
+    fine = scores.score_position(ctx, torch.tensor([1.0, 2.0, float("-inf"), 0.0]), allowed, 2)
     assert fine.token.token_id == 1 and len(fine.top) == 2
     for logits, where in [
         (torch.tensor([float("nan"), 2.0, 0.0, 0.0]), allowed),   # NaN on an allowed token
@@ -373,8 +368,8 @@ def test_non_finite_logits_where_they_reach_the_answer():
         (torch.tensor([float("-inf"), 2.0, 0.0, 0.0]), allowed),  # a reported token at -inf
     ]:
         with pytest.raises(EngineError) as caught:
-            reading.score_position(ctx, logits, where, 2)
+            scores.score_position(ctx, logits, where, 2)
         assert caught.value.code == "non_finite_logits"
     # NaN outside the allowed set does not reach the answer.
-    ok = reading.score_position(ctx, torch.tensor([1.0, 2.0, float("nan"), 0.0]), allowed, 1)
+    ok = scores.score_position(ctx, torch.tensor([1.0, 2.0, float("nan"), 0.0]), allowed, 1)
     assert ok.token.token_id == 1

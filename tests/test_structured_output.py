@@ -12,8 +12,8 @@ import pytest
 from millm.v1 import generation_pb2
 from service import structured_output
 from service.errors import EngineError
-from service.generation_job import ChoiceDelta, StepOutput
-from service.inference import DocumentCheck
+from service.generation.documents import DocumentCheck
+from service.generation.job import ChoiceDelta, StepOutput
 from tests.conftest import MODEL
 from tests.grpc_helpers import chat_request, error_info, run
 from tests.http_helpers import post

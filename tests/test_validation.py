@@ -5,13 +5,9 @@ from __future__ import annotations
 import pytest
 
 from service.errors import EngineError
-from service.validation import (
-    ChatTurn,
-    GenerateParams,
-    check_params,
-    resolve,
-    row_seeds,
-)
+from service.requests.checks import check_params
+from service.requests.generation import resolve, row_seeds
+from service.requests.params import ChatTurn, GenerateParams
 
 
 def test_default_max_tokens_chat_fills_context_raw_prompt_is_16():

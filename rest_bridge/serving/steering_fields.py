@@ -52,13 +52,11 @@ def add_to_request(request, pb) -> None:
     out.SetInParent()
     out.sae_id = spec.sae_id or ""
     if spec.features is not None:
-        if not spec.features:
-            # The engine refuses an empty list; an unset repeated field would read as absent.
-            raise OpenAIError(400, f"'{PARAM}.features' must not be empty; leave it out to "
-                              "rank every feature.", param=f"{PARAM}.features",
-                              code="invalid_parameter")
-        out.features.extend(wire_int64(f, f"{PARAM}.features[{i}]")
-                            for i, f in enumerate(spec.features))
+        # An empty list must reach the engine as sent (it refuses it), so it
+        # travels in a message whose presence survives the wire.
+        out.feature_selection.SetInParent()
+        out.feature_selection.indices.extend(wire_int64(f, f"{PARAM}.features[{i}]")
+                                             for i, f in enumerate(spec.features))
     if spec.top_k is not None:
         out.top_k = wire_int64(spec.top_k, f"{PARAM}.top_k")
     if isinstance(spec.positions, str):

@@ -1,13 +1,55 @@
-"""What every engine offers the rest of the process."""
+"""The one interface every engine implements, and what callers may rely on.
+
+Callers (the data plane, the lifecycle, steering, the status RPCs) see an
+`Engine` and its `EngineCapabilities`, never a concrete class: what an engine
+can do is data, read from `capabilities`, not found by asking which engine it
+is or probing its attributes. `KIND_CAPABILITIES` says what each kind offers at
+best, before anything is loaded (so a field no engine of that kind can honour
+is refused before a load); a loaded engine's `capabilities` can only be
+narrower (a transformers model whose layers the steering hooks cannot reach
+does not steer).
+"""
 
 from __future__ import annotations
 
 import abc
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from service.generation_job import GenerationJob
-from service.model_registry import ModelEntry
+from service.models.registry import GGUF, TRANSFORMERS, ModelEntry
+
+if TYPE_CHECKING:
+    from service.engines.scores import ScoredPrompt
+    from service.generation.job import GenerationJob
+    from service.steering.runtime import ActivationRecorder, SteeringPlan, SteeringRuntime
+    from service.structured_output import Constraint
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do; the field table (requests/fields.py) reads these."""
+
+    several_choices: bool  # n > 1: rows of one batch
+    generation_logprobs: bool  # log-probabilities of generated tokens
+    scoring: bool  # next-token scoring and echo's prompt log-probabilities
+    grammar: bool  # response_format through token masks
+    steer: bool  # per-request SAE steering and activation readout
+    embeddings: bool
+    extra_conversations: bool  # extra_messages: several chats in one request
+
+
+KIND_CAPABILITIES: dict[str, EngineCapabilities] = {
+    TRANSFORMERS: EngineCapabilities(
+        several_choices=True, generation_logprobs=True, scoring=True, grammar=True,
+        steer=True, embeddings=True, extra_conversations=True),
+    # llama.cpp's sampler does not expose the distribution it drew from, and
+    # one job runs at a time (engines/gguf_engine.py).
+    GGUF: EngineCapabilities(
+        several_choices=False, generation_logprobs=False, scoring=True, grammar=False,
+        steer=False, embeddings=True, extra_conversations=False),
+}
 
 
 @dataclass(frozen=True)
@@ -49,19 +91,44 @@ class EngineStatus:
 
 
 class Engine(abc.ABC):
-    """A loaded model plus the thread that runs its generations."""
+    """A loaded model plus the thread that runs its work. Blocking methods are
+    called from worker threads; the awaitable ones run on the model thread."""
+
+    kind: str  # TRANSFORMERS or GGUF: the key of KIND_CAPABILITIES
 
     def __init__(self, entry: ModelEntry):
         self.entry = entry
+
+    # -- loading ----------------------------------------------------------------------
 
     @abc.abstractmethod
     def load(self) -> LoadedModel:
         """Load weights and tokenizer (blocking; call from a worker thread)."""
 
+    @abc.abstractmethod
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the model thread; `capabilities` is final from here on."""
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return KIND_CAPABILITIES[self.kind]
+
+    @property
+    def steering(self) -> SteeringRuntime | None:
+        """The steering hooks, when `capabilities.steer`."""
+        return None
+
+    # -- text -------------------------------------------------------------------------
+
     @property
     @abc.abstractmethod
     def special_tokens(self) -> tuple[str, ...]:
         """The text of every control token, which message text may not spell."""
+
+    @property
+    @abc.abstractmethod
+    def has_chat_template(self) -> bool:
+        """Whether the model brought its own chat template (else ChatML is used)."""
 
     @abc.abstractmethod
     def encode_chat(self, messages: list[dict[str, str]], partial: str | None = None) -> list[int]:
@@ -73,25 +140,41 @@ class Engine(abc.ABC):
                     add_special: bool = True) -> list[int]:
         """Tokenize a raw prompt; special-token text stays text unless parse_special."""
 
-    def call(self, fn):
-        """Run fn(model context) on the model thread; returns an awaitable."""
-        raise NotImplementedError(f"{type(self).__name__} cannot read the model directly")
+    @abc.abstractmethod
+    def decode(self, ids: list[int]) -> str:
+        """Token ids back to text (blocking; worker thread)."""
 
-    def grammar_for(self, constraint):
-        """The compiled grammar of a response_format (blocking; worker thread)."""
+    def grammar_for(self, constraint: Constraint):
+        """The compiled grammar of a response_format (blocking; worker thread).
+        Only called when `capabilities.grammar`."""
         raise NotImplementedError(f"{type(self).__name__} cannot constrain output")
 
-    @abc.abstractmethod
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start running submitted jobs."""
+    # -- work ---------------------------------------------------------------------------
 
     @abc.abstractmethod
     def submit(self, job: GenerationJob) -> None:
-        """Queue a job; its events arrive on job.queue."""
+        """Queue a generation; its events arrive on the job (queue_full when full)."""
+
+    @abc.abstractmethod
+    def score(self, prompts: list[list[int]], *, temperature: float,
+              allowed: list[int] | None, top: int, echo: bool, next_token: bool,
+              plan: SteeringPlan | None = None,
+              recorder: ActivationRecorder | None = None) -> Awaitable[list[ScoredPrompt]]:
+        """One reading pass per prompt (engines/scores.py's shapes): the next
+        token's score, and with echo every prompt token's. Unsteered unless
+        `plan` is given; `recorder` reads activations on the way."""
+
+    @abc.abstractmethod
+    def embed(self, inputs: list[list[int]]) -> Awaitable[list[list[float]]]:
+        """One mean-pooled last-layer vector per tokenized input, unsteered."""
+
+    @abc.abstractmethod
+    async def clear_prefix_cache(self) -> int:
+        """Drop every cached prompt prefix; returns the tokens freed."""
 
     @abc.abstractmethod
     def status(self) -> EngineStatus: ...
 
     @abc.abstractmethod
     def shutdown(self) -> None:
-        """Stop the model thread; jobs still running are cancelled."""
+        """Stop the model thread; work still queued or running is ended."""

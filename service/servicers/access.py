@@ -18,7 +18,7 @@ import time
 
 import grpc
 
-from service import api_keys
+from common import api_keys
 from service.errors import EngineError
 from service.rate_limit import RateLimiter
 from service.servicers import steering

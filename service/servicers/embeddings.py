@@ -6,7 +6,8 @@ from google.protobuf import json_format
 
 from millm.v1 import embedding_service_pb2, embedding_service_pb2_grpc
 from service.errors import invalid_parameter
-from service.inference import EmbedParams, InferenceService
+from service.inference import InferenceService
+from service.requests.params import EmbedParams
 from service.servicers.error_handling import unary_errors
 from service.servicers.generation import prompt_from_pb
 

@@ -13,18 +13,19 @@ from millm.v1 import (
     steering_pb2,
 )
 from service.errors import invalid_parameter
-from service.generation_job import FinishReason, StepOutput
-from service.inference import (
+from service.generation.events import (
     ActivationsRead,
     Echoed,
     GenerationFinished,
     GenerationStarted,
-    InferenceService,
 )
+from service.generation.job import FinishReason, StepOutput
+from service.inference import InferenceService
+from service.requests.params import ChatTurn, GenerateParams, ResponseFormat
 from service.servicers.error_handling import stream_errors
 from service.steering import readout, runtime
 from service.steering.documents import RUNG_LANGUAGE
-from service.validation import ChatTurn, GenerateParams
+from service.structured_output import JSON_OBJECT, JSON_SCHEMA
 
 _ROLES = {
     generation_pb2.ROLE_SYSTEM: "system",
@@ -74,15 +75,15 @@ def _extra_fields(request) -> dict:
         raise invalid_parameter("extra_fields", f"'extra_fields' must hold JSON: {exc}") from None
 
 
-def _response_format(request) -> tuple[str, str, object] | None:
+def _response_format(request) -> ResponseFormat | None:
     if not request.HasField("response_format"):
         return None
     fmt = request.response_format
     which = fmt.WhichOneof("format")
     if which == "json_object":
-        return ("json_object", "", None)
+        return ResponseFormat(JSON_OBJECT)
     if which == "json_schema":
-        return ("json_schema", fmt.json_schema.name, fmt.json_schema.schema_json)
+        return ResponseFormat(JSON_SCHEMA, fmt.json_schema.name, fmt.json_schema.schema_json)
     return None  # text, or nothing chosen: free text
 
 
@@ -125,8 +126,13 @@ def readout_from_pb(request) -> readout.ActivationRequest | None:
     elif which == "selector":
         positions = _SELECTORS.get(r.selector, "")
     read_point = _READ_POINTS.get(r.read_point, "")
+    features = None
+    if r.HasField("feature_selection"):
+        features = tuple(r.feature_selection.indices)  # empty: refused by readout
+    elif r.features:
+        features = tuple(r.features)
     return readout.ActivationRequest(
-        sae_id=r.sae_id, features=tuple(r.features) if r.features else None,
+        sae_id=r.sae_id, features=features,
         top_k=r.top_k if r.HasField("top_k") else None, positions=positions, start=start,
         end=end, read_point=read_point)
 
@@ -238,9 +244,9 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
         )
     if isinstance(event, Echoed):
         return generation_service_pb2.GenerateResponse(echoed=[
-            generation_pb2.EchoedPrompt(prompt_index=i, text=text,
-                                        tokens=[score_to_pb(x) for x in scores])
-            for i, text, scores in event.prompts])
+            generation_pb2.EchoedPrompt(prompt_index=p.index, text=p.text,
+                                        tokens=[score_to_pb(x) for x in p.scores])
+            for p in event.prompts])
     if isinstance(event, GenerationFinished):
         return generation_service_pb2.GenerateResponse(
             usage=generation_pb2.Usage(
@@ -259,10 +265,10 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
 
     @stream_errors
     async def Generate(self, request, context):
-        spec = await self._inference.prepare(params_from_pb(request))
-        events = self._inference.generate(spec)
-        # aclosing: a cancelled call closes the generator at once, which
-        # cancels the job in the model thread.
-        async with contextlib.aclosing(events):
-            async for event in events:
-                yield event_to_pb(event)
+        async with self._inference.generation(params_from_pb(request)) as generation:
+            events = generation.events()
+            # aclosing: a cancelled call closes the generator at once, which
+            # cancels the job in the model thread.
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    yield event_to_pb(event)

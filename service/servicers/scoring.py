@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from millm.v1 import scoring_service_pb2, scoring_service_pb2_grpc
-from service.generation_job import StepOutput
-from service.inference import GenerationFinished, GenerationStarted, InferenceService
+from service.generation.events import GenerationFinished, GenerationStarted
+from service.generation.job import StepOutput
+from service.inference import InferenceService
+from service.requests.params import GenerateParams
 from service.servicers.error_handling import unary_errors
 from service.servicers.generation import (
     add_special_from_pb,
@@ -12,7 +14,6 @@ from service.servicers.generation import (
     score_to_pb,
     turns_from_pb,
 )
-from service.validation import GenerateParams
 
 
 def params_from_pb(request: scoring_service_pb2.ScoreRequest) -> GenerateParams:
@@ -43,18 +44,20 @@ class ScoringServicer(scoring_service_pb2_grpc.ScoringServiceServicer):
 
     @unary_errors
     async def Score(self, request, context):
-        spec = await self._inference.prepare(params_from_pb(request))
         reply = scoring_service_pb2.ScoreResponse()
-        async for event in self._inference.generate(spec):
-            if isinstance(event, GenerationStarted):
-                reply.model, reply.system_fingerprint = event.model, event.system_fingerprint
-            elif isinstance(event, StepOutput):
-                for delta, group in zip(event.deltas, spec.groups, strict=True):
-                    reply.choices.append(scoring_service_pb2.ScoredChoice(
-                        index=len(reply.choices), next=score_to_pb(delta.logprobs[0]),
-                        prompt_tokens=len(group.prompt_ids)))
-            elif isinstance(event, GenerationFinished):
-                reply.prompt_tokens = event.prompt_tokens
+        async with self._inference.generation(params_from_pb(request)) as generation:
+            groups = generation.spec.groups
+            async for event in generation.events():
+                if isinstance(event, GenerationStarted):
+                    reply.model = event.model
+                    reply.system_fingerprint = event.system_fingerprint
+                elif isinstance(event, StepOutput):
+                    for delta, group in zip(event.deltas, groups, strict=True):
+                        reply.choices.append(scoring_service_pb2.ScoredChoice(
+                            index=len(reply.choices), next=score_to_pb(delta.logprobs[0]),
+                            prompt_tokens=len(group.prompt_ids)))
+                elif isinstance(event, GenerationFinished):
+                    reply.prompt_tokens = event.prompt_tokens
         return reply
 
 

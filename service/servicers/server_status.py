@@ -6,10 +6,10 @@ import dataclasses
 import importlib.metadata
 
 from millm.v1 import generation_pb2, server_service_pb2, server_service_pb2_grpc
-from service import field_policy
 from service.inference import InferenceService
+from service.requests import fields
+from service.requests.checks import MAX_LOGPROBS
 from service.servicers.error_handling import unary_errors
-from service.validation import MAX_LOGPROBS
 
 _LIBRARIES = {"millm": "millm", "torch": "torch", "transformers": "transformers",
               "xgrammar": "xgrammar", "grpcio": "grpcio", "llama_cpp": "llama_cpp_python"}
@@ -50,21 +50,20 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
         reply.model, reply.engine = loaded.id, loaded.engine
         reply.context_window, reply.vocab_size = loaded.context_window, loaded.vocab_size
         reply.system_fingerprint = loaded.system_fingerprint
-        on_transformers = loaded.engine == field_policy.TRANSFORMERS
-        # GGUF scores and embeds too (engines/gguf_engine.py), but serves no
-        # generation logprobs and cannot be steered.
-        scores = on_transformers or loaded.engine == field_policy.GGUF
+        kind, caps = self._inference.capabilities()
         steering = self._inference.steering
-        can_steer = steering is not None and getattr(self._inference.engine, "can_steer", False)
+        can_steer = steering is not None and caps.steer
         reply.features.CopyFrom(server_service_pb2.Features(
-            scoring=scores, logprobs=on_transformers, max_logprobs=MAX_LOGPROBS,
-            structured_output=on_transformers, embeddings=scores, steering=can_steer,
+            scoring=caps.scoring, logprobs=caps.generation_logprobs, max_logprobs=MAX_LOGPROBS,
+            structured_output=caps.grammar, embeddings=caps.embeddings, steering=can_steer,
             attached_saes=sorted(steering.attached) if can_steer else (),
             seed_scope=generation_pb2.SEED_SCOPE_REQUEST,
             max_batch=status.max_batch if status else 0))
-        for name, route, honoured, code, why in field_policy.support_table(loaded.engine):
+        for name, route, cell in fields.support_table(kind, caps):
             reply.fields.append(server_service_pb2.FieldSupport(
-                field=name, route=route, honoured=honoured, refusal_code=code, reason=why))
+                field=name, route=route, honoured=cell.treatment is fields.Treatment.HONOURED,
+                reported=cell.treatment is fields.Treatment.REPORTED, refusal_code=cell.code,
+                reason=cell.reason))
         return reply
 
     @unary_errors

@@ -136,9 +136,9 @@ class SteeringManager:
         the last restart that fit it. None unbinds."""
         self.attached = {}
         self._engine, self._model = engine, None
-        if engine is None or not getattr(engine, "can_steer", False):
+        runtime = engine.steering if engine is not None else None
+        if runtime is None:
             return
-        runtime = await engine.call(lambda ctx: ctx.steering)
         self._model = (runtime.hidden_size, runtime.num_layers)
         infos = {i.id: i for i in self.saes.scan()[0]}
         for sae_id in self.store.attached_saes():
@@ -184,7 +184,7 @@ class SteeringManager:
 
     async def _attach(self, info: SaeInfo) -> None:
         self._check_fits(info)
-        runtime = await self._engine.call(lambda ctx: ctx.steering)
+        runtime = self._engine.steering
         weights = await asyncio.to_thread(SaeWeights, info, runtime.device, runtime.dtype)
         self.attached[info.id] = weights
         try:

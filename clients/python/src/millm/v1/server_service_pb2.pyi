@@ -61,18 +61,20 @@ class Features(_message.Message):
     def __init__(self, scoring: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., max_logprobs: _Optional[int] = ..., structured_output: _Optional[bool] = ..., embeddings: _Optional[bool] = ..., steering: _Optional[bool] = ..., attached_saes: _Optional[_Iterable[str]] = ..., seed_scope: _Optional[_Union[_generation_pb2.SeedScope, str]] = ..., max_batch: _Optional[int] = ...) -> None: ...
 
 class FieldSupport(_message.Message):
-    __slots__ = ("field", "route", "honoured", "refusal_code", "reason")
+    __slots__ = ("field", "route", "honoured", "refusal_code", "reason", "reported")
     FIELD_FIELD_NUMBER: _ClassVar[int]
     ROUTE_FIELD_NUMBER: _ClassVar[int]
     HONOURED_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_CODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_FIELD_NUMBER: _ClassVar[int]
     field: str
     route: str
     honoured: bool
     refusal_code: str
     reason: str
-    def __init__(self, field: _Optional[str] = ..., route: _Optional[str] = ..., honoured: _Optional[bool] = ..., refusal_code: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    reported: bool
+    def __init__(self, field: _Optional[str] = ..., route: _Optional[str] = ..., honoured: _Optional[bool] = ..., refusal_code: _Optional[str] = ..., reason: _Optional[str] = ..., reported: _Optional[bool] = ...) -> None: ...
 
 class ClearPrefixCacheRequest(_message.Message):
     __slots__ = ()

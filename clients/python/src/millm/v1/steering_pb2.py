@@ -24,31 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17millm/v1/steering.proto\x12\x08millm.v1\"N\n\x11SteeringIntensity\x12\x16\n\x05level\x18\x01 \x01(\x01H\x00R\x05level\x12\x18\n\x06symbol\x18\x02 \x01(\tH\x00R\x06symbolB\x07\n\x05value\"7\n\rPositionRange\x12\x14\n\x05start\x18\x01 \x01(\x03R\x05start\x12\x10\n\x03\x65nd\x18\x02 \x01(\x03R\x03\x65nd\"\x9a\x02\n\x15SaeActivationsRequest\x12\x15\n\x06sae_id\x18\x01 \x01(\tR\x05saeId\x12\x1a\n\x08\x66\x65\x61tures\x18\x02 \x03(\x03R\x08\x66\x65\x61tures\x12\x18\n\x05top_k\x18\x03 \x01(\x03H\x01R\x04topK\x88\x01\x01\x12\x38\n\x08selector\x18\x04 \x01(\x0e\x32\x1a.millm.v1.PositionSelectorH\x00R\x08selector\x12/\n\x05range\x18\x05 \x01(\x0b\x32\x17.millm.v1.PositionRangeH\x00R\x05range\x12\x32\n\nread_point\x18\x06 \x01(\x0e\x32\x13.millm.v1.ReadPointR\treadPointB\x0b\n\tpositionsB\x08\n\x06_top_k\"?\n\x11\x46\x65\x61tureActivation\x12\x14\n\x05index\x18\x01 \x01(\x03R\x05index\x12\x14\n\x05value\x18\x02 \x01(\x01R\x05value\"\x85\x01\n\x13PositionActivations\x12\x1a\n\x08position\x18\x01 \x01(\x03R\x08position\x12\x19\n\x08token_id\x18\x02 \x01(\x03R\x07tokenId\x12\x37\n\x08\x66\x65\x61tures\x18\x03 \x03(\x0b\x32\x1b.millm.v1.FeatureActivationR\x08\x66\x65\x61tures\"\xc2\x01\n\x0eSaeActivations\x12\x15\n\x06sae_id\x18\x01 \x01(\tR\x05saeId\x12\x14\n\x05layer\x18\x02 \x01(\x03R\x05layer\x12\x32\n\nread_point\x18\x03 \x01(\x0e\x32\x13.millm.v1.ReadPointR\treadPoint\x12;\n\tpositions\x18\x04 \x03(\x0b\x32\x1d.millm.v1.PositionActivationsR\tpositions\x12\x12\n\x04note\x18\x05 \x01(\tR\x04note\"=\n\x0b\x43ircuitRung\x12\x12\n\x04rung\x18\x01 \x01(\x03R\x04rung\x12\x1a\n\x08language\x18\x02 \x01(\tR\x08language\"\x84\x01\n\rSteeringEntry\x12\x14\n\x05layer\x18\x01 \x01(\x03R\x05layer\x12\x18\n\x07\x66\x65\x61ture\x18\x02 \x01(\x03R\x07\x66\x65\x61ture\x12\x1f\n\x08strength\x18\x03 \x01(\x01H\x00R\x08strength\x88\x01\x01\x12\x15\n\x06sae_id\x18\x04 \x01(\tR\x05saeIdB\x0b\n\t_strength*|\n\tReadPoint\x12\x1a\n\x16READ_POINT_UNSPECIFIED\x10\x00\x12\x1c\n\x18READ_POINT_POST_STEERING\x10\x01\x12\x1b\n\x17READ_POINT_PRE_STEERING\x10\x02\x12\x18\n\x14READ_POINT_UNSTEERED\x10\x03*\xac\x01\n\x10PositionSelector\x12!\n\x1dPOSITION_SELECTOR_UNSPECIFIED\x10\x00\x12\x1a\n\x16POSITION_SELECTOR_LAST\x10\x01\x12\x1c\n\x18POSITION_SELECTOR_PROMPT\x10\x02\x12 \n\x1cPOSITION_SELECTOR_COMPLETION\x10\x03\x12\x19\n\x15POSITION_SELECTOR_ALL\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17millm/v1/steering.proto\x12\x08millm.v1\"N\n\x11SteeringIntensity\x12\x16\n\x05level\x18\x01 \x01(\x01H\x00R\x05level\x12\x18\n\x06symbol\x18\x02 \x01(\tH\x00R\x06symbolB\x07\n\x05value\"7\n\rPositionRange\x12\x14\n\x05start\x18\x01 \x01(\x03R\x05start\x12\x10\n\x03\x65nd\x18\x02 \x01(\x03R\x03\x65nd\"\xe3\x02\n\x15SaeActivationsRequest\x12\x15\n\x06sae_id\x18\x01 \x01(\tR\x05saeId\x12\x1a\n\x08\x66\x65\x61tures\x18\x02 \x03(\x03R\x08\x66\x65\x61tures\x12\x18\n\x05top_k\x18\x03 \x01(\x03H\x01R\x04topK\x88\x01\x01\x12\x38\n\x08selector\x18\x04 \x01(\x0e\x32\x1a.millm.v1.PositionSelectorH\x00R\x08selector\x12/\n\x05range\x18\x05 \x01(\x0b\x32\x17.millm.v1.PositionRangeH\x00R\x05range\x12\x32\n\nread_point\x18\x06 \x01(\x0e\x32\x13.millm.v1.ReadPointR\treadPoint\x12G\n\x11\x66\x65\x61ture_selection\x18\x07 \x01(\x0b\x32\x1a.millm.v1.FeatureSelectionR\x10\x66\x65\x61tureSelectionB\x0b\n\tpositionsB\x08\n\x06_top_k\",\n\x10\x46\x65\x61tureSelection\x12\x18\n\x07indices\x18\x01 \x03(\x03R\x07indices\"?\n\x11\x46\x65\x61tureActivation\x12\x14\n\x05index\x18\x01 \x01(\x03R\x05index\x12\x14\n\x05value\x18\x02 \x01(\x01R\x05value\"\x85\x01\n\x13PositionActivations\x12\x1a\n\x08position\x18\x01 \x01(\x03R\x08position\x12\x19\n\x08token_id\x18\x02 \x01(\x03R\x07tokenId\x12\x37\n\x08\x66\x65\x61tures\x18\x03 \x03(\x0b\x32\x1b.millm.v1.FeatureActivationR\x08\x66\x65\x61tures\"\xc2\x01\n\x0eSaeActivations\x12\x15\n\x06sae_id\x18\x01 \x01(\tR\x05saeId\x12\x14\n\x05layer\x18\x02 \x01(\x03R\x05layer\x12\x32\n\nread_point\x18\x03 \x01(\x0e\x32\x13.millm.v1.ReadPointR\treadPoint\x12;\n\tpositions\x18\x04 \x03(\x0b\x32\x1d.millm.v1.PositionActivationsR\tpositions\x12\x12\n\x04note\x18\x05 \x01(\tR\x04note\"=\n\x0b\x43ircuitRung\x12\x12\n\x04rung\x18\x01 \x01(\x03R\x04rung\x12\x1a\n\x08language\x18\x02 \x01(\tR\x08language\"\x84\x01\n\rSteeringEntry\x12\x14\n\x05layer\x18\x01 \x01(\x03R\x05layer\x12\x18\n\x07\x66\x65\x61ture\x18\x02 \x01(\x03R\x07\x66\x65\x61ture\x12\x1f\n\x08strength\x18\x03 \x01(\x01H\x00R\x08strength\x88\x01\x01\x12\x15\n\x06sae_id\x18\x04 \x01(\tR\x05saeIdB\x0b\n\t_strength*|\n\tReadPoint\x12\x1a\n\x16READ_POINT_UNSPECIFIED\x10\x00\x12\x1c\n\x18READ_POINT_POST_STEERING\x10\x01\x12\x1b\n\x17READ_POINT_PRE_STEERING\x10\x02\x12\x18\n\x14READ_POINT_UNSTEERED\x10\x03*\xac\x01\n\x10PositionSelector\x12!\n\x1dPOSITION_SELECTOR_UNSPECIFIED\x10\x00\x12\x1a\n\x16POSITION_SELECTOR_LAST\x10\x01\x12\x1c\n\x18POSITION_SELECTOR_PROMPT\x10\x02\x12 \n\x1cPOSITION_SELECTOR_COMPLETION\x10\x03\x12\x19\n\x15POSITION_SELECTOR_ALL\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'millm.v1.steering_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_READPOINT']._serialized_start=1055
-  _globals['_READPOINT']._serialized_end=1179
-  _globals['_POSITIONSELECTOR']._serialized_start=1182
-  _globals['_POSITIONSELECTOR']._serialized_end=1354
+  _globals['_READPOINT']._serialized_start=1174
+  _globals['_READPOINT']._serialized_end=1298
+  _globals['_POSITIONSELECTOR']._serialized_start=1301
+  _globals['_POSITIONSELECTOR']._serialized_end=1473
   _globals['_STEERINGINTENSITY']._serialized_start=37
   _globals['_STEERINGINTENSITY']._serialized_end=115
   _globals['_POSITIONRANGE']._serialized_start=117
   _globals['_POSITIONRANGE']._serialized_end=172
   _globals['_SAEACTIVATIONSREQUEST']._serialized_start=175
-  _globals['_SAEACTIVATIONSREQUEST']._serialized_end=457
-  _globals['_FEATUREACTIVATION']._serialized_start=459
-  _globals['_FEATUREACTIVATION']._serialized_end=522
-  _globals['_POSITIONACTIVATIONS']._serialized_start=525
-  _globals['_POSITIONACTIVATIONS']._serialized_end=658
-  _globals['_SAEACTIVATIONS']._serialized_start=661
-  _globals['_SAEACTIVATIONS']._serialized_end=855
-  _globals['_CIRCUITRUNG']._serialized_start=857
-  _globals['_CIRCUITRUNG']._serialized_end=918
-  _globals['_STEERINGENTRY']._serialized_start=921
-  _globals['_STEERINGENTRY']._serialized_end=1053
+  _globals['_SAEACTIVATIONSREQUEST']._serialized_end=530
+  _globals['_FEATURESELECTION']._serialized_start=532
+  _globals['_FEATURESELECTION']._serialized_end=576
+  _globals['_FEATUREACTIVATION']._serialized_start=578
+  _globals['_FEATUREACTIVATION']._serialized_end=641
+  _globals['_POSITIONACTIVATIONS']._serialized_start=644
+  _globals['_POSITIONACTIVATIONS']._serialized_end=777
+  _globals['_SAEACTIVATIONS']._serialized_start=780
+  _globals['_SAEACTIVATIONS']._serialized_end=974
+  _globals['_CIRCUITRUNG']._serialized_start=976
+  _globals['_CIRCUITRUNG']._serialized_end=1037
+  _globals['_STEERINGENTRY']._serialized_start=1040
+  _globals['_STEERINGENTRY']._serialized_end=1172
 # @@protoc_insertion_point(module_scope)

@@ -48,20 +48,28 @@ class PositionRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class SaeActivationsRequest(_message.Message):
-    __slots__ = ("sae_id", "features", "top_k", "selector", "range", "read_point")
+    __slots__ = ("sae_id", "features", "top_k", "selector", "range", "read_point", "feature_selection")
     SAE_ID_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     SELECTOR_FIELD_NUMBER: _ClassVar[int]
     RANGE_FIELD_NUMBER: _ClassVar[int]
     READ_POINT_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_SELECTION_FIELD_NUMBER: _ClassVar[int]
     sae_id: str
     features: _containers.RepeatedScalarFieldContainer[int]
     top_k: int
     selector: PositionSelector
     range: PositionRange
     read_point: ReadPoint
-    def __init__(self, sae_id: _Optional[str] = ..., features: _Optional[_Iterable[int]] = ..., top_k: _Optional[int] = ..., selector: _Optional[_Union[PositionSelector, str]] = ..., range: _Optional[_Union[PositionRange, _Mapping]] = ..., read_point: _Optional[_Union[ReadPoint, str]] = ...) -> None: ...
+    feature_selection: FeatureSelection
+    def __init__(self, sae_id: _Optional[str] = ..., features: _Optional[_Iterable[int]] = ..., top_k: _Optional[int] = ..., selector: _Optional[_Union[PositionSelector, str]] = ..., range: _Optional[_Union[PositionRange, _Mapping]] = ..., read_point: _Optional[_Union[ReadPoint, str]] = ..., feature_selection: _Optional[_Union[FeatureSelection, _Mapping]] = ...) -> None: ...
+
+class FeatureSelection(_message.Message):
+    __slots__ = ("indices",)
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FeatureActivation(_message.Message):
     __slots__ = ("index", "value")

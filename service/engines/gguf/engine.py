@@ -30,22 +30,25 @@ import numpy as np
 
 from service.chat_template import CHATML
 from service.engines.base import Engine, EngineStatus, LoadedModel
-from service.engines.scheduler import ModelCall, answer_unrun
+from service.engines.gguf.sampling import sampler_chain
+from service.engines.model_thread import ModelCall, answer_unrun
+from service.engines.scores import TokenTable, score_logits
 from service.errors import (
     EngineError,
     internal_error,
     invalid_parameter,
     queue_full,
 )
-from service.generation_job import (
+from service.generation.job import (
     ChoiceDelta,
     FinishReason,
     GenerationJob,
     GroupDone,
     GroupFailed,
-    PromptGroup,
     StepOutput,
 )
+from service.models.registry import GGUF
+from service.requests.generation import PromptGroup
 from service.text_output import ByteLevelDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -72,20 +75,8 @@ def token_piece(vocab, token: int, special: bool) -> bytes:
         size = -n  # too small: llama.cpp says how much it needs
 
 
-class _ReadingContext:
-    """What engines.reading's scoring functions need from a model."""
-
-    def __init__(self, vocab_size: int, token_bytes: list[bytes]):
-        import torch
-
-        self.vocab_size = vocab_size
-        self.token_bytes = token_bytes
-        self.decoder = None
-        self.device = torch.device("cpu")
-
-
 class GgufEngine(Engine):
-    kind = "gguf"
+    kind = GGUF
 
     def __init__(self, entry, threads: int = 1, max_queued: int = 256, context: int = 0):
         super().__init__(entry)
@@ -134,6 +125,7 @@ class GgufEngine(Engine):
         vocab = model.vocab
         n_vocab = llm.n_vocab()
         self._token_bytes = [token_piece(vocab, i, special=False) for i in range(n_vocab)]
+        self._tokens = TokenTable(n_vocab, self._token_bytes)
         self._eog = frozenset(i for i in range(n_vocab) if lib.llama_vocab_is_eog(vocab, i))
         self._control = frozenset(i for i in range(n_vocab)
                                   if lib.llama_vocab_is_control(vocab, i))
@@ -202,7 +194,7 @@ class GgufEngine(Engine):
             self._waiting += 1
         self._inbox.put(job)
 
-    def call(self, fn):
+    def _call(self, fn):
         """Run fn(engine) on the model thread; await the returned future."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -276,36 +268,13 @@ class GgufEngine(Engine):
         return 0
 
     def _sampler(self, spec, seed: int):
-        from llama_cpp._internals import LlamaSampler
-
-        options = spec.options
-        sampler = LlamaSampler()
         # Control tokens other than end-of-generation must never be generated
         # (a forged <|im_start|> would open a new turn); ignore_eos bans those too.
         banned = set(self._control - self._eog)
         if spec.ignore_eos:
             banned |= self._eog
-        if banned:
-            sampler.add_logit_bias(self.llm.n_vocab(), {i: float("-inf") for i in banned})
-        if (options.repetition_penalty != 1.0 or options.frequency_penalty
-                or options.presence_penalty):
-            # The penalties see the generated tokens (the sampler accepts each).
-            sampler.add_penalties(n_vocab=self.llm.n_vocab(), penalty_last_n=self.llm.n_ctx(),
-                                  penalty_repeat=options.repetition_penalty,
-                                  penalty_freq=options.frequency_penalty,
-                                  penalty_present=options.presence_penalty)
-        if options.temperature == 0.0:
-            sampler.add_greedy()
-            return sampler
-        if options.top_k:
-            sampler.add_top_k(options.top_k)
-        if options.top_p < 1.0:
-            sampler.add_top_p(options.top_p, 1)
-        if options.min_p > 0.0:
-            sampler.add_min_p(options.min_p, 1)
-        sampler.add_temp(options.temperature)
-        sampler.add_dist(seed)
-        return sampler
+        return sampler_chain(spec.options, self.llm.n_vocab(), banned, seed,
+                             history=self.llm.n_ctx())
 
     def _run_group(self, job: GenerationJob, group: PromptGroup) -> bool:
         """Generate one prompt's choice; False when the caller left."""
@@ -376,34 +345,19 @@ class GgufEngine(Engine):
         scorer.eval(ids)
         return np.array(scorer.scores[: len(ids)], dtype=np.float32)
 
-    def score_prompts(self, prompts: list[list[int]], *, temperature: float,
-                      allowed: list[int] | None, top: int, echo: bool, next_token: bool):
-        """engines.reading.score_prompt's semantics and shapes, from llama.cpp's
-        logits: echo entry p comes from the logits of position p - 1 (the
-        prediction before token p), the next token from the last position."""
+    def score(self, prompts, *, temperature, allowed, top, echo, next_token, plan=None,
+              recorder=None):
+        """llama.cpp's logits through engines/scores.py, as on the transformers
+        engine. Never steered: the field table refuses steering on GGUF."""
         import torch
 
-        from service.engines import reading
-
-        ctx = _ReadingContext(self.info.vocab_size, self._token_bytes)
-
         def run(engine: GgufEngine):
-            out = []
-            for ids in prompts:
-                logits = torch.from_numpy(engine.prompt_logits(ids))
-                logits = reading.scaled(logits, temperature)
-                allowed_ids = torch.tensor(allowed, dtype=torch.long) if allowed else None
-                scores: tuple = ()
-                if echo:
-                    scores = (reading.TokenScore(reading.entry(ctx, ids[0], None)), *(
-                        reading.score_position(ctx, logits[p - 1], None, top, chosen=ids[p])
-                        for p in range(1, len(ids))))
-                nxt = (reading.score_position(ctx, logits[-1], allowed_ids, top)
-                       if next_token else None)
-                out.append(reading.ScoredPrompt(scores, nxt))
-            return out
+            return [score_logits(engine._tokens, ids, torch.from_numpy(engine.prompt_logits(ids)),
+                                 temperature=temperature, allowed=allowed, top=top, echo=echo,
+                                 next_token=next_token)
+                    for ids in prompts]
 
-        return self.call(run)
+        return self._call(run)
 
     # -- embeddings -------------------------------------------------------------------
 
@@ -421,7 +375,7 @@ class GgufEngine(Engine):
                                         pooling_type=lib.LLAMA_POOLING_TYPE_MEAN)
         return self._embedder
 
-    def embed_inputs(self, inputs: list[list[int]]):
+    def embed(self, inputs: list[list[int]]):
         """One mean-pooled vector per tokenized input; await the result."""
         from llama_cpp import llama_cpp as lib
 
@@ -442,7 +396,7 @@ class GgufEngine(Engine):
             embedder._ctx.kv_cache_clear()
             return vectors
 
-        return self.call(run)
+        return self._call(run)
 
     # -- status and shutdown ----------------------------------------------------------
 
@@ -453,7 +407,7 @@ class GgufEngine(Engine):
             engine.llm._ctx.kv_cache_clear()
             return held
 
-        return await self.call(clear)
+        return await self._call(clear)
 
     def status(self) -> EngineStatus:
         with self._lock:

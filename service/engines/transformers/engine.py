@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import threading
 
@@ -16,12 +17,20 @@ import torch
 import xgrammar
 
 from service.chat_template import CHATML
-from service.engines.base import Engine, EngineStatus, LoadedModel
-from service.engines.batch import ModelContext
-from service.engines.prefix_cache import PrefixCache
-from service.engines.scheduler import Scheduler, SchedulerLimits
+from service.engines.base import (
+    KIND_CAPABILITIES,
+    Engine,
+    EngineCapabilities,
+    EngineStatus,
+    LoadedModel,
+)
+from service.engines.transformers import reading
+from service.engines.transformers.batch import ModelContext
+from service.engines.transformers.prefix_cache import PrefixCache
+from service.engines.transformers.scheduler import Scheduler, SchedulerLimits
 from service.errors import invalid_parameter
-from service.generation_job import GenerationJob
+from service.generation.job import GenerationJob
+from service.models.registry import TRANSFORMERS
 from service.steering.runtime import SteeringRuntime
 from service.structured_output import GrammarCache
 from service.text_output import byte_level_table
@@ -36,7 +45,7 @@ def _pick_device(requested: str) -> torch.device:
 
 
 class TransformersEngine(Engine):
-    kind = "transformers"
+    kind = TRANSFORMERS
 
     def __init__(
         self,
@@ -63,7 +72,7 @@ class TransformersEngine(Engine):
         # copy and encoders take turns.
         self.decoder = None
         self._encode_lock = threading.Lock()
-        self.can_steer = False  # known once started
+        self._steering: SteeringRuntime | None = None  # known once started
 
     # -- loading and tokenization -------------------------------------------------
 
@@ -159,12 +168,14 @@ class TransformersEngine(Engine):
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
+            # Forward hooks on its decoder layers carry per-row SAE steering.
             steering = SteeringRuntime(self.model)
-        except RuntimeError as exc:  # a layout without model.layers: served, not steered
+        except RuntimeError as exc:
+            # A layout the hooks cannot reach: served, and steering fields are
+            # refused with steering_unavailable (requests/fields.py).
             log.warning("steering unavailable for %s: %s", self.entry.id, exc)
             steering = None
-        # Forward hooks on its decoder layers carry per-row SAE steering.
-        self.can_steer = steering is not None
+        self._steering = steering
         ctx = ModelContext(
             model=self.model,
             decoder=self.decoder,
@@ -182,8 +193,31 @@ class TransformersEngine(Engine):
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()
 
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        caps = KIND_CAPABILITIES[self.kind]
+        return caps if self._steering is not None else dataclasses.replace(caps, steer=False)
+
+    @property
+    def steering(self) -> SteeringRuntime | None:
+        return self._steering
+
     def call(self, fn):
+        """Run fn(ModelContext) on the model thread, between decode steps."""
         return self._scheduler.call(fn)
+
+    def score(self, prompts, *, temperature, allowed, top, echo, next_token, plan=None,
+              recorder=None):
+        def run(ctx):
+            return [reading.score_prompt(ctx, ids, temperature=temperature, allowed=allowed,
+                                         top=top, echo=echo, next_token=next_token,
+                                         recorder=recorder, plan=plan)
+                    for ids in prompts]
+
+        return self.call(run)
+
+    def embed(self, inputs):
+        return self.call(lambda ctx: reading.embed(ctx, inputs))
 
     async def clear_prefix_cache(self) -> int:
         def clear(ctx) -> int:  # the cache belongs to the model thread

@@ -12,14 +12,17 @@ or its caller goes away; columns that no remaining row uses are trimmed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 from dataclasses import dataclass, field
 
 import torch
 
-from service.engines import reading
-from service.generation_job import ChoiceDelta, FinishReason, GenerationJob, PromptGroup
+from service.engines.scores import TokenTable
+from service.engines.transformers import reading
+from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
+from service.requests.generation import PromptGroup
 from service.sampling import SamplingOptions, apply_penalties, choose_tokens
 from service.steering.runtime import (
     ActivationRecorder,
@@ -55,6 +58,10 @@ class ModelContext:
     batch_matcher: object = None
     # The steering hooks; rows hand them their own deltas for each forward pass.
     steering: SteeringRuntime | None = None
+
+    @functools.cached_property
+    def tokens(self) -> TokenTable:
+        return TokenTable(self.vocab_size, self.token_bytes, self.decoder)
 
 
 @dataclass

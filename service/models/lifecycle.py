@@ -1,6 +1,20 @@
 """Which model is loaded, and moving from one to another safely.
 
-One model is loaded at a time. A request naming another model loads it first:
+One model is loaded at a time, in one slot. What the slot holds is a state
+machine: `Phase` names its states, `MOVES` the moves between them, and `_move`
+is the only code that changes it (a move not in MOVES is an internal error).
+
+    STARTING ──load──▶ FIRST_LOAD ──ok──▶ LOADED ◀───────ok─────── LOADING
+       ▲                   │                │ ▲                      ▲ │
+       └─────fails─────────┘  unload, switch│ │cancelled         load│ │fails
+                                            ▼ │                      │ ▼
+                                         DRAINING ──▶ RELEASING ──▶ EMPTY
+
+A model's own state (ModelView.state): the model in the slot is loading,
+loaded or unloading as the slot's phase says; any other model is failed when
+its last load failed (`failed`), else ready.
+
+A request naming another model than the loaded one loads it first:
 
 1. the load is checked before anything is unloaded: a quantization the
    engine cannot load is 400 unsupported_quantization, a model that does not
@@ -14,9 +28,9 @@ One model is loaded at a time. A request naming another model loads it first:
 4. the new model loads; if that fails, 500 model_load_failed, and the model
    is FAILED until a later request or LoadModel tries it again.
 
-Only one transition runs at a time: a request for a third model while one
-runs is model_busy, and requests for the model that is loading wait for it
-rather than starting a second load.
+Only one change runs at a time (`_change`, a task of its own): a request for a
+third model while one runs is model_busy, and requests for the model that is
+loading wait for it rather than starting a second load.
 
 Each request holds a *lease* on the loaded engine from validation to its last
 event; the unload waits for the leases to end.
@@ -25,29 +39,34 @@ event; the unload waits for the leases to end.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
+from service.engines import kinds
 from service.engines.base import Engine, LoadedModel
-from service.engines.scheduler import SchedulerLimits
+from service.engines.kinds import available_memory_bytes
+from service.engines.transformers.scheduler import SchedulerLimits
 from service.errors import (
     EngineError,
+    internal_error,
     invalid_parameter,
     model_busy,
     model_not_found,
     model_not_loaded,
 )
-from service.generation_job import GenerationJob, GroupFailed
-from service.model_registry import GGUF, ModelEntry, ModelRegistry
+from service.generation.job import GenerationJob
+from service.models.registry import ModelEntry, ModelRegistry
 
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 
 
-class ModelState:
+class ModelState(enum.StrEnum):
+    """A model's state as ListModels and /api/models report it."""
+
     READY = "ready"
     LOADING = "loading"
     LOADED = "loaded"
@@ -55,10 +74,39 @@ class ModelState:
     FAILED = "failed"
 
 
+class Phase(enum.StrEnum):
+    """What the slot holds (moves: MOVES, drawn in the module docstring)."""
+
+    STARTING = "starting"  # nothing has loaded yet: requests are model_not_loaded
+    FIRST_LOAD = "first_load"  # the first load runs: requests are still model_not_loaded
+    LOADING = "loading"  # a load runs: requests naming its model wait for it
+    LOADED = "loaded"  # the model serves
+    DRAINING = "draining"  # unloading: running requests finish, new ones are model_busy
+    RELEASING = "releasing"  # unloading: the engine is detached and its memory freed
+    EMPTY = "empty"  # nothing loaded: a request loads the model it names
+
+
+MOVES: frozenset[tuple[Phase, Phase]] = frozenset({
+    (Phase.STARTING, Phase.FIRST_LOAD), (Phase.FIRST_LOAD, Phase.LOADED),
+    (Phase.EMPTY, Phase.LOADING), (Phase.LOADING, Phase.LOADED),
+    (Phase.FIRST_LOAD, Phase.STARTING), (Phase.LOADING, Phase.EMPTY),  # the load failed
+    (Phase.LOADED, Phase.DRAINING), (Phase.DRAINING, Phase.RELEASING),
+    (Phase.RELEASING, Phase.EMPTY),
+    (Phase.DRAINING, Phase.LOADED),  # the unload was cancelled (the loop is stopping)
+})
+
+# The state the model in the slot reports, by phase (STARTING and EMPTY hold none).
+SLOT_MODEL_STATE = {
+    Phase.FIRST_LOAD: ModelState.LOADING, Phase.LOADING: ModelState.LOADING,
+    Phase.LOADED: ModelState.LOADED,
+    Phase.DRAINING: ModelState.UNLOADING, Phase.RELEASING: ModelState.UNLOADING,
+}
+
+
 @dataclass(frozen=True)
 class ModelView:
     entry: ModelEntry
-    state: str
+    state: ModelState
     loaded: LoadedModel | None
     error: str = ""
     locked_out: bool = False
@@ -98,36 +146,17 @@ class Lease:
             self._lifecycle._release(self)
 
 
-def available_memory_bytes(device: str) -> list[tuple[str, int]]:
-    """(device name, bytes free) for each device a load could use."""
-    if device.startswith("cuda") or device == "auto":
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                return [(f"cuda:{i}", torch.cuda.mem_get_info(i)[0])
-                        for i in range(torch.cuda.device_count())]
-        except Exception:  # no usable CUDA runtime: the model goes to the CPU
-            pass
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return [("cpu", int(line.split()[1]) * 1024)]
-    except OSError:
-        pass
-    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return [("cpu", pages)]
-
-
 class ModelLifecycle:
     def __init__(self, registry: ModelRegistry, config: LifecycleConfig | None = None):
         self.registry = registry
         self.config = config or LifecycleConfig()
-        self.engine: Engine | None = None
-        self.loaded: LoadedModel | None = None
-        # (state, model id) while a transition runs: UNLOADING or LOADING.
-        self.transition: tuple[str, str] | None = None
+        # The slot: its phase, the model in it, and the engine while it holds one
+        # (LOADED and DRAINING). Only _move assigns these.
+        self._phase = Phase.STARTING
+        self._model: str | None = None
+        self._engine: Engine | None = None
+        self._info: LoadedModel | None = None
+        # Each model whose last load failed, with why.
         self.failed: dict[str, str] = {}
         self._leases: set[Lease] = set()
         self._idle = asyncio.Event()
@@ -138,18 +167,44 @@ class ModelLifecycle:
         # Called with the new engine once it has started (before any request
         # can use it) and with None after an unload: steering binds here.
         self.on_engine_change: list = []
-        # Requests load models on demand only once the startup model has
-        # loaded (before that the engine is not SERVING and answers
-        # model_not_loaded).
-        self.started = False
+
+    # -- the state machine ----------------------------------------------------------
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def engine(self) -> Engine | None:
+        return self._engine
+
+    @property
+    def loaded(self) -> LoadedModel | None:
+        return self._info
+
+    @property
+    def started(self) -> bool:
+        """Whether a model has loaded: until then requests are model_not_loaded."""
+        return self._phase not in (Phase.STARTING, Phase.FIRST_LOAD)
+
+    def _move(self, to: Phase, model: str | None = None, engine: Engine | None = None,
+              info: LoadedModel | None = None) -> None:
+        """The one place the slot changes: to `to`, holding `model` (and, when
+        LOADED or DRAINING, its engine)."""
+        before = self._phase
+        if (before, to) not in MOVES:
+            log.error("illegal model state move %s -> %s (%s)", before, to, model)
+            raise internal_error()
+        self._phase, self._model, self._engine, self._info = to, model, engine, info
+        log.debug("model state %s -> %s (%s)", before, to, model or "no model")
 
     # -- names --------------------------------------------------------------------
 
     def resolve(self, name: str) -> ModelEntry:
         if not name:
             raise invalid_parameter("model", "You must provide a model parameter.")
-        if self.loaded is not None and name == self.loaded.id:
-            return self.engine.entry  # no disk scan on the hot path
+        if self._info is not None and name == self._info.id:
+            return self._engine.entry  # no disk scan on the hot path
         lock = self.config.lock_model
         if not lock:
             return self.registry.resolve(name)
@@ -166,12 +221,9 @@ class ModelLifecycle:
 
     def view(self, entry: ModelEntry) -> ModelView:
         locked_out = bool(self.config.lock_model) and entry.id != self.config.lock_model
-        if self.transition is not None and self.transition[1] == entry.id:
-            state = self.transition[0]
-            loaded = self.loaded if state == ModelState.UNLOADING else None
-            return ModelView(entry, state, loaded, locked_out=locked_out)
-        if self.loaded is not None and entry.id == self.loaded.id:
-            return ModelView(entry, ModelState.LOADED, self.loaded, locked_out=locked_out)
+        if entry.id == self._model:
+            return ModelView(entry, SLOT_MODEL_STATE[self._phase], self._info,
+                             locked_out=locked_out)
         if entry.id in self.failed:
             return ModelView(entry, ModelState.FAILED, None, self.failed[entry.id], locked_out)
         return ModelView(entry, ModelState.READY, None, locked_out=locked_out)
@@ -179,11 +231,10 @@ class ModelLifecycle:
     # -- leases -------------------------------------------------------------------
 
     def _busy(self) -> EngineError:
-        if self.transition is None:
+        doing = SLOT_MODEL_STATE.get(self._phase)
+        if doing not in (ModelState.LOADING, ModelState.UNLOADING):
             return model_busy("Another model change is running; retry once it finishes.")
-        state, model = self.transition
-        doing = "unloading" if state == ModelState.UNLOADING else "loading"
-        return model_busy(f"The server is {doing} '{model}'; retry once it finishes.")
+        return model_busy(f"The server is {doing} '{self._model}'; retry once it finishes.")
 
     def _changing(self) -> bool:
         return self._change is not None and not self._change.done()
@@ -195,19 +246,19 @@ class ModelLifecycle:
             if not self.started:
                 raise model_not_loaded("The engine is still starting: its startup model is not "
                                        "loaded yet; retry shortly.")
+            serving = self._phase is Phase.LOADED and self._model == entry.id
             if self._changing():
-                if self.transition == (ModelState.LOADING, entry.id) or (
-                        self.transition is None and self._change_target == entry.id):
+                if self._change_target == entry.id and self._phase in (
+                        Phase.EMPTY, Phase.LOADING, Phase.LOADED):
                     # Wait for the load that is coming rather than start another.
                     await asyncio.shield(self._change)
                     continue
-                if self.transition is not None or self.loaded is None \
-                        or self.loaded.id != entry.id:
+                if not serving:
                     raise self._busy()
                 # A change is about to start: this request holds the model, and
                 # the unload waits for it like for any running request.
-            if self.loaded is not None and self.loaded.id == entry.id:
-                lease = Lease(self, self.engine, self.loaded)
+            if serving:
+                lease = Lease(self, self._engine, self._info)
                 self._leases.add(lease)
                 self._idle.clear()
                 return lease
@@ -225,7 +276,7 @@ class ModelLifecycle:
         if entry.unsupported:
             raise EngineError("unsupported_quantization", f"The model '{entry.id}' cannot be "
                               f"loaded: {entry.unsupported}.", "model")
-        device = "cpu" if entry.engine == GGUF else self.config.device
+        device = kinds.load_device(entry, self.config.device)
         weights, cache = self.memory_needed(entry, device)
         needed = weights + cache + self.config.memory_headroom_bytes
         freed = sum(self.memory_needed(self.engine.entry, device)) if self.engine else 0
@@ -247,31 +298,7 @@ class ModelLifecycle:
 
     def memory_needed(self, entry: ModelEntry, device: str) -> tuple[int, int]:
         """(weights, KV cache allocated at load) in bytes, as the engine will hold them."""
-        if entry.engine == GGUF:
-            context = entry.context_length
-            if self.config.gguf_context:
-                context = min(context, self.config.gguf_context) if context \
-                    else self.config.gguf_context
-            return entry.size_bytes, entry.kv_bytes_per_token * context
-        weights = entry.size_bytes
-        on_cpu = device == "cpu" or (device == "auto" and not any(
-            name.startswith("cuda") for name, _ in available_memory_bytes("auto")))
-        if on_cpu and entry.stored_bytes_per_param == 2:
-            weights *= 2  # the transformers engine computes in float32 on a CPU
-        # The transformers engine grows its KV cache with the requests: headroom covers it.
-        return weights, 0
-
-    def _make_engine(self, entry: ModelEntry) -> Engine:
-        config = self.config
-        if entry.engine == GGUF:
-            from service.engines.gguf_engine import GgufEngine
-
-            return GgufEngine(entry, threads=config.gguf_threads,
-                              max_queued=config.limits.max_queued, context=config.gguf_context)
-        from service.engines.transformers_engine import TransformersEngine
-
-        return TransformersEngine(entry, device=config.device, limits=config.limits,
-                                  prefix_cache_tokens=config.prefix_cache_tokens)
+        return kinds.memory_needed(entry, device, self.config.gguf_context)
 
     async def switch(self, entry: ModelEntry) -> LoadedModel:
         """Make `entry` the loaded model (steps 1-4 of the module docstring).
@@ -300,39 +327,58 @@ class ModelLifecycle:
         return await self._load(entry)
 
     async def _unload(self) -> None:
-        engine, info = self.engine, self.loaded
-        self.transition = (ModelState.UNLOADING, info.id)
+        engine, info = self._engine, self._info
+        self._move(Phase.DRAINING, info.id, engine, info)
         started = time.monotonic()
         try:
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.config.graceful_unload_timeout)
-            except TimeoutError:
-                log.warning("unloading %s: %d requests still running after %.1fs; ending them",
-                            info.id, len(self._leases), self.config.graceful_unload_timeout)
-                self._end_running(info.id)
-            self.engine = self.loaded = None
+            await asyncio.wait_for(self._idle.wait(), self.config.graceful_unload_timeout)
+        except TimeoutError:
+            log.warning("unloading %s: %d requests still running after %.1fs; ending them",
+                        info.id, len(self._leases), self.config.graceful_unload_timeout)
+            self._end_running(info.id)
+        except BaseException:
+            self._move(Phase.LOADED, info.id, engine, info)
+            raise
+        self._move(Phase.RELEASING, info.id)
+        try:
             await self._announce(None)
             await asyncio.to_thread(engine.shutdown)
             log.info("unloaded %s in %.1fs", info.id, time.monotonic() - started)
         finally:
-            self.transition = None
+            self._move(Phase.EMPTY)
 
     def _end_running(self, model_id: str) -> None:
         error = model_busy(f"The model '{model_id}' was unloaded while this request ran "
                            "(it outlasted the graceful unload timeout); retry.")
         for lease in list(self._leases):
             for job in lease.jobs:
-                job.cancelled.set()
-                job.queue.put_nowait(GroupFailed(error))
+                job.fail(error)
             lease.release()
 
     async def _load(self, entry: ModelEntry) -> LoadedModel:
-        self.transition = (ModelState.LOADING, entry.id)
-        engine = self._make_engine(entry)
-        started = time.monotonic()
+        back = Phase.STARTING if self._phase is Phase.STARTING else Phase.EMPTY
+        self._move(Phase.FIRST_LOAD if back is Phase.STARTING else Phase.LOADING, entry.id)
+        try:
+            engine = kinds.make_engine(entry, self.config)
+            started = time.monotonic()
+            info = await self._start(engine, entry)
+            await self._announce(engine)  # before any request can reach it
+        except BaseException:
+            self._move(back)
+            raise
+        self.failed.pop(entry.id, None)
+        self._move(Phase.LOADED, entry.id, engine, info)
+        log.info("loaded %s in %.1fs (%s)", entry.id, time.monotonic() - started,
+                 info.system_fingerprint)
+        return info
+
+    async def _start(self, engine: Engine, entry: ModelEntry) -> LoadedModel:
+        """Load the weights and start the engine; a failure is model_load_failed
+        and the model is FAILED."""
         try:
             info = await asyncio.to_thread(engine.load)
             engine.start(asyncio.get_running_loop())
+            return info
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}"
             self.failed[entry.id] = message
@@ -343,16 +389,6 @@ class ModelLifecycle:
                 pass
             raise EngineError("model_load_failed", f"Loading the model '{entry.id}' "
                               f"failed: {message}", "model") from None
-        else:
-            await self._announce(engine)  # before any request can reach it
-        finally:
-            self.transition = None
-        self.failed.pop(entry.id, None)
-        self.engine, self.loaded = engine, info
-        self.started = True
-        log.info("loaded %s in %.1fs (%s)", entry.id, time.monotonic() - started,
-                 info.system_fingerprint)
-        return info
 
     async def _announce(self, engine: Engine | None) -> None:
         for callback in self.on_engine_change:
@@ -366,9 +402,9 @@ class ModelLifecycle:
 
     async def unload(self, name: str) -> ModelEntry:
         entry = self.resolve(name)
-        if self.loaded is None or self.loaded.id != entry.id or self._changing():
-            if self._changing():
-                raise self._busy()
+        if self._changing():
+            raise self._busy()
+        if self._phase is not Phase.LOADED or self._model != entry.id:
             raise invalid_parameter("model", f"The model '{entry.id}' is not loaded.")
         await self._run_change(f"unload:{entry.id}", self._unload())
         return entry

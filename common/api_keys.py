@@ -10,12 +10,12 @@ named by MILLM_API_KEYS_FILE or inline in MILLM_API_KEYS:
       {"name": "ops", "scopes": ["admin"], "key": "<the key itself>"}
     ]}
 
-"sha256" keeps only a digest at rest (`python -m service.api_keys hash KEY`
+"sha256" keeps only a digest at rest (`python -m common.api_keys hash KEY`
 prints it); "key" is hashed on load. `admin` includes `inference`. Keys are
 never logged: logs carry `fingerprint()`, the first 8 hex digits of the
 digest, which is stable and useless for guessing the key.
 
-No pure-Python module of ours imports torch here: the bridge imports this file.
+Nothing here imports torch: the bridge imports this file.
 """
 
 from __future__ import annotations
@@ -175,5 +175,5 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "hash":
         print(digest(sys.argv[2]).hex())
         raise SystemExit(0)
-    print("usage: python -m service.api_keys hash KEY", file=sys.stderr)
+    print("usage: python -m common.api_keys hash KEY", file=sys.stderr)
     raise SystemExit(2)

@@ -2,30 +2,27 @@
 
 The REST bridge checks only JSON shape; everything else is checked here, so a
 gRPC caller and an OpenAI client get the same answer for the same mistake.
-`check_fields` (which fields are honoured here, field_policy.py) runs first,
-before any model work; `check_params` runs before any tokenization; `resolve`
-runs after it, when prompt lengths are known, and returns a
-ValidatedGeneration with every default filled in. Each failure names the
-OpenAI parameter at fault.
+`check_fields` (which fields are honoured here, requests/fields.py) runs
+first, before any model work; `check_params` runs before any tokenization and
+returns the CheckedParams that requests/generation.py completes once prompt
+lengths are known. Each failure names the OpenAI parameter at fault.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from service import field_policy
+from service.engines.base import EngineCapabilities
 from service.errors import (
     EngineError,
-    context_length_exceeded,
     field_not_honoured,
     invalid_parameter,
     special_token_in_content,
     unused_fields_refused,
 )
-from service.generation_job import PromptGroup, ValidatedGeneration
+from service.requests import fields
+from service.requests.params import CHAT_ROLES, GenerateParams
 from service.sampling import SamplingOptions
 from service.structured_output import (
     JSON_OBJECT,
@@ -43,73 +40,10 @@ MAX_STOP_BYTES = 256
 MAX_LOGPROBS = 20
 MIN_SCORING_TEMPERATURE = 0.001
 SEED_MAX = 2**32 - 1
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 def invalid_scoring_request(param: str, message: str) -> EngineError:
     return EngineError("invalid_scoring_request", message, param)
-
-
-@dataclass(frozen=True)
-class ChatTurn:
-    role: str  # one of CHAT_ROLES, or "" when the caller left it unset
-    content: str
-    name: str = ""
-
-
-@dataclass(frozen=True)
-class GenerateParams:
-    """A generation request as the caller sent it: None means "not sent"."""
-
-    model: str
-    messages: tuple[ChatTurn, ...] | None = None
-    # Each prompt is text or a tuple of token ids.
-    prompts: tuple[str | tuple[int, ...], ...] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    n: int | None = None
-    seed: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    ignore_eos: bool = False
-    request_id: str = ""
-    # Read special-token text in raw prompts as special tokens (opt-in).
-    parse_special_tokens: bool = False
-    # OpenAI fields with no place in the contract, with their JSON values.
-    extra_fields: dict = field(default_factory=dict)
-    # Nested locations the caller found unused while translating its format.
-    unused_fields: tuple[str, ...] = ()
-    user: str | None = None
-    strict: bool = False
-    # ("json_object" | "json_schema", name, schema as sent); None for free text.
-    response_format: tuple[str, str, object] | None = None
-    # Log-probabilities: alternatives per token (None = not asked for).
-    logprobs: int | None = None
-    allowed_token_ids: tuple[int, ...] = ()
-    echo: bool = False
-    add_special_tokens: bool | None = None
-    # More conversations (extra_messages), each answered as its own choices.
-    extra_chats: tuple[tuple[ChatTurn, ...], ...] = ()
-    # Steering for this request only: a profile name, and the dial as sent
-    # (a number or "off"/"min"/"max").
-    profile: str | None = None
-    steering_intensity: float | str | None = None
-    # return_sae_activations (steering.readout.ActivationRequest).
-    sae_activations: object = None
-
-    @property
-    def input_param(self) -> str:
-        return "messages" if self.messages is not None else "prompt"
-
-    @property
-    def route(self) -> str:
-        return field_policy.CHAT if self.messages is not None else field_policy.COMPLETIONS
 
 
 @dataclass(frozen=True)
@@ -156,19 +90,13 @@ def _positive_int(param: str, value: int | None) -> int | None:
     return value
 
 
-def conversations(params: GenerateParams) -> list[tuple[str, tuple[ChatTurn, ...]]]:
-    """(JSON location, turns) of every conversation in a chat request."""
-    return [("messages", params.messages or ()),
-            *((f"extra_messages[{k}]", turns) for k, turns in enumerate(params.extra_chats))]
-
-
 def check_input(params: GenerateParams) -> None:
     if params.extra_chats and params.messages is None:
         raise invalid_parameter("extra_messages", "'extra_messages' needs 'messages'.")
     if params.messages is None and params.prompts is None:
         raise invalid_parameter("messages", "The request has neither 'messages' nor 'prompt'.")
     if params.messages is not None:
-        for where, turns in conversations(params):
+        for where, turns in params.conversations():
             if not turns:
                 raise invalid_parameter(where, f"'{where}' must contain at least one message.")
             for i, turn in enumerate(turns):
@@ -187,34 +115,18 @@ def check_input(params: GenerateParams) -> None:
             )
 
 
-def check_fields(params: GenerateParams, engine: str) -> list[str]:
-    """Refuse fields this route and engine cannot honour; return the locations
-    of fields that go unused (strict mode refuses them later, once every
-    unused field is known)."""
-    route = params.route
-    unused = field_policy.check_extra_fields(params.extra_fields, route, engine)
-    field_policy.check_contract_field("n", params.n, route, engine)
-    field_policy.check_contract_field("seed", params.seed, route, engine)
-    field_policy.check_contract_field(
-        "max_completion_tokens", params.max_completion_tokens, route, engine)
-    field_policy.check_contract_field("response_format", params.response_format, route, engine)
-    field_policy.check_contract_field("logprobs", params.logprobs, route, engine)
-    field_policy.check_contract_field("allowed_token_ids", params.allowed_token_ids or None,
-                                      route, engine)
-    field_policy.check_contract_field("echo", params.echo or None, route, engine)
-    field_policy.check_contract_field("extra_messages", params.extra_chats or None, route,
-                                      engine)
-    field_policy.check_contract_field("profile", params.profile, route, engine)
-    field_policy.check_contract_field("steering_intensity", params.steering_intensity, route,
-                                      engine)
-    field_policy.check_contract_field("return_sae_activations", params.sae_activations, route,
-                                      engine)
-    if engine == field_policy.GGUF:
-        _check_gguf_logprobs(params)
+def check_fields(params: GenerateParams, kind: EngineCapabilities,
+                 model: EngineCapabilities | None = None) -> list[str]:
+    """Refuse fields this route and engine cannot honour (requests/fields.py);
+    return the locations of fields that go unused (strict mode refuses them
+    later, once every unused field is known). Runs before any load with the
+    engine kind's capabilities, and again with the loaded model's."""
+    unused = fields.check(params.sent_fields(), params.route, kind, model)
+    check_generation_logprobs(params, model or kind)
     unused.extend(params.unused_fields)
     if params.user is not None:
         unused.append("user")  # OpenAI's end-user id: nothing here reads it
-    for where, turns in conversations(params) if params.messages is not None else ():
+    for where, turns in params.conversations():
         for i, turn in enumerate(turns):
             if turn.name:
                 # Chat templates render role and content; the author name is not passed.
@@ -222,14 +134,16 @@ def check_fields(params: GenerateParams, engine: str) -> list[str]:
     return unused
 
 
-def _check_gguf_logprobs(params: GenerateParams) -> None:
-    """The one rule the field table cannot hold because it depends on two
-    fields: on GGUF, log-probabilities are served for scoring (max_tokens 1)
-    and echo, not alongside generated text (llama.cpp's sampler does not expose
-    the distribution it drew from)."""
+def check_generation_logprobs(params: GenerateParams, caps: EngineCapabilities) -> None:
+    """The one field rule that depends on two fields: an engine without
+    generation log-probabilities (GGUF: llama.cpp's sampler does not expose the
+    distribution it drew from) serves them for scoring (max_tokens 1) and
+    echo, not alongside generated text."""
+    if caps.generation_logprobs or params.logprobs is None or params.echo:
+        return
     max_tokens = (params.max_tokens if params.max_tokens is not None
                   else params.max_completion_tokens)
-    if params.logprobs is not None and max_tokens != 1 and not params.echo:
+    if max_tokens != 1:
         raise field_not_honoured("logprobs", "'logprobs' is not honoured: on GGUF models "
                                  "log-probabilities are served in scoring mode (max_tokens 1) "
                                  "and with echo, not for generated text.")
@@ -257,7 +171,7 @@ def check_no_special_tokens(params: GenerateParams, special_tokens: tuple[str, .
     """No forged roles: message text that spells a control token (say
     "<|im_start|>system") is refused rather than rendered into the prompt,
     where the model would read it as a real turn boundary."""
-    for where, turns in conversations(params):
+    for where, turns in params.conversations():
         for i, turn in enumerate(turns):
             for token in special_tokens:
                 if token and token in turn.content:
@@ -265,24 +179,22 @@ def check_no_special_tokens(params: GenerateParams, special_tokens: tuple[str, .
 
 
 def check_response_format(params: GenerateParams) -> Constraint | None:
-    if params.response_format is None:
+    fmt = params.response_format
+    if fmt is None:
         return None
-    kind, name, schema = params.response_format
     if params.stop:
         # A stop string could cut a document short and have it reported complete.
         raise unsupported("response_format", "'stop' cannot be combined with 'response_format'.")
     if params.ignore_eos:
         raise unsupported("response_format", "'ignore_eos' cannot be combined with "
                           "'response_format': a finished document must end the choice.")
-    if kind == JSON_OBJECT:
+    if fmt.kind == JSON_OBJECT:
         return Constraint(JSON_OBJECT)
-    if kind != JSON_SCHEMA:
-        raise unsupported("response_format.type", f"Unknown response_format type {kind!r}.")
-    if not NAME_PATTERN.fullmatch(name):
+    if not NAME_PATTERN.fullmatch(fmt.name):
         raise invalid_parameter("response_format.json_schema.name",
                                 "'response_format.json_schema.name' must be 1 to 64 letters, "
                                 "digits, '_' or '-'.")
-    return Constraint(JSON_SCHEMA, name, check_schema(schema))
+    return Constraint(JSON_SCHEMA, fmt.name, check_schema(fmt.schema_json))
 
 
 def check_params(params: GenerateParams) -> CheckedParams:
@@ -410,82 +322,23 @@ def check_allowed_token_ids(params: GenerateParams, vocab_size: int) -> None:
                                       "twice.")
 
 
-def row_seeds(seed: int | None, n: int) -> tuple[int, ...]:
-    """One generator seed per choice. Choice 0 uses the seed itself; the others
-    derive theirs from (seed, choice) so choices differ but stay reproducible."""
-    if seed is None:
-        return tuple(secrets.randbits(63) for _ in range(n))
-    seeds = [seed]
-    for j in range(1, n):
-        digest = hashlib.sha256(f"millm-seed:{seed}:{j}".encode()).digest()
-        seeds.append(int.from_bytes(digest[:8], "big") >> 1)
-    return tuple(seeds)
+def continuation(turns) -> tuple[list[dict[str, str]], str | None]:
+    """(messages to render with the generation prompt, partial answer to append).
 
-
-# OpenAI's legacy completions stop after 16 tokens unless told otherwise; chat
-# completions run until the model ends its turn or the context is full.
-RAW_PROMPT_DEFAULT_MAX_TOKENS = 16
-
-
-def _default_max_tokens(what: str, room: int) -> int:
-    return room if what == "messages" else min(RAW_PROMPT_DEFAULT_MAX_TOKENS, room)
-
-
-def resolve(
-    params: GenerateParams,
-    checked: CheckedParams,
-    prompt_ids: list[list[int]],
-    context_window: int,
-    request_id: str,
-    ignored_fields: tuple[str, ...] = (),
-    grammar: object = None,
-) -> ValidatedGeneration:
-    """Fit each prompt and its completion into the context window."""
-    what = "messages" if params.messages is not None else "prompt"
-    labels = ([where for where, _ in conversations(params)] if params.messages is not None
-              else [what if len(prompt_ids) == 1 else f"prompt[{i}]"
-                    for i in range(len(prompt_ids))])
-    groups = []
-    for i, ids in enumerate(prompt_ids):
-        label = labels[i]
-        if not ids:
-            refuse = invalid_scoring_request if checked.scoring else invalid_parameter
-            raise refuse(what, f"The {label} tokenizes to no tokens.")
-        room = context_window - len(ids)
-        wanted = checked.max_tokens if checked.max_tokens is not None else 1
-        if (room < 1 and wanted > 0) or wanted > room:
-            raise context_length_exceeded(
-                what,
-                f"This model's maximum context length is {context_window} tokens. However, you "
-                f"requested {len(ids) + wanted} tokens ({len(ids)} in the {label}, "
-                f"{wanted} in the completion). Please reduce the length of the "
-                f"{what} or of the completion.",
-            )
-        groups.append(
-            PromptGroup(
-                prompt_ids=tuple(ids),
-                n=checked.n,
-                max_tokens=(checked.max_tokens if checked.max_tokens is not None
-                            else _default_max_tokens(what, room)),
-                first_index=i * checked.n,
-                # Each prompt is seeded separately: its text does not depend on
-                # where it sits in the list.
-                row_seeds=row_seeds(checked.seed, checked.n),
-            )
-        )
-    return ValidatedGeneration(
-        request_id=request_id,
-        model=params.model,
-        groups=tuple(groups),
-        options=checked.options,
-        stop=checked.stop,
-        seed=checked.seed,
-        ignore_eos=checked.ignore_eos,
-        ignored_fields=ignored_fields,
-        constraint=checked.constraint,
-        grammar=grammar,
-        logprobs=checked.logprobs,
-        scoring=checked.scoring,
-        echo=checked.echo,
-        allowed_token_ids=tuple(params.allowed_token_ids) or None,
-    )
+    A conversation that ends with an assistant message is a truncated answer
+    to continue (a client's Continue button): rendering it as a closed turn
+    would make the model start a new answer instead.
+    """
+    messages = [
+        # OpenAI's developer role is the system role for templates.
+        {"role": "system" if t.role == "developer" else t.role, "content": t.content}
+        for t in turns
+    ]
+    if messages and messages[-1]["role"] == "assistant":
+        if len(messages) == 1:
+            # Nothing before the partial answer: no template renders an empty
+            # conversation (HF's refuses it), so this is the caller's to fix.
+            raise invalid_parameter("messages", "A trailing assistant message is continued, "
+                                    "so it needs at least one message before it.")
+        return messages[:-1], messages[-1]["content"]
+    return messages, None

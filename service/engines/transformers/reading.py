@@ -1,24 +1,22 @@
-"""Reading the model without generating: next-token scoring, prompt
-log-probabilities and embeddings. Runs on the model thread.
+"""The transformers engine reading its model without generating: next-token
+scoring, prompt log-probabilities, generation log-probabilities and
+embeddings. Runs on the model thread; the scores themselves are computed from
+logits by engines/scores.py, as on the GGUF engine.
 
-Every forward pass here goes through `unsteered_forward`, which switches every
+Scoring and embeddings go through `unsteered_forward`, which switches every
 attached SAE's hook off for this pass only (steering/runtime.py), so a judge's
 probability or an embedding always reflects the unmodified model while
-generations running beside it, in the same batch loop, stay steered.
+generations running beside it, in the same batch loop, stay steered. The one
+steered read is an echo's prompt log-probabilities (`steered_forward`): they
+belong to a completion, which is read under that completion's steering.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
-from service.errors import EngineError
+from service.engines.scores import ScoredPrompt, TokenScore, entry, scaled, score_logits
 from service.steering.runtime import Capture, ForwardSteering
-
-# Temperatures in (0, MIN_TEMPERATURE) would overflow the logits.
-MIN_TEMPERATURE = 0.001
 
 
 def unsteered_forward(ctx, recorder=None, **inputs):
@@ -46,100 +44,19 @@ def steered_forward(ctx, plan, **inputs):
         return ctx.model(**inputs)
 
 
-@dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    text: str
-    bytes: bytes
-    logprob: float | None
-
-
-@dataclass(frozen=True)
-class TokenScore:
-    token: TokenLogprob
-    top: tuple[TokenLogprob, ...] = ()
-
-
-@dataclass(frozen=True)
-class ScoredPrompt:
-    prompt_tokens: tuple[TokenScore, ...]  # echo only: one per prompt token
-    next: TokenScore | None  # the most probable (allowed) next token
-
-
-def token_bytes(ctx, token_id: int) -> bytes:
-    if ctx.token_bytes is not None:
-        return ctx.token_bytes[token_id]
-    return ctx.decoder.decode([token_id]).encode()
-
-
-def entry(ctx, token_id: int, logprob: float | None) -> TokenLogprob:
-    raw = token_bytes(ctx, token_id)
-    return TokenLogprob(token_id, raw.decode("utf-8", errors="replace"), raw, logprob)
-
-
-def non_finite() -> EngineError:
-    return EngineError("non_finite_logits", "The model produced NaN or infinite logits where "
-                       "they reach the answer; nothing can be reported.")
-
-
-def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return logits if temperature == 0 else logits / temperature
-
-
-def score_position(ctx, logits: torch.Tensor, allowed: torch.Tensor | None, top: int,
-                   chosen: int | None = None) -> TokenScore:
-    """One position: normalise over the candidates (the allowed ids, or every
-    decodable id), and report `chosen` (default: the most probable candidate)
-    with the `top` most likely alternatives."""
-    candidates = allowed if allowed is not None else torch.arange(ctx.vocab_size,
-                                                                 device=logits.device)
-    values = logits[candidates]
-    if torch.isnan(values).any() or torch.isposinf(values).any():
-        raise non_finite()
-    logprobs = torch.log_softmax(values, dim=-1)
-    if chosen is None:
-        position = int(torch.argmax(logprobs))
-        chosen = int(candidates[position])
-    else:
-        matches = (candidates == chosen).nonzero()
-        position = int(matches[0]) if len(matches) else None
-    chosen_lp = float(logprobs[position]) if position is not None else float("-inf")
-    if math.isinf(chosen_lp):
-        raise non_finite()  # a reported token at -inf has no meaningful answer
-    k = min(top, len(candidates))
-    alternatives = ()
-    if k:
-        best = torch.topk(logprobs, k)
-        alternatives = tuple(entry(ctx, int(candidates[i]), float(v))
-                             for v, i in zip(best.values, best.indices, strict=True))
-        if any(math.isinf(a.logprob) for a in alternatives):
-            raise non_finite()
-    return TokenScore(entry(ctx, chosen, chosen_lp), alternatives)
-
-
 def score_prompt(ctx, ids: list[int], *, temperature: float, allowed: list[int] | None,
                  top: int, echo: bool, next_token: bool, recorder=None,
                  plan=None) -> ScoredPrompt:
     """One forward pass over the prompt (reading activations into `recorder`).
     Unsteered unless `plan` is given (echo of a steered completion)."""
-    device = ctx.device
-    inputs = {"input_ids": torch.tensor([ids], device=device), "use_cache": False,
+    inputs = {"input_ids": torch.tensor([ids], device=ctx.device), "use_cache": False,
               "logits_to_keep": 0 if echo else 1}
     if plan is not None and ctx.steering is not None:
         out = steered_forward(ctx, plan, **inputs)
     else:
         out = unsteered_forward(ctx, recorder, **inputs)
-    logits = scaled(out.logits[0].float(), temperature)
-    allowed_ids = (torch.tensor(allowed, dtype=torch.long, device=device)
-                   if allowed is not None else None)
-    prompt_scores: tuple[TokenScore, ...] = ()
-    if echo:
-        first = TokenScore(entry(ctx, ids[0], None))
-        prompt_scores = (first, *(
-            score_position(ctx, logits[p - 1], None, top, chosen=ids[p])
-            for p in range(1, len(ids))))
-    nxt = score_position(ctx, logits[-1], allowed_ids, top) if next_token else None
-    return ScoredPrompt(prompt_scores, nxt)
+    return score_logits(ctx.tokens, ids, out.logits[0], temperature=temperature,
+                        allowed=allowed, top=top, echo=echo, next_token=next_token)
 
 
 def generation_logprobs(ctx, logits: torch.Tensor, temperatures: list[float],
@@ -149,11 +66,11 @@ def generation_logprobs(ctx, logits: torch.Tensor, temperatures: list[float],
     out = []
     for i, (token, top) in enumerate(zip(tokens, tops, strict=True)):
         lp = torch.log_softmax(scaled(logits[i], temperatures[i]), dim=-1)
-        chosen = entry(ctx, token, float(lp[token]))
+        chosen = entry(ctx.tokens, token, float(lp[token]))
         alternatives = ()
         if top:
             best = torch.topk(lp, top)
-            alternatives = tuple(entry(ctx, int(j), float(v))
+            alternatives = tuple(entry(ctx.tokens, int(j), float(v))
                                  for v, j in zip(best.values, best.indices, strict=True))
         out.append(TokenScore(chosen, alternatives))
     return out

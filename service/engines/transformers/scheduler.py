@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 import torch
 
 from service.engines.base import EngineStatus
-from service.engines.batch import GroupProgress, Lane, ModelContext, Row, prefill
-from service.engines.prefix_cache import PrefixCache
-from service.errors import EngineError, internal_error, queue_full
-from service.generation_job import GenerationJob, GroupDone, GroupFailed, StepOutput
+from service.engines.model_thread import ModelCall, answer_unrun
+from service.engines.transformers.batch import GroupProgress, Lane, ModelContext, Row, prefill
+from service.engines.transformers.prefix_cache import PrefixCache
+from service.errors import internal_error, queue_full
+from service.generation.job import GenerationJob, GroupDone, GroupFailed, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -41,49 +42,6 @@ PREFILL_TOKEN_BUDGET = 4096
 class _Waiting:
     job: GenerationJob
     groups: collections.deque = field(default_factory=collections.deque)
-
-
-@dataclass
-class ModelCall:
-    """Work that reads the model without generating (scoring, embeddings): run
-    on the model thread between decode steps, its result handed back to the
-    caller's event loop."""
-
-    fn: object  # fn(ctx) -> result
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-
-    def run(self, ctx) -> None:
-        try:
-            result, error = self.fn(ctx), None
-        except BaseException as exc:  # handed to the caller, who decides what it means
-            result, error = None, exc
-        self.loop.call_soon_threadsafe(self._settle, result, error)
-
-    def _settle(self, result, error) -> None:
-        if self.future.cancelled():
-            return
-        if error is not None:
-            self.future.set_exception(error)
-        else:
-            self.future.set_result(result)
-
-
-def answer_unrun(inbox: queue.Queue) -> None:
-    """When a model thread stops (an unload that ran out of patience), what is
-    still queued is answered rather than left waiting forever: reads get
-    model_busy, jobs are cancelled."""
-    while True:
-        try:
-            item = inbox.get_nowait()
-        except queue.Empty:
-            return
-        if isinstance(item, ModelCall):
-            item.loop.call_soon_threadsafe(item._settle, None, EngineError(
-                "model_busy", "The model was unloaded before this request ran; retry.",
-                "model"))
-        elif item is not None:
-            item.cancelled.set()
 
 
 @dataclass

@@ -1,0 +1,115 @@
+"""Log-probabilities from logits, the same way on every engine.
+
+Both engines hand this module a prompt's logits (the transformers engine from
+its forward pass, the GGUF engine from llama.cpp's scoring context) and get
+back the same `ScoredPrompt`, so scoring, echo and their refusals of non-finite
+values cannot drift apart between engines. Nothing here runs the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from service.errors import EngineError
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """The text of a model's tokens: bytes per id when the tokenizer is
+    byte-level, else a tokenizer to decode with."""
+
+    size: int  # ids that decode (the logits may have more columns)
+    token_bytes: list[bytes] | None = None
+    decoder: object = None
+
+    def bytes_of(self, token_id: int) -> bytes:
+        if self.token_bytes is not None:
+            return self.token_bytes[token_id]
+        return self.decoder.decode([token_id]).encode()
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    text: str
+    bytes: bytes
+    logprob: float | None
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    token: TokenLogprob
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScoredPrompt:
+    prompt_tokens: tuple[TokenScore, ...]  # echo only: one per prompt token
+    next: TokenScore | None  # the most probable (allowed) next token
+
+
+def entry(tokens: TokenTable, token_id: int, logprob: float | None) -> TokenLogprob:
+    raw = tokens.bytes_of(token_id)
+    return TokenLogprob(token_id, raw.decode("utf-8", errors="replace"), raw, logprob)
+
+
+def non_finite() -> EngineError:
+    return EngineError("non_finite_logits", "The model produced NaN or infinite logits where "
+                       "they reach the answer; nothing can be reported.")
+
+
+def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits if temperature == 0 else logits / temperature
+
+
+def score_position(tokens: TokenTable, logits: torch.Tensor, allowed: torch.Tensor | None,
+                   top: int, chosen: int | None = None) -> TokenScore:
+    """One position: normalise over the candidates (the allowed ids, or every
+    decodable id), and report `chosen` (default: the most probable candidate)
+    with the `top` most likely alternatives."""
+    candidates = allowed if allowed is not None else torch.arange(tokens.size,
+                                                                 device=logits.device)
+    values = logits[candidates]
+    if torch.isnan(values).any() or torch.isposinf(values).any():
+        raise non_finite()
+    logprobs = torch.log_softmax(values, dim=-1)
+    if chosen is None:
+        position = int(torch.argmax(logprobs))
+        chosen = int(candidates[position])
+    else:
+        matches = (candidates == chosen).nonzero()
+        position = int(matches[0]) if len(matches) else None
+    chosen_lp = float(logprobs[position]) if position is not None else float("-inf")
+    if math.isinf(chosen_lp):
+        raise non_finite()  # a reported token at -inf has no meaningful answer
+    k = min(top, len(candidates))
+    alternatives = ()
+    if k:
+        best = torch.topk(logprobs, k)
+        alternatives = tuple(entry(tokens, int(candidates[i]), float(v))
+                             for v, i in zip(best.values, best.indices, strict=True))
+        if any(math.isinf(a.logprob) for a in alternatives):
+            raise non_finite()
+    return TokenScore(entry(tokens, chosen, chosen_lp), alternatives)
+
+
+def score_logits(tokens: TokenTable, ids: list[int], logits: torch.Tensor, *,
+                 temperature: float, allowed: list[int] | None, top: int, echo: bool,
+                 next_token: bool) -> ScoredPrompt:
+    """A prompt's scores from its logits: row p predicts token p + 1 (with
+    echo every row is there; otherwise at least the last one). Echo entry p
+    comes from row p - 1, the next token from the last row."""
+    logits = scaled(logits.float(), temperature)
+    allowed_ids = (torch.tensor(allowed, dtype=torch.long, device=logits.device)
+                   if allowed is not None else None)
+    prompt_scores: tuple[TokenScore, ...] = ()
+    if echo:
+        first = TokenScore(entry(tokens, ids[0], None))
+        prompt_scores = (first, *(
+            score_position(tokens, logits[p - 1], None, top, chosen=ids[p])
+            for p in range(1, len(ids))))
+    nxt = score_position(tokens, logits[-1], allowed_ids, top) if next_token else None
+    return ScoredPrompt(prompt_scores, nxt)

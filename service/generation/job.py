@@ -1,0 +1,125 @@
+"""A validated generation as the engine runs it, and the events it produces.
+
+The asyncio side (the servicer) and the model thread meet here: the model
+thread posts events onto the job's asyncio queue with call_soon_threadsafe,
+and the asyncio side sets `cancelled` when the caller goes away, which the
+model thread checks before every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from service.errors import EngineError
+
+if TYPE_CHECKING:
+    from service.requests.generation import ValidatedGeneration
+
+
+class FinishReason:
+    STOP = "stop"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    # engines.scores.TokenScore per text-bearing token, when logprobs were asked for.
+    logprobs: tuple = ()
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one decode step of one group produced."""
+
+    deltas: tuple[ChoiceDelta, ...]
+
+
+@dataclass(frozen=True)
+class GroupDone:
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    recorder: object = None  # the group's ActivationRecorder, when it read any
+
+
+@dataclass(frozen=True)
+class GroupFailed:
+    error: EngineError
+
+
+def merge_steps(first: StepOutput, second: StepOutput) -> StepOutput:
+    """One output saying what two consecutive steps said, choice by choice."""
+    merged: dict[int, ChoiceDelta] = {d.index: d for d in first.deltas}
+    for d in second.deltas:
+        before = merged.get(d.index)
+        merged[d.index] = d if before is None else ChoiceDelta(
+            d.index, before.text + d.text, before.token_ids + d.token_ids,
+            d.finish_reason or before.finish_reason, before.logprobs + d.logprobs,
+        )
+    return StepOutput(tuple(merged.values()))
+
+
+@dataclass
+class GenerationJob:
+    spec: ValidatedGeneration
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    # Set once by the model thread when the job ends: done, cancelled or failed.
+    outcome: str | None = None
+    recorder: object = None  # return_sae_activations: what the model thread read
+
+    def post(self, event) -> None:
+        """Called from the model thread."""
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+    def fail(self, error: EngineError) -> None:
+        """End the job with `error`; called on the event loop's thread (a forced
+        unload). The model thread drops the job at its next step, and events()
+        raises the error."""
+        self.cancelled.set()
+        self.queue.put_nowait(GroupFailed(error))
+
+    async def events(self) -> AsyncIterator[StepOutput]:
+        """Step outputs until every group is done. Leaving early (the caller
+        is gone, or a failure) cancels the job, so the model thread drops it at
+        its next step.
+
+        Steps that piled up while the caller was busy are merged into one
+        output, so a slow reader (a loaded bridge) gets fewer, larger messages
+        instead of falling further behind.
+        """
+        remaining = len(self.spec.groups)
+        held = None
+        try:
+            while remaining:
+                event = held if held is not None else await self.queue.get()
+                held = None
+                if isinstance(event, StepOutput):
+                    while not self.queue.empty():
+                        following = self.queue.get_nowait()
+                        if not isinstance(following, StepOutput):
+                            held = following
+                            break
+                        event = merge_steps(event, following)
+                    yield event
+                elif isinstance(event, GroupDone):
+                    self.completion_tokens += event.completion_tokens
+                    self.cached_tokens += event.cached_tokens
+                    if event.recorder is not None:
+                        self.recorder = event.recorder
+                    remaining -= 1
+                elif isinstance(event, GroupFailed):
+                    raise event.error
+        finally:
+            if remaining:
+                self.cancelled.set()

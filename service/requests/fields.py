@@ -1,0 +1,184 @@
+"""Which request fields each route honours on each engine: one table, read by
+validation, by the ignored-fields report and by GetCapabilities alike.
+
+Every cell (field x route) is one of three treatments:
+
+- honoured: the field does what OpenAI says; some cells need a capability of
+  the serving engine (engines/base.py EngineCapabilities), and without it the
+  field is refused;
+- reported: the field changes nothing on that route, so it is accepted and
+  named in the response's ignored fields (strict mode refuses it);
+- refused: it would change the output and cannot be honoured here: 400 with
+  the rule's code (field_not_honoured, ...) naming the field.
+
+Nothing is dropped silently. A value that means "no change" (null, `n: 1`,
+`logprobs: false`, `tools: []`, ...) is accepted everywhere. Fields the table
+does not know are reported. When a request sends several refused fields, the
+first in the order of this table is named, whatever order the body (or a
+protobuf Struct) holds them in. When a later feature makes a field honoured,
+its row changes here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from service.engines.base import EngineCapabilities
+from service.errors import EngineError
+
+CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"
+ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS)
+ALWAYS = ""  # a cell honoured on every engine
+
+
+class Treatment(enum.Enum):
+    HONOURED = "honoured"
+    REPORTED = "reported"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Cell:
+    treatment: Treatment
+    code: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    # route -> the EngineCapabilities attribute the field needs there (ALWAYS: none).
+    honoured: dict[str, str] = field(default_factory=dict)
+    # Routes where the field means nothing and is reported.
+    reported: frozenset[str] = frozenset()
+    # Values that ask for nothing (null always does).
+    no_change: tuple = ()
+    # Why it is refused on a route that does not serve it, and on an engine
+    # that lacks the capability; each finishes "'<field>' is not honoured: ...".
+    why: str = "this server does not implement it"
+    why_engine: str = ""
+    code: str = "field_not_honoured"
+
+    def cell(self, route: str, kind: EngineCapabilities, model: EngineCapabilities) -> Cell:
+        if route in self.reported:
+            return Cell(Treatment.REPORTED)
+        if route not in self.honoured:
+            return Cell(Treatment.REFUSED, self.code, self.why)
+        needs = self.honoured[route]
+        if needs == ALWAYS or getattr(model, needs):
+            return Cell(Treatment.HONOURED)
+        if getattr(kind, needs):
+            # This kind of engine can, but not for the model it has loaded.
+            return Cell(Treatment.REFUSED, *_UNAVAILABLE[needs])
+        return Cell(Treatment.REFUSED, self.code, self.why_engine or self.why)
+
+
+# A capability the engine kind has but the loaded model lacks.
+_UNAVAILABLE = {
+    "steer": ("steering_unavailable", "the loaded model's layers cannot be reached by the "
+              "steering hooks"),
+}
+
+GENERATING = {CHAT: ALWAYS, COMPLETIONS: ALWAYS}
+NOT_YET = "not implemented yet"
+NO_DISTRIBUTION = "this engine gives no per-token distribution"
+
+RULES: dict[str, FieldRule] = {
+    "n": FieldRule({CHAT: "several_choices", COMPLETIONS: "several_choices"},
+                   frozenset({EMBEDDINGS}), (1,), why_engine="several choices are not "
+                   "served here"),
+    # GGUF: measured byte-identical over 20 runs per seed (docs/gguf.md).
+    "seed": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
+    "max_completion_tokens": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
+    # GGUF serves scoring and echo log-probabilities, not those of generated
+    # text: validation.check_generation_logprobs, which reads the same capability.
+    "logprobs": FieldRule({CHAT: "scoring", COMPLETIONS: "scoring"}, no_change=(False,),
+                          why="log-probabilities are not served on this route",
+                          why_engine=NO_DISTRIBUTION),
+    "top_logprobs": FieldRule({CHAT: "scoring"}, no_change=(0,),
+                              why="this route takes 'logprobs' for alternatives",
+                              why_engine=NO_DISTRIBUTION),
+    "allowed_token_ids": FieldRule({CHAT: "scoring", COMPLETIONS: "scoring"},
+                                   why="scoring is not served on this route",
+                                   why_engine=NO_DISTRIBUTION),
+    "return_tokens_as_token_ids": FieldRule(GENERATING, no_change=(False,),
+                                            why="no tokens are returned here"),
+    "add_special_tokens": FieldRule({COMPLETIONS: ALWAYS}, no_change=(True,),
+                                    why="only raw prompts choose their special tokens"),
+    "echo": FieldRule({COMPLETIONS: ALWAYS}, no_change=(False,),
+                      why="only raw prompts can be echoed"),
+    "extra_messages": FieldRule({CHAT: "extra_conversations"}, no_change=([],),
+                                why="extra conversations are served on chat completions only",
+                                why_engine="extra conversations are not served on this "
+                                "engine"),
+    "response_format": FieldRule({CHAT: "grammar"}, no_change=({"type": "text"},),
+                                 why="structured output is served on chat completions only",
+                                 why_engine="structured output needs the transformers "
+                                 "engine's token masks", code="response_format_unsupported"),
+    # Steering hooks are forward hooks on the transformers engine's decoder layers.
+    "profile": FieldRule({CHAT: "steer"}, why="steering profiles apply to chat completions "
+                         "only", why_engine="steering profiles apply on the transformers "
+                         "engine only"),
+    "steering_intensity": FieldRule({CHAT: "steer"}, why="the steering dial applies to chat "
+                                    "completions only", why_engine="the steering dial "
+                                    "applies on the transformers engine only"),
+    "return_sae_activations": FieldRule({CHAT: "steer", COMPLETIONS: "steer"},
+                                        why="activations are read on chat and text "
+                                        "completions only", why_engine="SAE activations are "
+                                        "read on the transformers engine only"),
+    "steering": FieldRule(why="per-request steering vectors are " + NOT_YET),
+    "dimensions": FieldRule(why="embeddings with chosen dimensions are " + NOT_YET),
+    "tools": FieldRule(no_change=([],), why="tool calling is not supported"),
+    "tool_choice": FieldRule(no_change=("none",), why="tool calling is not supported"),
+    "functions": FieldRule(no_change=([],), why="function calling is not supported"),
+    "function_call": FieldRule(no_change=("none",), why="function calling is not supported"),
+    "logit_bias": FieldRule(no_change=({},), why="logit bias is not supported"),
+    "best_of": FieldRule(no_change=(1,), why="best_of is not supported; use n"),
+    "suffix": FieldRule(no_change=("",), why="insertion (suffix) is not supported"),
+    "audio": FieldRule(why="audio output is not supported"),
+    "modalities": FieldRule(no_change=(["text"],), why="only text output is supported"),
+}
+
+
+def _same(a, b) -> bool:
+    """JSON equality: true is not 1, but 1 is 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def asks_for_change(name: str, value) -> bool:
+    rule = RULES.get(name)
+    no_change = rule.no_change if rule is not None else ()
+    return value is not None and not any(_same(value, v) for v in no_change)
+
+
+def check(sent: dict, route: str, kind: EngineCapabilities,
+          model: EngineCapabilities | None = None) -> list[str]:
+    """Refuse the first field (in table order) that asks for a change this
+    route and engine cannot honour; return the names of the sent fields that
+    are reported (table order, then unknown names sorted). `kind` is what the
+    engine kind offers, `model` what the loaded model does (None: not loaded
+    yet, assume the kind's)."""
+    model = model or kind
+    reported = []
+    for name, rule in RULES.items():
+        if name not in sent:
+            continue
+        cell = rule.cell(route, kind, model)
+        if cell.treatment is Treatment.REPORTED:
+            reported.append(name)  # whatever its value: nothing here reads it
+        elif cell.treatment is Treatment.REFUSED and asks_for_change(name, sent[name]):
+            raise EngineError(cell.code, f"'{name}' is not honoured: {cell.reason}.", name)
+    reported.extend(sorted(name for name in sent if name not in RULES))
+    return reported
+
+
+def support_table(kind: EngineCapabilities,
+                  model: EngineCapabilities) -> list[tuple[str, str, Cell]]:
+    """(field, route, cell) for every field and route, as GetCapabilities
+    reports them."""
+    return [(name, route, rule.cell(route, kind, model))
+            for name, rule in RULES.items() for route in ROUTES]

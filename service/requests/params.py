@@ -1,0 +1,121 @@
+"""A request as its caller sent it, before any rule is checked.
+
+The servicers translate protobuf into these values (None means "not sent");
+requests/checks.py and requests/generation.py turn them into the typed value
+the engine runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.requests.fields import CHAT, COMPLETIONS
+from service.steering.readout import ActivationRequest
+
+# OpenAI's message roles; the contract's Role enum maps onto them one to one.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    role: str  # one of CHAT_ROLES, or "" when the caller left it unset
+    content: str
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """response_format json_object or json_schema (free text is None)."""
+
+    kind: str  # JSON_OBJECT or JSON_SCHEMA
+    name: str = ""
+    schema_json: str = ""  # the schema as sent, parsed by the checks
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """A generation request as the caller sent it: None means "not sent"."""
+
+    model: str
+    messages: tuple[ChatTurn, ...] | None = None
+    # Each prompt is text or a tuple of token ids.
+    prompts: tuple[str | tuple[int, ...], ...] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    request_id: str = ""
+    # Read special-token text in raw prompts as special tokens (opt-in).
+    parse_special_tokens: bool = False
+    # OpenAI fields with no place in the contract, with their JSON values.
+    extra_fields: dict = field(default_factory=dict)
+    # Nested locations the caller found unused while translating its format.
+    unused_fields: tuple[str, ...] = ()
+    user: str | None = None
+    strict: bool = False
+    response_format: ResponseFormat | None = None
+    # Log-probabilities: alternatives per token (None = not asked for).
+    logprobs: int | None = None
+    allowed_token_ids: tuple[int, ...] = ()
+    echo: bool = False
+    add_special_tokens: bool | None = None
+    # More conversations (extra_messages), each answered as its own choices.
+    extra_chats: tuple[tuple[ChatTurn, ...], ...] = ()
+    # Steering for this request only: a profile name, and the dial as sent
+    # (a number or "off"/"min"/"max").
+    profile: str | None = None
+    steering_intensity: float | str | None = None
+    sae_activations: ActivationRequest | None = None
+
+    @property
+    def input_param(self) -> str:
+        return "messages" if self.messages is not None else "prompt"
+
+    @property
+    def route(self) -> str:
+        return CHAT if self.messages is not None else COMPLETIONS
+
+    def conversations(self) -> list[tuple[str, tuple[ChatTurn, ...]]]:
+        """(JSON location, turns) of every conversation of a chat request."""
+        if self.messages is None:
+            return []
+        return [("messages", self.messages),
+                *((f"extra_messages[{k}]", turns) for k, turns in enumerate(self.extra_chats))]
+
+    def sent_fields(self) -> dict:
+        """Every field the field table rules on (requests/fields.py), by its
+        OpenAI name: the contract's own fields that were sent, then the extra
+        fields with their JSON values."""
+        contract = {
+            "n": self.n, "seed": self.seed, "max_completion_tokens": self.max_completion_tokens,
+            "response_format": self.response_format, "logprobs": self.logprobs,
+            "allowed_token_ids": self.allowed_token_ids or None, "echo": self.echo or None,
+            "extra_messages": self.extra_chats or None, "profile": self.profile,
+            "steering_intensity": self.steering_intensity,
+            "return_sae_activations": self.sae_activations,
+            "add_special_tokens": self.add_special_tokens,
+        }
+        sent = {name: value for name, value in contract.items() if value is not None}
+        sent.update(self.extra_fields)
+        return sent
+
+
+@dataclass(frozen=True)
+class EmbedParams:
+    model: str
+    inputs: tuple[str | tuple[int, ...], ...]
+    request_id: str = ""
+    extra_fields: dict = field(default_factory=dict)
+    unused_fields: tuple[str, ...] = ()
+    user: str | None = None
+    strict: bool = False

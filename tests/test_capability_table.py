@@ -1,0 +1,234 @@
+"""The capability table is a promise: every FieldSupport row that
+GetCapabilities reports is checked against what the REST bridge really does.
+
+For both engines (millm-tiny on transformers, millm-tiny-gguf:F32 on
+llama.cpp), each row (field, route) is sent with a value that asks for a
+change (never a no-op such as null, false, [], n=1) in an otherwise valid,
+small, greedy request to its route:
+
+- honoured: the answer is 200 and the field is not in X-miLLM-Ignored-Fields
+  (the bridge's only ignored-fields report; rest_bridge/serving/ignored_fields.py).
+  Companion fields make the value servable (allowed_token_ids and GGUF
+  log-probabilities need scoring mode, max_tokens 1; top_logprobs needs
+  logprobs: true; return_tokens_as_token_ids needs log-probabilities to act on).
+- reported: the field means nothing on that route: 200, and the field is
+  named in X-miLLM-Ignored-Fields;
+- refused: 400 with error.code == the row's refusal_code and error.param == field.
+
+`profile` is sent with a profile that exists: the transformers stack attaches
+the demo SAE and saves one, so an honoured profile must answer 200 (a 404
+profile_not_found would fail the cell). That stack is its own, not the session
+stack, so the attached SAE does not leak into test_capabilities.
+
+A field in the table without an entry in VALUES
+fails test_every_reported_field_has_a_value (against the served table) and
+its own cells (ids come from VALUES and service/requests/fields.RULES),
+so new rows are covered.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+
+import grpc
+import pytest
+
+from millm.v1 import server_service_pb2, server_service_pb2_grpc
+from service.requests import fields
+from tests import harness
+from tests.http_helpers import call
+
+TRANSFORMERS, GGUF = "millm-tiny", "millm-tiny-gguf:F32"
+ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
+          "embeddings": "/v1/embeddings"}
+IGNORED_HEADER = "x-millm-ignored-fields"
+SAE = "sae_millm-tiny-res-l1"
+PROFILE = "captable"
+DROP = object()  # a fragment value that removes the key from the base body
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+# field -> {route, or "*" for every route: keys added to (or DROPped from) the
+# base body}. Each value asks for a change; companions make it servable.
+VALUES: dict[str, dict[str, dict]] = {
+    "n": {"*": {"n": 2}},
+    "seed": {"*": {"seed": 7}},
+    "max_completion_tokens": {"*": {"max_completion_tokens": 2, "max_tokens": DROP}},
+    "logprobs": {"chat": {"logprobs": True, "max_tokens": 1},
+                 "*": {"logprobs": 2, "max_tokens": 1}},
+    "allowed_token_ids": {"*": {"allowed_token_ids": [5, 6], "max_tokens": 1}},
+    "echo": {"*": {"echo": True}},
+    "extra_messages": {"*": {"extra_messages": [[{"role": "user", "content": "Hi"}]]}},
+    "response_format": {"*": {"response_format": {"type": "json_object"}}},
+    "profile": {"*": {"profile": PROFILE}},
+    "steering_intensity": {"*": {"steering_intensity": 0.5}},
+    "return_sae_activations": {"*": {"return_sae_activations": {"sae_id": SAE, "top_k": 2}}},
+    "top_logprobs": {"chat": {"top_logprobs": 2, "logprobs": True, "max_tokens": 1},
+                     "*": {"top_logprobs": 2}},
+    "return_tokens_as_token_ids": {
+        "chat": {"return_tokens_as_token_ids": True, "logprobs": True, "max_tokens": 1},
+        "completions": {"return_tokens_as_token_ids": True, "logprobs": 2, "max_tokens": 1},
+        "*": {"return_tokens_as_token_ids": True}},
+    "add_special_tokens": {"*": {"add_special_tokens": False}},
+    "steering": {"*": {"steering": [{"layer": 1, "feature": 3, "strength": 6}]}},
+    "dimensions": {"*": {"dimensions": 8}},
+    "tools": {"*": {"tools": [TOOL]}},
+    "tool_choice": {"*": {"tool_choice": "auto"}},
+    "functions": {"*": {"functions": [TOOL["function"]]}},
+    "function_call": {"*": {"function_call": "auto"}},
+    "logit_bias": {"*": {"logit_bias": {"5": 10}}},
+    "best_of": {"*": {"best_of": 2}},
+    "suffix": {"*": {"suffix": " the end"}},
+    "audio": {"*": {"audio": {"voice": "alloy", "format": "wav"}}},
+    "modalities": {"*": {"modalities": ["text", "audio"]}},
+}
+
+
+def base_body(route: str, model: str) -> dict:
+    if route == "chat":
+        return {"model": model, "messages": [{"role": "user", "content": "Hello!"}],
+                "max_tokens": 4, "temperature": 0}
+    if route == "completions":
+        return {"model": model, "prompt": "Once upon a time", "max_tokens": 4,
+                "temperature": 0}
+    return {"model": model, "input": "a river"}
+
+
+def body_for(field: str, route: str, model: str) -> dict:
+    fragment = VALUES[field].get(route, VALUES[field].get("*"))
+    body = base_body(route, model)
+    for key, value in fragment.items():
+        if value is DROP:
+            body.pop(key, None)
+        else:
+            body[key] = value
+    return body
+
+
+def ignored(headers: dict) -> list[str]:
+    """X-miLLM-Ignored-Fields as a list (RFC 8941 sf-strings)."""
+    raw = headers.get(IGNORED_HEADER, "")
+    return [re.sub(r"\\(.)", r"\1", s) for s in re.findall(r'"((?:[^"\\]|\\.)*)"', raw)]
+
+
+# -- the stacks ----------------------------------------------------------------------------
+
+
+def _steerable(stack) -> None:
+    """Attach the demo SAE and save a profile, so profile and
+    return_sae_activations can be honoured with 200."""
+    reply = call(stack.http_port, "POST", f"/api/saes/{SAE}/attach", {})
+    assert reply.status_code < 300, reply.text
+    reply = call(stack.http_port, "POST", "/api/profiles", {
+        "name": PROFILE, "entries": [{"layer": 1, "feature": 3, "strength": 6}]})
+    assert reply.status_code < 300, reply.text
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory):
+    started = {}
+    try:
+        started[TRANSFORMERS] = harness.OwnStack(tmp_path_factory.mktemp("captable-tf"))
+        _steerable(started[TRANSFORMERS])
+        started[GGUF] = harness.OwnStack(tmp_path_factory.mktemp("captable-gguf"),
+                                         MILLM_MODEL=GGUF)
+        yield started
+    finally:
+        for stack in started.values():
+            stack.stop()
+
+
+@pytest.fixture(scope="module")
+def tables(stacks):
+    """model -> {(field, route): FieldSupport}, from GetCapabilities."""
+    out = {}
+    for model, stack in stacks.items():
+        with grpc.insecure_channel(stack.grpc_target) as channel:
+            stub = server_service_pb2_grpc.ServerServiceStub(channel)
+            reply = stub.GetCapabilities(server_service_pb2.GetCapabilitiesRequest(), timeout=10)
+        assert reply.model == model
+        out[model] = {(row.field, row.route): row for row in reply.fields}
+        assert len(out[model]) == len(reply.fields), "a (field, route) pair is reported twice"
+    return out
+
+
+# -- the cells ------------------------------------------------------------------------------
+
+
+def _fields() -> list[str]:
+    # The in-process table gives the test ids; the served one is what is checked.
+    return list(dict.fromkeys([*VALUES, *fields.RULES]))
+
+
+def _cells() -> list:
+    cells = []
+    for model, field, route in itertools.product((TRANSFORMERS, GGUF), _fields(), ROUTES):
+        cells.append(pytest.param(model, field, route, id=f"{model}-{field}-{route}"))
+    return cells
+
+
+def test_every_reported_field_has_a_value(tables):
+    for model, table in tables.items():
+        missing = sorted({field for field, _ in table} - set(VALUES))
+        assert not missing, f"{model} reports fields with no entry in VALUES: {missing}"
+        assert {route for _, route in table} == set(ROUTES), model
+
+
+def test_rest_capabilities_match_grpc(stacks, tables):
+    for model, stack in stacks.items():
+        reply = call(stack.http_port, "GET", "/api/capabilities")
+        assert reply.status_code == 200
+        rest = {(r["field"], r["route"]): (r["honoured"], r["reported"], r["refusal_code"])
+                for r in reply.json()["fields"]}
+        assert rest == {k: (r.honoured, r.reported, r.refusal_code)
+                        for k, r in tables[model].items()}
+
+
+@pytest.mark.parametrize(("model", "field", "route"), _cells())
+def test_capability_row_matches_behaviour(stacks, tables, model, field, route):
+    assert field in VALUES, f"'{field}' is in the capability table but not in VALUES"
+    row = tables[model].get((field, route))
+    assert row is not None, f"GetCapabilities has no row ({field}, {route}): drop it from VALUES?"
+    reply = call(stacks[model].http_port, "POST", ROUTES[route], body_for(field, route, model))
+    error = reply.json().get("error", {}) if reply.status_code != 200 else {}
+    observed = (f"status {reply.status_code}, code {error.get('code')}, param "
+                f"{error.get('param')}, ignored {ignored(reply.headers)}: "
+                f"{error.get('message', '')}")
+    if row.honoured:
+        assert reply.status_code == 200, f"table: honoured; server: {observed}"
+        assert field not in ignored(reply.headers), f"table: honoured; server: {observed}"
+    elif row.reported:
+        assert reply.status_code == 200, f"table: reported; server: {observed}"
+        assert field in ignored(reply.headers), f"table: reported; server: {observed}"
+    else:
+        expected = (400, row.refusal_code, field)
+        assert (reply.status_code, error.get("code"), error.get("param")) == expected, (
+            f"table: refused with {row.refusal_code}; server: {observed}")
+
+
+# -- several refused fields at once -----------------------------------------------------------
+
+REFUSED_TOGETHER = {"tools": [TOOL], "tool_choice": "auto", "logit_bias": {"5": 10},
+                    "functions": [TOOL["function"]]}
+
+
+def test_several_refused_fields_name_one_param(stacks):
+    """Every key order, on two engine processes (both engines refuse all four
+    fields on chat), names the same param: the first of them in the field
+    table's order (requests/fields.py), whatever order a protobuf Struct map
+    gives them in."""
+    seen = {}
+    keys = list(REFUSED_TOGETHER)
+    orders = [keys, keys[::-1], keys[1:] + keys[:1], keys[2:] + keys[:2], sorted(keys)]
+    for model, stack in stacks.items():
+        for order in orders:
+            body = {**base_body("chat", model), **{k: REFUSED_TOGETHER[k] for k in order}}
+            reply = call(stack.http_port, "POST", ROUTES["chat"], body)
+            error = reply.json()["error"]
+            assert (reply.status_code, error["code"]) == (400, "field_not_honoured")
+            assert error["param"] in REFUSED_TOGETHER
+            seen[(model, tuple(order))] = error["param"]
+    assert set(seen.values()) == {"tools"}, json.dumps(
+        {f"{m} {','.join(o)}": p for (m, o), p in seen.items()}, indent=1)
