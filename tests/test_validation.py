@@ -60,3 +60,12 @@ def test_nan_is_refused_naming_the_field():
     with pytest.raises(EngineError) as err:
         check_params(GenerateParams(model="m", prompts=("x",), top_p=float("nan")))
     assert err.value.param == "top_p"
+
+
+def test_the_chat_roles_are_the_contracts_roles():
+    """One table: the engine's roles are the contract's Role values by name."""
+    from millm.v1 import generation_pb2
+    from service.requests.params import CHAT_ROLES
+
+    assert CHAT_ROLES == tuple(name.removeprefix("ROLE_").lower()
+                               for name, value in generation_pb2.Role.items() if value)

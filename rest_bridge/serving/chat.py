@@ -10,14 +10,9 @@ from rest_bridge.protocol.chat import ChatCompletionRequest, ChatMessage, Respon
 from rest_bridge.serving.generation import GenerationHandler, sampling_to_pb
 from rest_bridge.serving.logprobs import chat_content
 
-ROLES = {
-    "system": generation_pb2.ROLE_SYSTEM,
-    "developer": generation_pb2.ROLE_DEVELOPER,
-    "user": generation_pb2.ROLE_USER,
-    "assistant": generation_pb2.ROLE_ASSISTANT,
-    "tool": generation_pb2.ROLE_TOOL,
-    "function": generation_pb2.ROLE_FUNCTION,
-}
+# OpenAI role names are the contract's Role values, lower-cased without the prefix.
+ROLES = {name.removeprefix("ROLE_").lower(): value
+         for name, value in generation_pb2.Role.items() if value}
 
 
 def _content_text(message: ChatMessage, index: int, where: str = "messages") -> str:

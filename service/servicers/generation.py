@@ -27,14 +27,9 @@ from service.steering import readout, runtime
 from service.steering.documents import RUNG_LANGUAGE
 from service.structured_output import JSON_OBJECT, JSON_SCHEMA
 
-_ROLES = {
-    generation_pb2.ROLE_SYSTEM: "system",
-    generation_pb2.ROLE_DEVELOPER: "developer",
-    generation_pb2.ROLE_USER: "user",
-    generation_pb2.ROLE_ASSISTANT: "assistant",
-    generation_pb2.ROLE_TOOL: "tool",
-    generation_pb2.ROLE_FUNCTION: "function",
-}
+# The contract's Role values are OpenAI's role names (requests/params.CHAT_ROLES).
+_ROLES = {value: name.removeprefix("ROLE_").lower()
+          for name, value in generation_pb2.Role.items() if value}
 _SEED_SCOPES = {
     "request": generation_pb2.SEED_SCOPE_REQUEST,
     "batch-shape": generation_pb2.SEED_SCOPE_BATCH_SHAPE,
