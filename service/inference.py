@@ -101,7 +101,7 @@ class InferenceService:
         engine = self.engine
         if engine is None:
             return None
-        return KIND_CAPABILITIES[engine.kind], self._model_capabilities(engine)
+        return engine.kind_capabilities, self._model_capabilities(engine)
 
     def _model_capabilities(self, engine: Engine) -> EngineCapabilities:
         caps = engine.capabilities
@@ -139,7 +139,7 @@ class InferenceService:
     async def _validate(self, params: GenerateParams, lease: Lease) -> ValidatedGeneration:
         engine, info = lease.engine, lease.info
         caps = self._model_capabilities(engine)
-        ignored = checks.check_fields(params, KIND_CAPABILITIES[engine.kind], caps)
+        ignored = checks.check_fields(params, engine.kind_capabilities, caps)
         request_id = params.request_id or uuid.uuid4().hex
         checked = checks.check_params(params)
         if checked.scoring:

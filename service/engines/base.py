@@ -110,8 +110,15 @@ class Engine(abc.ABC):
         """Start the model thread; `capabilities` is final from here on."""
 
     @property
-    def capabilities(self) -> EngineCapabilities:
+    def kind_capabilities(self) -> EngineCapabilities:
+        """What this kind of engine offers at best (what a refusal before any
+        load was judged by)."""
         return KIND_CAPABILITIES[self.kind]
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """What this engine does with the model it has loaded."""
+        return self.kind_capabilities
 
     @property
     def steering(self) -> SteeringRuntime | None:

@@ -6,17 +6,12 @@ contexts (they are not thread-safe) and serves jobs one at a time, first in,
 first out; a job whose caller left is dropped between two tokens, so the next
 one starts at once.
 
-Up to three contexts share the memory-mapped weights:
-
-- the *generation* context keeps the KV cache of the last sequence it ran; a
-  new prompt that starts with the same tokens (a system prompt, a chat's
-  earlier turns) evaluates only the rest, and the reused count is reported as
-  usage.prompt_tokens_details.cached_tokens;
-- the *scoring* context, made on first use, keeps every position's logits
-  (logits_all) and an f32 KV cache, so log-probabilities are not moved by f16
-  rounding. Every scored prompt is evaluated from an empty cache;
-- the *embedding* context, made on first use, mean-pools the last layer (as
-  the transformers engine does), also with an f32 KV cache.
+The *generation* context keeps the KV cache of the last sequence it ran; a
+new prompt that starts with the same tokens (a system prompt, a chat's earlier
+turns) evaluates only the rest, and the reused count is reported as
+usage.prompt_tokens_details.cached_tokens. Scoring and embeddings read through
+contexts of their own (engines/gguf/reading.py); the sampler chain is built by
+engines/gguf/sampling.py.
 """
 
 from __future__ import annotations
@@ -26,10 +21,9 @@ import logging
 import queue
 import threading
 
-import numpy as np
-
 from service.chat_template import CHATML
 from service.engines.base import Engine, EngineStatus, LoadedModel
+from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.model_thread import ModelCall, answer_unrun
 from service.engines.scores import TokenTable, score_logits
@@ -52,9 +46,6 @@ from service.requests.generation import PromptGroup
 from service.text_output import ByteLevelDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
-
-# llama.cpp's GGML_TYPE_F32: the scoring context's KV cache type.
-GGML_TYPE_F32 = 0
 
 _DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
@@ -84,8 +75,7 @@ class GgufEngine(Engine):
         self.max_queued = max_queued
         self.requested_context = context
         self.llm = None
-        self._scorer = None
-        self._embedder = None
+        self._readers: Readers | None = None
         self.info: LoadedModel | None = None
         self._formatter = None
         self._template_from_file = False
@@ -150,6 +140,7 @@ class GgufEngine(Engine):
             quantization=quant or "unrecorded",
             revision=self.entry.revision,
         )
+        self._readers = Readers(self._open, self.info.context_window)
         return self.info
 
     @property
@@ -324,26 +315,7 @@ class GgufEngine(Engine):
         job.post(GroupDone(generated, cached))
         return True
 
-    # -- scoring --------------------------------------------------------------------
-
-    def _scoring_context(self):
-        if self._scorer is None:
-            # Every position's logits, and an f32 KV cache: llama.cpp's default
-            # f16 cache moves log-probabilities by up to ~5e-3.
-            self._scorer = self._open(n_ctx=self.info.context_window,
-                                      n_batch=min(512, self.info.context_window),
-                                      logits_all=True, type_k=GGML_TYPE_F32,
-                                      type_v=GGML_TYPE_F32)
-        return self._scorer
-
-    def prompt_logits(self, ids: list[int]) -> np.ndarray:
-        """Logits after each prompt position ([len(ids), vocab]): row p is the
-        prediction of token p + 1, made before seeing it. Model thread only."""
-        scorer = self._scoring_context()
-        scorer.reset()
-        scorer._ctx.kv_cache_clear()
-        scorer.eval(ids)
-        return np.array(scorer.scores[: len(ids)], dtype=np.float32)
+    # -- reading (engines/gguf/reading.py) ----------------------------------------------
 
     def score(self, prompts, *, temperature, allowed, top, echo, next_token, plan=None,
               recorder=None):
@@ -352,51 +324,17 @@ class GgufEngine(Engine):
         import torch
 
         def run(engine: GgufEngine):
-            return [score_logits(engine._tokens, ids, torch.from_numpy(engine.prompt_logits(ids)),
+            return [score_logits(engine._tokens, ids,
+                                 torch.from_numpy(engine._readers.prompt_logits(ids)),
                                  temperature=temperature, allowed=allowed, top=top, echo=echo,
                                  next_token=next_token)
                     for ids in prompts]
 
         return self._call(run)
 
-    # -- embeddings -------------------------------------------------------------------
-
-    def _embedding_context(self):
-        if self._embedder is None:
-            from llama_cpp import llama_cpp as lib
-
-            # Mean pooling of the last layer's normalised hidden states, as the
-            # transformers engine computes; a whole input fits one micro-batch,
-            # and the KV cache is f32 (f16 moves the vectors by ~3e-4).
-            window = self.info.context_window
-            self._embedder = self._open(n_ctx=window, n_batch=window, n_ubatch=window,
-                                        embedding=True, type_k=GGML_TYPE_F32,
-                                        type_v=GGML_TYPE_F32,
-                                        pooling_type=lib.LLAMA_POOLING_TYPE_MEAN)
-        return self._embedder
-
     def embed(self, inputs: list[list[int]]):
         """One mean-pooled vector per tokenized input; await the result."""
-        from llama_cpp import llama_cpp as lib
-
-        def run(engine: GgufEngine) -> list[list[float]]:
-            embedder = engine._embedding_context()
-            width = embedder.n_embd()
-            vectors = []
-            for ids in inputs:
-                # One input per pass from an empty cache: a vector never depends
-                # on its neighbours.
-                embedder._batch.reset()
-                embedder._ctx.kv_cache_clear()
-                embedder._batch.add_sequence(ids, 0, True)
-                embedder._ctx.decode(embedder._batch)
-                pooled = lib.llama_get_embeddings_seq(embedder._ctx.ctx, 0)
-                vectors.append([float(x) for x in pooled[:width]])
-            embedder._batch.reset()
-            embedder._ctx.kv_cache_clear()
-            return vectors
-
-        return self._call(run)
+        return self._call(lambda engine: engine._readers.embed(inputs))
 
     # -- status and shutdown ----------------------------------------------------------
 
@@ -432,7 +370,8 @@ class GgufEngine(Engine):
         self._inbox.put(None)
         if self._thread is not None:
             self._thread.join(timeout=10)
-        for llm in (self.llm, self._scorer, self._embedder):
-            if llm is not None:
-                llm.close()
-        self.llm = self._scorer = self._embedder = None
+        if self._readers is not None:
+            self._readers.close()
+        if self.llm is not None:
+            self.llm.close()
+        self.llm = self._readers = None

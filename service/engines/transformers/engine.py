@@ -18,7 +18,6 @@ import xgrammar
 
 from service.chat_template import CHATML
 from service.engines.base import (
-    KIND_CAPABILITIES,
     Engine,
     EngineCapabilities,
     EngineStatus,
@@ -195,7 +194,7 @@ class TransformersEngine(Engine):
 
     @property
     def capabilities(self) -> EngineCapabilities:
-        caps = KIND_CAPABILITIES[self.kind]
+        caps = self.kind_capabilities
         return caps if self._steering is not None else dataclasses.replace(caps, steer=False)
 
     @property

@@ -1,0 +1,75 @@
+"""The GGUF engine reading its model without generating: prompt logits for
+scoring and echo, and mean-pooled embeddings. Runs on the engine's model
+thread only (llama.cpp contexts are not thread-safe).
+
+Each read has a context of its own, made on first use and sharing the
+memory-mapped weights with the generation context:
+
+- the *scoring* context keeps every position's logits (logits_all) and an f32
+  KV cache, so log-probabilities are not moved by f16 rounding; every scored
+  prompt is evaluated from an empty cache;
+- the *embedding* context mean-pools the last layer (as the transformers
+  engine does), also with an f32 KV cache; one input per pass, so a vector
+  never depends on its neighbours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+# llama.cpp's GGML_TYPE_F32: the reading contexts' KV cache type.
+GGML_TYPE_F32 = 0
+
+
+class Readers:
+    def __init__(self, open_context: Callable, context_window: int):
+        self._open, self._window = open_context, context_window
+        self._scorer = None
+        self._embedder = None
+
+    def prompt_logits(self, ids: list[int]) -> np.ndarray:
+        """Logits after each prompt position ([len(ids), vocab]): row p is the
+        prediction of token p + 1, made before seeing it."""
+        if self._scorer is None:
+            # llama.cpp's default f16 cache moves log-probabilities by up to ~5e-3.
+            self._scorer = self._open(n_ctx=self._window, n_batch=min(512, self._window),
+                                      logits_all=True, type_k=GGML_TYPE_F32,
+                                      type_v=GGML_TYPE_F32)
+        scorer = self._scorer
+        scorer.reset()
+        scorer._ctx.kv_cache_clear()
+        scorer.eval(ids)
+        return np.array(scorer.scores[: len(ids)], dtype=np.float32)
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """One mean-pooled last-layer vector per tokenized input."""
+        from llama_cpp import llama_cpp as lib
+
+        if self._embedder is None:
+            # A whole input fits one micro-batch; f16 KV would move the vectors by ~3e-4.
+            window = self._window
+            self._embedder = self._open(n_ctx=window, n_batch=window, n_ubatch=window,
+                                        embedding=True, type_k=GGML_TYPE_F32,
+                                        type_v=GGML_TYPE_F32,
+                                        pooling_type=lib.LLAMA_POOLING_TYPE_MEAN)
+        embedder = self._embedder
+        width = embedder.n_embd()
+        vectors = []
+        for ids in inputs:
+            embedder._batch.reset()
+            embedder._ctx.kv_cache_clear()
+            embedder._batch.add_sequence(ids, 0, True)
+            embedder._ctx.decode(embedder._batch)
+            pooled = lib.llama_get_embeddings_seq(embedder._ctx.ctx, 0)
+            vectors.append([float(x) for x in pooled[:width]])
+        embedder._batch.reset()
+        embedder._ctx.kv_cache_clear()
+        return vectors
+
+    def close(self) -> None:
+        for llm in (self._scorer, self._embedder):
+            if llm is not None:
+                llm.close()
+        self._scorer = self._embedder = None
