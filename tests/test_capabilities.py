@@ -22,6 +22,8 @@ def test_grpc_capabilities(server_stub):
     assert f.max_logprobs == 20 and f.seed_scope == generation_pb2.SEED_SCOPE_REQUEST
     table = {(s.field, s.route): s for s in reply.fields}
     assert table[("response_format", "chat")].honoured
+    # An honoured field's remaining limit is said with it (the bridge's stream rule).
+    assert table[("n", "chat")].honoured and "stream" in table[("n", "chat")].reason
     refused = table[("response_format", "completions")]
     assert not refused.honoured and refused.refusal_code == "response_format_unsupported"
     assert table[("echo", "completions")].honoured and not table[("echo", "chat")].honoured

@@ -245,26 +245,3 @@ def test_a_trailing_assistant_message_is_continued_not_restarted(client):
     restarted = client.completions.create(model=MODEL, prompt=closed, max_tokens=1,
                                           extra_body={"parse_special_tokens": True})
     assert restarted.usage.prompt_tokens > continued.usage.prompt_tokens
-
-
-def test_several_choices_stream_each_with_its_own_index_and_finish(client):
-    """n > 1 with stream: every chunk carries one choice's delta by index, each
-    choice finishes once, and the streamed texts equal the same seeded request
-    answered whole."""
-    body = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}],
-                max_tokens=12, n=3, seed=11, temperature=1.0)
-    whole = client.chat.completions.create(**body)
-    texts: dict[int, str] = {}
-    finishes: dict[int, list[str]] = {}
-    roles = set()
-    for chunk in client.chat.completions.create(**body, stream=True):
-        for choice in chunk.choices:
-            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
-            if choice.delta.role:
-                roles.add(choice.index)
-            if choice.finish_reason:
-                finishes.setdefault(choice.index, []).append(choice.finish_reason)
-    assert sorted(texts) == [0, 1, 2] and roles == {0, 1, 2}
-    assert all(len(f) == 1 for f in finishes.values()) and sorted(finishes) == [0, 1, 2]
-    assert {c.index: c.message.content for c in whole.choices} == texts
-    assert len(set(texts.values())) > 1  # the choices differ

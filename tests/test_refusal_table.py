@@ -93,6 +93,7 @@ ROWS = [
     ("text-part-without-text", CHAT, chat(messages=[{"role": "user", "content": [
         {"type": "text"}]}]), {}, 400, "missing_required_parameter",
      "messages[0].content[0].text", BRIDGE),
+    ("n-with-stream", CHAT, chat(n=2, stream=True), {}, 400, "field_not_honoured", "n", BRIDGE),
     ("strict-header-yes", CHAT, chat(), {"X-miLLM-Strict": "yes"}, 400, "invalid_parameter",
      "X-miLLM-Strict", BRIDGE),
     ("prompt-missing", COMPLETIONS, {"model": MODEL}, {}, 400, "missing_required_parameter",

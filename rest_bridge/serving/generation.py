@@ -159,6 +159,10 @@ class GenerationHandler(abc.ABC):
         the fields this schema does not map (the engine judges them) and the
         user id (which the engine reports as unused)."""
         strict = strict_mode(http_request)
+        if request.stream and (request.n or 1) > 1:
+            raise OpenAIError(400, "'n' above 1 is not served with 'stream': true; stream one "
+                              "choice per request, or drop 'stream'.", param="n",
+                              code="field_not_honoured")
         pb = self.to_pb(request)
         pb.strict = strict
         pb.request_id = request_id.get()

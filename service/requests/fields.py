@@ -58,6 +58,8 @@ class FieldRule:
     why: str = "this server does not implement it"
     why_engine: str = ""
     code: str = "field_not_honoured"
+    # A limit an honoured cell still has, said with it in GetCapabilities.
+    note: str = ""
 
     def cell(self, route: str, kind: EngineCapabilities, model: EngineCapabilities) -> Cell:
         if route in self.reported:
@@ -66,7 +68,7 @@ class FieldRule:
             return Cell(Treatment.REFUSED, self.code, self.why)
         needs = self.honoured[route]
         if needs == ALWAYS or getattr(model, needs):
-            return Cell(Treatment.HONOURED)
+            return Cell(Treatment.HONOURED, reason=self.note)
         if getattr(kind, needs):
             # This kind of engine can, but not for the model it has loaded.
             return Cell(Treatment.REFUSED, *_UNAVAILABLE[needs])
@@ -86,7 +88,8 @@ NO_DISTRIBUTION = "this engine gives no per-token distribution"
 RULES: dict[str, FieldRule] = {
     "n": FieldRule({CHAT: "several_choices", COMPLETIONS: "several_choices"},
                    frozenset({EMBEDDINGS}), (1,), why_engine="several choices are not "
-                   "served here"),
+                   "served here", note="not with stream: true, which the REST bridge refuses "
+                   "(field_not_honoured): its streams carry one choice, as the reference's do"),
     # GGUF: measured byte-identical over 20 runs per seed (docs/gguf.md).
     "seed": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
     "max_completion_tokens": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
