@@ -10,11 +10,15 @@ PROMPT = "The lighthouse keeper wrote"
 
 
 def split_stop(generation_stub):
-    """Generate greedily, then pick a stop string that straddles a token boundary."""
+    """Generate greedily, then pick a stop string that straddles a token boundary.
+    Each token's text comes from its log-probability entry, so the split does
+    not depend on how many tokens each streamed response happened to carry."""
     responses = list(generation_stub.Generate(
-        prompt_request(PROMPT, max_tokens=40, temperature=0, ignore_eos=True), timeout=60))
-    pieces = [d.text for r in responses[1:] for d in r.choices]
+        prompt_request(PROMPT, max_tokens=40, temperature=0, ignore_eos=True, logprobs=0),
+        timeout=60))
+    pieces = [score.token.text for r in responses for d in r.choices for score in d.logprobs]
     full = "".join(pieces)
+    assert full == "".join(d.text for r in responses for d in r.choices)
     # Find two consecutive multi-character pieces after the first few tokens.
     offset = 0
     for k in range(len(pieces) - 1):
