@@ -32,9 +32,35 @@ SUBSCHEMA_MAPS = frozenset({"properties", "$defs"})
 SUBSCHEMA_LISTS = frozenset({"anyOf"})
 SUPPORTED = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-    "enum", "const", "minimum", "maximum", "minLength", "maxLength", "pattern", "anyOf", "$ref",
-    "$defs",
+    "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "minLength", "maxLength", "pattern", "format", "anyOf", "$ref", "$defs",
 })
+# The string formats OpenAI's strict mode accepts; xgrammar enforces each while
+# decoding, and jsonschema's format checker validates each finished document.
+FORMATS = ("date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6",
+           "uuid")
+
+# Where xgrammar's own format grammar lets through strings the validator
+# refuses (a 31st of November, second 60, "041" in an address, a 64-letter
+# label), the grammar gets our pattern instead: a subset of what the validator
+# accepts (tests/test_format_grammars.py draws from each and validates).
+_YEAR = "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+_LEAP = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+_DATE = (f"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+         f"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)")
+# No quantified or repeated part sits in an optional group: xgrammar 0.2.9
+# compiles "(\\.[0-9]{1,6})?" as if the dot were optional too.
+_FRACTION = "(\\.[0-9][0-9]?[0-9]?[0-9]?[0-9]?[0-9]?)?"
+_TIME = f"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]{_FRACTION}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_LABEL = "([a-z0-9]|[a-z0-9][a-z0-9-]{0,61}[a-z0-9])"
+FORMAT_PATTERNS = {
+    "date": f"^{_DATE}$",
+    "time": f"^{_TIME}$",
+    "date-time": f"^{_DATE}T{_TIME}$",
+    "ipv4": f"^{_OCTET}(\\.{_OCTET}){{3}}$",
+    "hostname": f"^({_LABEL}|{_LABEL}\\.{_LABEL}|{_LABEL}\\.{_LABEL}\\.{_LABEL})$",
+}
 ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
 
 
@@ -110,6 +136,18 @@ class _SchemaWalk:
                 names = value if isinstance(value, list) else [value]
                 if not names or any(n not in TYPES for n in names):
                     self.problems.append(f"type {value!r} at {_pointer(here)} (not a JSON type)")
+            elif key == "format" and value not in FORMATS:
+                self.problems.append(f"format {value!r} at {_pointer(here)} (supported: "
+                                     f"{', '.join(FORMATS)})")
+            elif key == "format" and value in FORMAT_PATTERNS and "pattern" in node:
+                self.problems.append(f"format {value!r} with a pattern at {_pointer(here)} "
+                                     "(one of them can be enforced, not both)")
+            elif key == "multipleOf" and not (
+                    node.get("type") == "integer" and isinstance(value, int)
+                    and not isinstance(value, bool) and value > 0):
+                # xgrammar enforces an integer step on integers only.
+                self.problems.append(f"multipleOf at {_pointer(here)} (enforced with a positive "
+                                     "integer step on type integer only)")
 
     def _check_ref(self, ref, here: list[str]) -> None:
         if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
@@ -153,6 +191,27 @@ def check_schema(schema_json: str) -> dict:
     return schema
 
 
+def grammar_schema(node):
+    """The schema as the grammar compiler gets it: formats xgrammar would
+    enforce too loosely become our patterns (FORMAT_PATTERNS). Walks the
+    subset's subschema keywords only, as _SchemaWalk does."""
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    if isinstance(node.get("format"), str) and node["format"] in FORMAT_PATTERNS:
+        del out["format"]
+        out["pattern"] = FORMAT_PATTERNS[node["format"]]
+    for key in SUBSCHEMA & node.keys():
+        out[key] = grammar_schema(node[key])
+    for key in SUBSCHEMA_MAPS & node.keys():
+        if isinstance(node[key], dict):
+            out[key] = {name: grammar_schema(sub) for name, sub in node[key].items()}
+    for key in SUBSCHEMA_LISTS & node.keys():
+        if isinstance(node[key], list):
+            out[key] = [grammar_schema(sub) for sub in node[key]]
+    return out
+
+
 def document_problem(constraint: Constraint, text: str) -> str | None:
     """Why a finished document is not what was asked for; None when it is."""
     try:
@@ -163,8 +222,9 @@ def document_problem(constraint: Constraint, text: str) -> str | None:
         return None if isinstance(document, dict) else "it is not a JSON object"
     import jsonschema
 
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(constraint.schema).iter_errors(document))
+    validator = jsonschema.Draft202012Validator(
+        constraint.schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
     if error is None:
         return None
     return f"it fails the schema at {_pointer([str(p) for p in error.path]) or '/'}: " \
@@ -207,7 +267,7 @@ class GrammarCache:
             # Any object: properties of any name and value.
             schema, strict = {"type": "object"}, False
         else:
-            schema, strict = constraint.schema, True
+            schema, strict = grammar_schema(constraint.schema), True
         try:
             return self._compiler.compile_json_schema(
                 json.dumps(schema), any_whitespace=False, separators=(",", ":"),
