@@ -48,18 +48,16 @@ _YEAR = "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
 _LEAP = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
 _DATE = (f"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
          f"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)")
-# No quantified or repeated part sits in an optional group: xgrammar 0.2.9
-# compiles "(\\.[0-9]{1,6})?" as if the dot were optional too.
-_FRACTION = "(\\.[0-9][0-9]?[0-9]?[0-9]?[0-9]?[0-9]?)?"
+_FRACTION = "(\\.[0-9]{1,6})?"
 _TIME = f"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]{_FRACTION}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 _OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
-_LABEL = "([a-z0-9]|[a-z0-9][a-z0-9-]{0,61}[a-z0-9])"
+_LABEL = "[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 FORMAT_PATTERNS = {
     "date": f"^{_DATE}$",
     "time": f"^{_TIME}$",
     "date-time": f"^{_DATE}T{_TIME}$",
     "ipv4": f"^{_OCTET}(\\.{_OCTET}){{3}}$",
-    "hostname": f"^({_LABEL}|{_LABEL}\\.{_LABEL}|{_LABEL}\\.{_LABEL}\\.{_LABEL})$",
+    "hostname": f"^{_LABEL}(\\.{_LABEL}){{0,2}}$",
 }
 ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
 
@@ -191,6 +189,30 @@ def check_schema(schema_json: str) -> dict:
     return schema
 
 
+def grammar_pattern(pattern: str) -> str:
+    """The same regular expression, spelled so xgrammar 0.2.9 compiles it
+    right: it reads "(ab+)?" as if "a" alone were optional, but "(ab+){0,1}"
+    correctly, so an optional group is written with the explicit bound."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == ")" and pattern[i + 1:i + 2] == "?":
+            out.append("){0,1}")
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def grammar_schema(node):
     """The schema as the grammar compiler gets it: formats xgrammar would
     enforce too loosely become our patterns (FORMAT_PATTERNS). Walks the
@@ -198,9 +220,11 @@ def grammar_schema(node):
     if not isinstance(node, dict):
         return node
     out = dict(node)
+    if isinstance(node.get("pattern"), str):
+        out["pattern"] = grammar_pattern(node["pattern"])
     if isinstance(node.get("format"), str) and node["format"] in FORMAT_PATTERNS:
         del out["format"]
-        out["pattern"] = FORMAT_PATTERNS[node["format"]]
+        out["pattern"] = grammar_pattern(FORMAT_PATTERNS[node["format"]])
     for key in SUBSCHEMA & node.keys():
         out[key] = grammar_schema(node[key])
     for key in SUBSCHEMA_MAPS & node.keys():

@@ -54,6 +54,9 @@ SCHEMAS = {
     "exclusive-integer": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 40},
     "exclusive-number": {"type": "number", "exclusiveMinimum": -1.5, "exclusiveMaximum": 2},
     "multiple-of": {"type": "integer", "multipleOf": 7},
+    # An optional group holding a repetition (service.structured_output.grammar_pattern).
+    "optional-fraction": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$"},
+    "optional-lazy-nested": {"type": "string", "pattern": "^x((a[0-9]+)?b)??[)?]$"},
     "nested-format": {"type": "object", "properties": {
         "format": {"type": "string", "format": "date"},
         "items": {"type": "array", "items": {"type": "string", "format": "ipv4"},
@@ -87,3 +90,21 @@ def test_the_loose_formats_fail_without_our_patterns(compiler):
     assert not jsonschema.Draft202012Validator(
         schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).is_valid(
         "2023-11-31")
+
+
+def test_an_optional_group_holding_a_repetition_needs_the_explicit_bound(compiler):
+    """The test can fail: compiled as written, "(\\.[0-9]+)?" lets "12" through
+    where only a digit and an optional fraction may stand."""
+    schema = {"type": "string", "pattern": "^[0-9](\\.[0-9]+)?$"}
+    raw = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
+                                       strict_mode=True)
+    fixed = compiler.compile_json_schema(json.dumps(grammar_schema(schema)),
+                                         any_whitespace=False, strict_mode=True)
+
+    def accepts(compiled, text: str) -> bool:
+        matcher = xgrammar.GrammarMatcher(compiled)
+        return all(matcher.accept_token(VOCAB.index(c)) for c in text) and \
+            matcher.accept_token(STOP)
+
+    assert accepts(raw, '"12"') and not accepts(fixed, '"12"')
+    assert accepts(fixed, '"1.25"') and accepts(fixed, '"7"')
