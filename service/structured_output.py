@@ -256,14 +256,13 @@ def document_problem(constraint: Constraint, text: str) -> str | None:
 
 
 class GrammarCache:
-    """Compiled grammars by schema, for one tokenizer: a judge sending the same
-    schema a million times compiles it once."""
+    """Compiled grammars by schema, for one vocabulary: a judge sending the
+    same schema a million times compiles it once. Both engines build one,
+    so both enforce the same subset with the same masks."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_ids: list[int], capacity: int = 256):
+    def __init__(self, info, capacity: int = 256):
         import xgrammar
 
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                       stop_token_ids=stop_ids)
         # xgrammar's own cache is keyed by the exact schema text; ours by the
         # canonical schema, and bounded.
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
@@ -271,6 +270,23 @@ class GrammarCache:
         self._lock = threading.Lock()
         self.capacity = capacity
         self.compiled_total = 0
+
+    @classmethod
+    def for_huggingface(cls, tokenizer, vocab_size: int, stop_ids: list[int]) -> GrammarCache:
+        import xgrammar
+
+        return cls(xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                           stop_token_ids=stop_ids))
+
+    @classmethod
+    def for_token_bytes(cls, token_bytes: list[bytes], stop_ids: list[int]) -> GrammarCache:
+        """A vocabulary given as each token's bytes (llama.cpp's pieces);
+        tokens with no bytes (control tokens) are never allowed."""
+        import xgrammar
+
+        return cls(xgrammar.TokenizerInfo(token_bytes, xgrammar.VocabType.RAW,
+                                          vocab_size=len(token_bytes),
+                                          stop_token_ids=stop_ids))
 
     def get(self, constraint: Constraint):
         key = constraint.key

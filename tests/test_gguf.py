@@ -252,8 +252,6 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
 
 
 @pytest.mark.parametrize(("route", "body", "param", "code"), [
-    ("chat", {"response_format": {"type": "json_object"}}, "response_format",
-     "response_format_unsupported"),
     ("chat", {"n": 2}, "n", "field_not_honoured"),
     ("completions", {"logprobs": 2, "max_tokens": 5}, "logprobs", "field_not_honoured"),
     # Chat's own flag is named, not top_logprobs (which the contract's count carries).
@@ -388,10 +386,11 @@ def test_capabilities_describe_the_gguf_engine(gguf, gclient):
     with urllib.request.urlopen(f"{gguf.base_url}/api/capabilities", timeout=10) as reply:
         caps = json.loads(reply.read())
     assert caps["engine"] == "gguf" and caps["model"] == F32
-    assert caps["features"]["scoring"] is True and caps["features"]["structured_output"] is False
+    assert caps["features"]["scoring"] is True and caps["features"]["structured_output"] is True
     honoured = {(f["field"], f["route"]): f["honoured"] for f in caps["fields"]}
     assert honoured[("seed", "chat")] and honoured[("echo", "completions")]
-    assert not honoured[("n", "chat")] and not honoured[("response_format", "chat")]
+    assert not honoured[("n", "chat")] and honoured[("response_format", "chat")]
+    assert not honoured[("response_format", "completions")]
 
 
 # -- generated bodies on the GGUF engine -------------------------------------------------------

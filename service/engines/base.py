@@ -45,9 +45,10 @@ KIND_CAPABILITIES: dict[str, EngineCapabilities] = {
         several_choices=True, generation_logprobs=True, scoring=True, grammar=True,
         steer=True, embeddings=True, extra_conversations=True),
     # llama.cpp's sampler does not expose the distribution it drew from, and
-    # one job runs at a time (engines/gguf_engine.py).
+    # one job runs at a time (engines/gguf/engine.py); its logits take the same
+    # grammar masks (engines/gguf/constraint.py).
     GGUF: EngineCapabilities(
-        several_choices=False, generation_logprobs=False, scoring=True, grammar=False,
+        several_choices=False, generation_logprobs=False, scoring=True, grammar=True,
         steer=False, embeddings=True, extra_conversations=False),
 }
 

@@ -116,8 +116,8 @@ RULES: dict[str, FieldRule] = {
                                 "engine"),
     "response_format": FieldRule({CHAT: "grammar"}, no_change=({"type": "text"},),
                                  why="structured output is served on chat completions only",
-                                 why_engine="structured output needs the transformers "
-                                 "engine's token masks", code="response_format_unsupported"),
+                                 why_engine="this engine cannot mask its tokens",
+                                 code="response_format_unsupported"),
     # Steering hooks are forward hooks on the transformers engine's decoder layers.
     "profile": FieldRule({CHAT: "steer"}, why="steering profiles apply to chat completions "
                          "only", why_engine="steering profiles apply on the transformers "

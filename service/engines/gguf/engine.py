@@ -23,6 +23,7 @@ import threading
 
 from service.chat_template import CHATML
 from service.engines.base import Engine, EngineStatus, LoadedModel
+from service.engines.gguf.constraint import GrammarMask
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.model_thread import ModelCall, answer_unrun
@@ -43,6 +44,7 @@ from service.generation.job import (
 )
 from service.models.registry import GGUF
 from service.requests.generation import PromptGroup
+from service.structured_output import GrammarCache
 from service.text_output import ByteLevelDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,8 @@ class GgufEngine(Engine):
         self._special_tokens: tuple[str, ...] = ()
         self._eog: frozenset[int] = frozenset()
         self._control: frozenset[int] = frozenset()
+        self._control_char_ids: list[int] = []
+        self._grammars: GrammarCache | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting = 0
@@ -116,6 +120,8 @@ class GgufEngine(Engine):
         n_vocab = llm.n_vocab()
         self._token_bytes = [token_piece(vocab, i, special=False) for i in range(n_vocab)]
         self._tokens = TokenTable(n_vocab, self._token_bytes)
+        self._control_char_ids = [i for i, piece in enumerate(self._token_bytes)
+                                  if any(b < 0x20 for b in piece)]
         self._eog = frozenset(i for i in range(n_vocab) if lib.llama_vocab_is_eog(vocab, i))
         self._control = frozenset(i for i in range(n_vocab)
                                   if lib.llama_vocab_is_control(vocab, i))
@@ -141,6 +147,8 @@ class GgufEngine(Engine):
             revision=self.entry.revision,
         )
         self._readers = Readers(self._open, self.info.context_window)
+        # The same grammar compiler as the transformers engine, over llama.cpp's pieces.
+        self._grammars = GrammarCache.for_token_bytes(self._token_bytes, sorted(self._eog))
         return self.info
 
     @property
@@ -168,6 +176,9 @@ class GgufEngine(Engine):
                     add_special: bool = True) -> list[int]:
         add_bos = add_special and self.llm._model.add_bos_token()
         return self.llm.tokenize(text.encode(), add_bos=add_bos, special=parse_special)
+
+    def grammar_for(self, constraint):
+        return self._grammars.get(constraint)
 
     def decode(self, ids: list[int]) -> str:
         return b"".join(self._token_bytes[i] for i in ids).decode("utf-8", errors="replace")
@@ -285,6 +296,8 @@ class GgufEngine(Engine):
         llm.eval(prompt[cached:])
         seed = group.row_seeds[0] & 0xFFFFFFFF
         sampler = self._sampler(spec, seed)
+        mask = (GrammarMask(spec.grammar, llm.n_vocab(), self._control_char_ids)
+                if spec.grammar is not None else None)
         detokenizer = ByteLevelDetokenizer(self._token_bytes)
         stopper = StopMatcher(spec.stop)
         generated = 0
@@ -292,7 +305,13 @@ class GgufEngine(Engine):
         while True:
             if job.cancelled.is_set() or self._stopping:
                 return False
+            if mask is not None:
+                mask.apply(llm._ctx)
             token = sampler.sample(llm._ctx, -1)
+            if mask is not None and not mask.accept(token):
+                # The mask allowed only tokens the grammar accepts; the document
+                # check after the choice ends refuses the output.
+                log.error("grammar refused a token its own mask allowed")
             generated += 1
             with self._lock:
                 self._generated += 1

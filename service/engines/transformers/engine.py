@@ -112,7 +112,8 @@ class TransformersEngine(Engine):
             quantization = str(method) if method else "unrecorded"
         self.model, self.tokenizer = model, tokenizer
         self.decoder = copy.deepcopy(tokenizer)
-        self.grammars = GrammarCache(copy.deepcopy(tokenizer), vocab_size, sorted(eos_ids))
+        self.grammars = GrammarCache.for_huggingface(copy.deepcopy(tokenizer), vocab_size,
+                                                     sorted(eos_ids))
         self.info = LoadedModel(
             id=self.entry.id,
             engine=self.kind,
