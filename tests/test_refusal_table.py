@@ -206,7 +206,7 @@ ROWS = [
      {}, 400, "response_format_unsupported", "response_format", None),
     ("json-schema-multiple-of", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
         "name": "n", "schema": {"type": "object", "properties": {
-            "x": {"type": "integer", "multipleOf": 3}}}}}), {}, 400,
+            "x": {"type": "number", "multipleOf": 0.5}}}}}), {}, 400,
      "response_format_unsupported", "response_format", None),
     ("json-schema-bad-name", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
         "name": "judge v1!", "schema": {"type": "object"}}}), {}, 400, "invalid_parameter",
