@@ -33,9 +33,10 @@ from service.errors import EngineError, model_not_found, model_not_loaded
 from service.generation.run import Generation
 from service.models.lifecycle import Lease, LifecycleConfig, ModelLifecycle, ModelState, ModelView
 from service.models.registry import ModelEntry, ModelRegistry
-from service.requests import checks, embeddings
+from service.requests import checks, embeddings, tools
 from service.requests.generation import ValidatedGeneration, fit_groups, validated
 from service.requests.params import EmbedParams, GenerateParams
+from service.requests.tools import ToolPlan
 from service.steering import intensity, readout
 from service.steering.manager import UNSTEERED, SteeringManager
 
@@ -142,6 +143,7 @@ class InferenceService:
         ignored = checks.check_fields(params, engine.kind_capabilities, caps)
         request_id = params.request_id or uuid.uuid4().hex
         checked = checks.check_params(params)
+        ignored.extend(checked.tools_unused)
         if checked.scoring:
             ignored.extend(checks.scoring_unused(params))
         checks.refuse_if_strict(params, ignored)
@@ -167,10 +169,11 @@ class InferenceService:
         if params.prompts is not None:
             checks.check_token_ids(params, info.vocab_size)
         checks.check_allowed_token_ids(params, info.vocab_size)
-        prompt_ids = await asyncio.to_thread(self._tokenize, engine, params)
+        prompt_ids = await asyncio.to_thread(self._tokenize, engine, params, checked.tools)
         grammar = None
-        if checked.constraint is not None:
-            grammar = await asyncio.to_thread(engine.grammar_for, checked.constraint)
+        constrained = checked.constraint or checked.tools  # never both (checks.py)
+        if constrained is not None:
+            grammar = await asyncio.to_thread(engine.grammar_for, constrained)
         groups = fit_groups(params, checked, prompt_ids, info.context_window)
         if activations is not None:
             readout.check_size(activations, len(groups[0].prompt_ids),
@@ -185,15 +188,27 @@ class InferenceService:
                          activations=activations)
 
     @staticmethod
-    def _tokenize(engine: Engine, params: GenerateParams) -> list[list[int]]:
+    def _tokenize(engine: Engine, params: GenerateParams,
+                  plan: ToolPlan | None) -> list[list[int]]:
         if params.messages is not None:
-            return [engine.encode_chat(*checks.continuation(turns))
+            return [InferenceService._encode_chat(engine, turns, plan)
                     for _, turns in params.conversations()]
         add_special = params.add_special_tokens is not False
         return [list(p) if isinstance(p, tuple)
                 else engine.encode_text(p, parse_special=params.parse_special_tokens,
                                         add_special=add_special)
                 for p in params.prompts]
+
+    @staticmethod
+    def _encode_chat(engine: Engine, turns, plan: ToolPlan | None) -> list[int]:
+        messages, partial = checks.continuation(turns)
+        if engine.renders_tools:
+            return engine.encode_chat(messages, partial,
+                                      plan.openai_tools() if plan is not None else None)
+        if plan is not None or any(t.tool_calls or t.role == "tool" for t in turns):
+            # A template that knows nothing of tools: they are written out as text.
+            messages = tools.plain_messages(messages, plan)
+        return engine.encode_chat(messages, partial)
 
     # -- embeddings -------------------------------------------------------------------
 

@@ -83,6 +83,15 @@ class Constraint:
         # One cache entry per distinct schema, however its keys were ordered.
         return self.kind + ":" + json.dumps(self.schema, sort_keys=True, separators=(",", ":"))
 
+    def compile(self, compiler):
+        if self.kind == JSON_OBJECT:
+            # Any object: properties of any name and value.
+            schema, strict = {"type": "object"}, False
+        else:
+            schema, strict = grammar_schema(self.schema), True
+        return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
+                                            separators=(",", ":"), strict_mode=strict)
+
 
 def _not_json(name: str):
     raise ValueError(f"{name} is not JSON")
@@ -288,13 +297,15 @@ class GrammarCache:
                                           vocab_size=len(token_bytes),
                                           stop_token_ids=stop_ids))
 
-    def get(self, constraint: Constraint):
-        key = constraint.key
+    def get(self, item):
+        """The compiled grammar of a Constraint or a tools.ToolPlan (anything
+        with a canonical `key` and a `compile(compiler)`)."""
+        key = item.key
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return self._entries[key]
-        grammar = self._compile(constraint)
+        grammar = self._compile(item)
         with self._lock:
             self._entries[key] = grammar
             self.compiled_total += 1
@@ -302,16 +313,9 @@ class GrammarCache:
                 self._entries.popitem(last=False)
         return grammar
 
-    def _compile(self, constraint: Constraint):
-        if constraint.kind == JSON_OBJECT:
-            # Any object: properties of any name and value.
-            schema, strict = {"type": "object"}, False
-        else:
-            schema, strict = grammar_schema(constraint.schema), True
+    def _compile(self, item):
         try:
-            return self._compiler.compile_json_schema(
-                json.dumps(schema), any_whitespace=False, separators=(",", ":"),
-                strict_mode=strict)
+            return item.compile(self._compiler)
         except Exception as exc:  # xgrammar raises plain RuntimeErrors (say, a bad pattern)
             raise unsupported("response_format", f"The schema could not be compiled into a "
                               f"grammar: {exc}") from None

@@ -75,7 +75,11 @@ VALUES: dict[str, dict[str, dict]] = {
     "steering": {"*": {"steering": [{"layer": 1, "feature": 3, "strength": 6}]}},
     "dimensions": {"*": {"dimensions": 8}},
     "tools": {"*": {"tools": [TOOL]}},
-    "tool_choice": {"*": {"tool_choice": "auto"}},
+    # tool_choice and parallel_tool_calls act on tools (alone they are reported).
+    "tool_choice": {"chat": {"tool_choice": "auto", "tools": [TOOL]},
+                    "*": {"tool_choice": "auto"}},
+    "parallel_tool_calls": {"chat": {"parallel_tool_calls": False, "tools": [TOOL]},
+                            "*": {"parallel_tool_calls": False}},
     "functions": {"*": {"functions": [TOOL["function"]]}},
     "function_call": {"*": {"function_call": "auto"}},
     "logit_bias": {"*": {"logit_bias": {"5": 10}}},
@@ -210,7 +214,7 @@ def test_capability_row_matches_behaviour(stacks, tables, model, field, route):
 
 # -- several refused fields at once -----------------------------------------------------------
 
-REFUSED_TOGETHER = {"tools": [TOOL], "tool_choice": "auto", "logit_bias": {"5": 10},
+REFUSED_TOGETHER = {"dimensions": 8, "suffix": "x", "logit_bias": {"5": 10},
                     "functions": [TOOL["function"]]}
 
 
@@ -230,5 +234,5 @@ def test_several_refused_fields_name_one_param(stacks):
             assert (reply.status_code, error["code"]) == (400, "field_not_honoured")
             assert error["param"] in REFUSED_TOGETHER
             seen[(model, tuple(order))] = error["param"]
-    assert set(seen.values()) == {"tools"}, json.dumps(
+    assert set(seen.values()) == {"dimensions"}, json.dumps(
         {f"{m} {','.join(o)}": p for (m, o), p in seen.items()}, indent=1)

@@ -14,11 +14,46 @@ class TextContentPart(OpenAIBaseModel):
     text: str | None = None
 
 
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    # A JSON object as a string (the engine checks that it parses).
+    arguments: str
+
+
+class MessageToolCall(OpenAIBaseModel):
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIBaseModel):
     # Any string: the engine decides which roles exist and names the bad one.
     role: str
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionSpec(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(OpenAIBaseModel):
+    type: str
+    function: FunctionSpec | None = None
+
+
+class NamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    type: str
+    function: NamedFunction | None = None
 
 
 class JsonSchemaSpec(OpenAIBaseModel):
@@ -41,3 +76,6 @@ class ChatCompletionRequest(GenerationFields):
     top_logprobs: int | None = None
     # miLLM extension: more conversations, each answered as its own choices.
     extra_messages: list[list[ChatMessage]] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: str | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None

@@ -7,6 +7,7 @@ import json
 from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.errors import OpenAIError
 from rest_bridge.protocol.chat import ChatCompletionRequest, ChatMessage, ResponseFormat
+from rest_bridge.serving import tool_calls
 from rest_bridge.serving.generation import GenerationHandler, sampling_to_pb
 from rest_bridge.serving.logprobs import chat_content
 
@@ -48,6 +49,8 @@ def _chat_input(turns: list[ChatMessage], where: str) -> generation_pb2.ChatInpu
             role=ROLES.get(m.role, generation_pb2.ROLE_UNSPECIFIED),
             content=_content_text(m, i, where),
             name=m.name or "",
+            tool_calls=tool_calls.message_calls(m, f"{where}[{i}]"),
+            tool_call_id=m.tool_call_id or "",
         )
         for i, m in enumerate(turns)
     ])
@@ -93,6 +96,7 @@ class ChatCompletionHandler(GenerationHandler):
             pb.extra_chats.append(_chat_input(turns, f"extra_messages[{k}]"))
         if request.response_format is not None:
             pb.response_format.CopyFrom(_response_format(request.response_format))
+        tool_calls.add_to_request(request, pb)
         if request.logprobs:
             pb.sampling.logprobs = request.top_logprobs or 0
         elif request.top_logprobs:
@@ -120,13 +124,21 @@ class ChatCompletionHandler(GenerationHandler):
                 "refusal": None}
 
     def final_choice(self, reply, index: int, text: str, finish: str | None,
-                     scores: list) -> dict:
+                     scores: list, calls: list[dict] = ()) -> dict:
+        message = {"role": "assistant", "content": text if text or not calls else None,
+                   "refusal": None}
+        if calls:
+            message["tool_calls"] = list(calls)
         return {
             "index": index,
-            "message": {"role": "assistant", "content": text, "refusal": None},
+            "message": message,
             "logprobs": self._logprobs(reply, scores),
             "finish_reason": finish,
         }
+
+    def tool_call_choice(self, reply, index: int, fragments) -> dict | None:
+        return {"index": index, "delta": {"tool_calls": tool_calls.stream_fragments(fragments)},
+                "logprobs": None, "finish_reason": None}
 
     def opening_choices(self, reply, count: int) -> list[dict]:
         return [

@@ -23,7 +23,7 @@ from rest_bridge.access import call_metadata, request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth, wire_int64
-from rest_bridge.serving import ignored_fields, sse, steering_fields
+from rest_bridge.serving import ignored_fields, sse, steering_fields, tool_calls
 from rest_bridge.serving.disconnect import unless_disconnected
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 FINISH_REASONS = {
     generation_pb2.FINISH_REASON_STOP: "stop",
     generation_pb2.FINISH_REASON_LENGTH: "length",
+    generation_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 SEED_SCOPES = {
     generation_pb2.SEED_SCOPE_REQUEST: "request",
@@ -105,6 +106,8 @@ class Accumulated:
     texts: dict[int, list[str]] = field(default_factory=dict)
     finish: dict[int, str] = field(default_factory=dict)
     scores: dict[int, list] = field(default_factory=dict)
+    # Tool calls by choice, then by call index (OpenAI's message.tool_calls entries).
+    calls: dict[int, dict[int, dict]] = field(default_factory=dict)
     usage: generation_pb2.Usage | None = None
     activations: object = None  # steering_pb2.SaeActivations, when asked for
 
@@ -147,6 +150,10 @@ class GenerationHandler(abc.ABC):
     @abc.abstractmethod
     def delta_choice(self, reply: Reply, index: int, text: str, finish: str | None,
                      scores: list) -> dict: ...
+
+    def tool_call_choice(self, reply: Reply, index: int, fragments) -> dict | None:
+        """A streamed chunk choice for tool-call fragments (chat only)."""
+        return None
 
     def relabel(self, error: OpenAIError) -> OpenAIError:
         """An engine error's param as this route's JSON names it."""
@@ -236,6 +243,8 @@ class GenerationHandler(abc.ABC):
                 for delta in message.choices:
                     acc.texts.setdefault(delta.index, []).append(delta.text)
                     acc.scores.setdefault(delta.index, []).extend(delta.logprobs)
+                    if delta.tool_calls:
+                        tool_calls.fold(acc.calls.setdefault(delta.index, {}), delta.tool_calls)
                     if delta.finish_reason:
                         acc.finish[delta.index] = FINISH_REASONS[delta.finish_reason]
                 if message.HasField("usage"):
@@ -252,11 +261,14 @@ class GenerationHandler(abc.ABC):
         indices = sorted(set(acc.texts) | set(acc.finish))
         body = self._base(meta)
         body["system_fingerprint"] = meta.system_fingerprint
-        body["choices"] = [
-            self.final_choice(reply, i, "".join(acc.texts.get(i, [])), acc.finish.get(i),
-                              acc.scores.get(i, []))
-            for i in indices
-        ]
+        body["choices"] = []
+        for i in indices:
+            extra = {}
+            if acc.calls.get(i):
+                extra["calls"] = [acc.calls[i][k] for k in sorted(acc.calls[i])]
+            body["choices"].append(self.final_choice(
+                reply, i, "".join(acc.texts.get(i, [])), acc.finish.get(i),
+                acc.scores.get(i, []), **extra))
         usage = acc.usage or generation_pb2.Usage(prompt_tokens=meta.prompt_tokens)
         body["usage"] = self.usage_json(usage)
         if acc.activations is not None:
@@ -297,6 +309,9 @@ class GenerationHandler(abc.ABC):
                     if delta.text or scores:
                         events.append(chunk([self.delta_choice(reply, delta.index, delta.text,
                                                                None, scores)]))
+                    if delta.tool_calls:
+                        events.append(chunk([self.tool_call_choice(reply, delta.index,
+                                                                   delta.tool_calls)]))
                     if finish:
                         events.append(chunk([self.delta_choice(reply, delta.index, "", finish,
                                                                [])]))

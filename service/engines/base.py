@@ -138,10 +138,17 @@ class Engine(abc.ABC):
     def has_chat_template(self) -> bool:
         """Whether the model brought its own chat template (else ChatML is used)."""
 
+    @property
     @abc.abstractmethod
-    def encode_chat(self, messages: list[dict[str, str]], partial: str | None = None) -> list[int]:
-        """Render a conversation with the chat template and its generation
-        prompt, append `partial` (an answer to continue) raw, and tokenize."""
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders `tools` and tool turns itself."""
+
+    @abc.abstractmethod
+    def encode_chat(self, messages: list[dict], partial: str | None = None,
+                    tools: list[dict] | None = None) -> list[int]:
+        """Render a conversation (Hugging Face template shape, tool turns
+        included) with the chat template, `tools` and its generation prompt,
+        append `partial` (an answer to continue) raw, and tokenize."""
 
     @abc.abstractmethod
     def encode_text(self, text: str, parse_special: bool = False,

@@ -23,6 +23,18 @@ if TYPE_CHECKING:
 class FinishReason:
     STOP = "stop"
     LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+
+
+@dataclass(frozen=True)
+class ToolCallFragment:
+    """A piece of a streamed tool call (generation/tool_calls.py): the first
+    of a call carries its id and name, later ones pieces of its arguments."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,7 @@ class ChoiceDelta:
     finish_reason: str | None = None
     # engines.scores.TokenScore per text-bearing token, when logprobs were asked for.
     logprobs: tuple = ()
+    tool_calls: tuple[ToolCallFragment, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,7 @@ def merge_steps(first: StepOutput, second: StepOutput) -> StepOutput:
         merged[d.index] = d if before is None else ChoiceDelta(
             d.index, before.text + d.text, before.token_ids + d.token_ids,
             d.finish_reason or before.finish_reason, before.logprobs + d.logprobs,
+            before.tool_calls + d.tool_calls,
         )
     return StepOutput(tuple(merged.values()))
 

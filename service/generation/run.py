@@ -24,6 +24,7 @@ from service.generation.events import (
     GenerationStarted,
 )
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob, StepOutput
+from service.generation.tool_calls import ToolCalls
 from service.models.lifecycle import Lease
 from service.requests.generation import ValidatedGeneration
 from service.steering import readout
@@ -72,9 +73,12 @@ class Generation:
             if not spec.echo:
                 yield self.started()
             documents = DocumentCheck(spec.constraint) if spec.constraint else None
+            calls = ToolCalls(spec.tools) if spec.tools else None
             async for step in job.events():
                 if documents is not None:
                     documents.check(step)
+                if calls is not None:
+                    step = calls.apply(step)
                 yield step
         finally:
             # Closed before or between events: the model thread drops the job.

@@ -23,6 +23,7 @@ from service.errors import (
 )
 from service.requests import fields
 from service.requests.params import CHAT_ROLES, GenerateParams
+from service.requests.tools import ToolPlan, check_history, check_tools, template_message
 from service.sampling import SamplingOptions
 from service.structured_output import (
     JSON_OBJECT,
@@ -61,6 +62,9 @@ class CheckedParams:
     # Scoring mode: one forward pass per prompt, the most probable token answers.
     scoring: bool = False
     echo: bool = False
+    # Tool calling (requests/tools.py), and tool fields that went unused.
+    tools: ToolPlan | None = None
+    tools_unused: tuple[str, ...] = ()
 
 
 def _number(
@@ -105,6 +109,7 @@ def check_input(params: GenerateParams) -> None:
                         f"{where}[{i}].role",
                         f"'{where}[{i}].role' must be one of {', '.join(CHAT_ROLES)}.",
                     )
+        check_history(params.conversations())
     else:
         if not params.prompts:
             raise invalid_parameter("prompt", "'prompt' must not be empty.")
@@ -260,8 +265,33 @@ def check_params(params: GenerateParams) -> CheckedParams:
     if scoring and constraint is not None:
         raise invalid_scoring_request("response_format", "Scoring reads the model's own "
                                       "distribution; 'response_format' cannot apply to it.")
+    tools_unused: list[str] = []
+    plan = check_tools(params.tools, params.tool_choice, params.parallel_tool_calls,
+                       tools_unused)
+    if plan is not None:
+        check_tool_combinations(params, scoring, constraint)
     return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed,
-                         params.ignore_eos, constraint, params.logprobs, scoring, params.echo)
+                         params.ignore_eos, constraint, params.logprobs, scoring, params.echo,
+                         plan, tuple(tools_unused))
+
+
+def check_tool_combinations(params: GenerateParams, scoring: bool,
+                            constraint: Constraint | None) -> None:
+    """What cannot go with calls (yet): each refusal names the other field."""
+    if scoring:
+        raise invalid_scoring_request("tools", "Scoring reads the model's own distribution; "
+                                      "'tools' cannot apply to it.")
+    if constraint is not None:
+        raise invalid_parameter("response_format", "'response_format' cannot be combined with "
+                                "'tools' yet; use a forced tool_choice for a structured answer.")
+    if params.stop:
+        # A stop string could cut a call short.
+        raise invalid_parameter("stop", "'stop' cannot be combined with 'tools'.")
+    if params.ignore_eos:
+        raise invalid_parameter("ignore_eos", "'ignore_eos' cannot be combined with 'tools': "
+                                "a finished call must end the choice.")
+    if params.logprobs is not None:
+        raise invalid_parameter("logprobs", "'logprobs' cannot be combined with 'tools' yet.")
 
 
 def check_readout_shape(params: GenerateParams) -> None:
@@ -329,12 +359,9 @@ def continuation(turns) -> tuple[list[dict[str, str]], str | None]:
     to continue (a client's Continue button): rendering it as a closed turn
     would make the model start a new answer instead.
     """
-    messages = [
-        # OpenAI's developer role is the system role for templates.
-        {"role": "system" if t.role == "developer" else t.role, "content": t.content}
-        for t in turns
-    ]
-    if messages and messages[-1]["role"] == "assistant":
+    # OpenAI's developer role is the system role for templates.
+    messages = [template_message(t) for t in turns]
+    if messages and messages[-1]["role"] == "assistant" and "tool_calls" not in messages[-1]:
         if len(messages) == 1:
             # Nothing before the partial answer: no template renders an empty
             # conversation (HF's refuses it), so this is the caller's to fix.

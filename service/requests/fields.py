@@ -131,8 +131,14 @@ RULES: dict[str, FieldRule] = {
                                         "read on the transformers engine only"),
     "steering": FieldRule(why="per-request steering vectors are " + NOT_YET),
     "dimensions": FieldRule(why="embeddings with chosen dimensions are " + NOT_YET),
-    "tools": FieldRule(no_change=([],), why="tool calling is not supported"),
-    "tool_choice": FieldRule(no_change=("none",), why="tool calling is not supported"),
+    # Calls are constrained by the same grammar masks as response_format.
+    "tools": FieldRule({CHAT: "grammar"}, no_change=([],), why="tool calling is served on "
+                       "chat completions only", why_engine="this engine cannot constrain calls"),
+    "tool_choice": FieldRule({CHAT: "grammar"}, no_change=("none",), why="tool calling is "
+                             "served on chat completions only",
+                             why_engine="this engine cannot constrain calls"),
+    "parallel_tool_calls": FieldRule({CHAT: "grammar"}, frozenset({COMPLETIONS, EMBEDDINGS}),
+                                     why_engine="this engine cannot constrain calls"),
     "functions": FieldRule(no_change=([],), why="function calling is not supported"),
     "function_call": FieldRule(no_change=("none",), why="function calling is not supported"),
     "logit_bias": FieldRule(no_change=({},), why="logit bias is not supported"),

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from service.errors import context_length_exceeded, invalid_parameter
 from service.requests.checks import CheckedParams, invalid_scoring_request
 from service.requests.params import GenerateParams
+from service.requests.tools import ToolPlan
 from service.sampling import SamplingOptions
 from service.structured_output import Constraint
 
@@ -72,6 +73,8 @@ class ValidatedGeneration:
     circuit_rung: int | None = None
     # return_sae_activations, checked.
     activations: ActivationSpec | None = None
+    # Tool calling: the tools and the choice (its grammar is `grammar`).
+    tools: ToolPlan | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -164,6 +167,7 @@ def validated(params: GenerateParams, checked: CheckedParams, groups: tuple[Prom
         steering_echo=steering.echo if steering else None,
         circuit_rung=steering.rung if steering else None,
         activations=activations,
+        tools=checked.tools,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.requests.fields import CHAT, COMPLETIONS
+from service.requests.tools import FunctionTool, ToolCallRecord, ToolChoice
 from service.steering.readout import ActivationRequest
 
 # OpenAI's message roles; the contract's Role enum maps onto them one to one.
@@ -22,6 +23,8 @@ class ChatTurn:
     role: str  # one of CHAT_ROLES, or "" when the caller left it unset
     content: str
     name: str = ""
+    tool_calls: tuple[ToolCallRecord, ...] = ()  # an assistant turn's calls
+    tool_call_id: str = ""  # a tool turn: the call it answers
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ class GenerateParams:
     profile: str | None = None
     steering_intensity: float | str | None = None
     sae_activations: ActivationRequest | None = None
+    # Chat only: functions the model may call, and how.
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @property
     def input_param(self) -> str:
@@ -104,6 +111,8 @@ class GenerateParams:
             "steering_intensity": self.steering_intensity,
             "return_sae_activations": self.sae_activations,
             "add_special_tokens": self.add_special_tokens,
+            "tools": self.tools or None, "tool_choice": self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
         }
         sent = {name: value for name, value in contract.items() if value is not None}
         sent.update(self.extra_fields)

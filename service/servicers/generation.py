@@ -21,6 +21,7 @@ from service.generation.events import (
 )
 from service.generation.job import FinishReason, StepOutput
 from service.inference import InferenceService
+from service.requests import tools
 from service.requests.params import ChatTurn, GenerateParams, ResponseFormat
 from service.servicers.error_handling import stream_errors
 from service.steering import readout, runtime
@@ -43,6 +44,13 @@ _FINISH = {
     None: generation_pb2.FINISH_REASON_UNSPECIFIED,
     FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: generation_pb2.FINISH_REASON_LENGTH,
+    FinishReason.TOOL_CALLS: generation_pb2.FINISH_REASON_TOOL_CALLS,
+}
+_TOOL_CHOICES = {
+    generation_pb2.TOOL_CHOICE_MODE_NONE: tools.NONE,
+    generation_pb2.TOOL_CHOICE_MODE_AUTO: tools.AUTO,
+    generation_pb2.TOOL_CHOICE_MODE_REQUIRED: tools.REQUIRED,
+    generation_pb2.TOOL_CHOICE_MODE_FUNCTION: tools.FUNCTION,
 }
 
 
@@ -59,8 +67,25 @@ def add_special_from_pb(prompt: generation_pb2.PromptInput) -> bool | None:
 
 
 def turns_from_pb(chat: generation_pb2.ChatInput) -> tuple[ChatTurn, ...]:
-    return tuple(ChatTurn(role=_ROLES.get(m.role, ""), content=m.content, name=m.name)
+    return tuple(ChatTurn(role=_ROLES.get(m.role, ""), content=m.content, name=m.name,
+                          tool_calls=tuple(tools.ToolCallRecord(c.id, c.name, c.arguments_json)
+                                           for c in m.tool_calls),
+                          tool_call_id=m.tool_call_id)
                  for m in chat.messages)
+
+
+def tools_from_pb(request) -> tuple[tuple[tools.FunctionTool, ...], tools.ToolChoice | None]:
+    functions = tuple(tools.FunctionTool(t.name, t.description, t.parameters_json,
+                                         t.strict if t.HasField("strict") else None)
+                      for t in request.tools)
+    choice = None
+    if request.HasField("tool_choice"):
+        mode = _TOOL_CHOICES.get(request.tool_choice.mode)
+        if mode is None:  # unspecified: auto with tools, as if unset
+            mode = tools.AUTO if functions else None
+        if mode is not None:
+            choice = tools.ToolChoice(mode, request.tool_choice.function_name)
+    return functions, choice
 
 
 def _extra_fields(request) -> dict:
@@ -151,8 +176,13 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         messages = turns_from_pb(request.chat)
     elif which == "prompt":
         prompts = tuple(prompt_from_pb(p) for p in request.prompt.prompts)
+    functions, choice = tools_from_pb(request)
     return GenerateParams(
         model=request.model,
+        tools=functions,
+        tool_choice=choice,
+        parallel_tool_calls=(request.parallel_tool_calls
+                             if request.HasField("parallel_tool_calls") else None),
         messages=messages,
         prompts=prompts,
         temperature=_opt(s, "temperature"),
@@ -233,6 +263,9 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
                     token_ids=d.token_ids,
                     finish_reason=_FINISH[d.finish_reason],
                     logprobs=[score_to_pb(x) for x in d.logprobs],
+                    tool_calls=[generation_pb2.ToolCallDelta(
+                        index=f.index, id=f.id, name=f.name, arguments=f.arguments)
+                        for f in d.tool_calls],
                 )
                 for d in event.deltas
             ]

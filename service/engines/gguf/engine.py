@@ -80,6 +80,7 @@ class GgufEngine(Engine):
         self._readers: Readers | None = None
         self.info: LoadedModel | None = None
         self._formatter = None
+        self._template = ""
         self._template_from_file = False
         self._token_bytes: list[bytes] = []
         self._special_tokens: tuple[str, ...] = ()
@@ -130,6 +131,7 @@ class GgufEngine(Engine):
             for i in self._control} - {""}))
         template = llm.metadata.get("tokenizer.chat_template")
         self._template_from_file = bool(template)
+        self._template = template or CHATML
         # A file may have no BOS (or EOS): llama.cpp says -1, and the template gets "".
         eos, bos = (token_piece(vocab, i, special=True).decode("utf-8", "replace")
                     if 0 <= i < n_vocab else "" for i in (llm.token_eos(), llm.token_bos()))
@@ -159,11 +161,16 @@ class GgufEngine(Engine):
     def has_chat_template(self) -> bool:
         return self._template_from_file
 
-    def encode_chat(self, messages: list[dict[str, str]], partial: str | None = None) -> list[int]:
+    @property
+    def renders_tools(self) -> bool:
+        return "tools" in self._template
+
+    def encode_chat(self, messages: list[dict], partial: str | None = None,
+                    tools: list[dict] | None = None) -> list[int]:
         from jinja2 import TemplateError
 
         try:
-            rendered = self._formatter(messages=messages).prompt
+            rendered = self._formatter(messages=messages, tools=tools).prompt
         except TemplateError as exc:
             raise invalid_parameter("messages", f"The chat template refused the "
                                     f"conversation: {exc}") from None
@@ -296,7 +303,9 @@ class GgufEngine(Engine):
         llm.eval(prompt[cached:])
         seed = group.row_seeds[0] & 0xFFFFFFFF
         sampler = self._sampler(spec, seed)
-        mask = (GrammarMask(spec.grammar, llm.n_vocab(), self._control_char_ids)
+        # A JSON document holds no raw control character; a tool call's syntax has newlines.
+        mask = (GrammarMask(spec.grammar, llm.n_vocab(),
+                            self._control_char_ids if spec.constraint is not None else [])
                 if spec.grammar is not None else None)
         detokenizer = ByteLevelDetokenizer(self._token_bytes)
         stopper = StopMatcher(spec.stop)

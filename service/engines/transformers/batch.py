@@ -118,6 +118,9 @@ class Row:
             import xgrammar
 
             self.matcher = xgrammar.GrammarMatcher(spec.grammar)
+        # A JSON document holds no raw control character; a tool call's
+        # syntax has newlines, and `auto` lets the model write free text.
+        self.bans_controls = spec.constraint is not None
         self.logprobs = spec.logprobs  # alternatives per token; None: not asked for
         self.generated = 0
         self.last_token = -1
@@ -196,8 +199,9 @@ def _apply_grammar_masks(ctx: ModelContext, rows, logits: torch.Tensor, constrai
     ctx.batch_matcher.batch_fill_next_token_bitmask(
         [rows[i].matcher for i in constrained], bitmask, indices=constrained)
     xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=constrained)
-    if ctx.control_ids is not None and len(ctx.control_ids):
-        rows_index = torch.tensor(constrained, dtype=torch.long, device=logits.device)
+    banning = [i for i in constrained if rows[i].bans_controls]
+    if banning and ctx.control_ids is not None and len(ctx.control_ids):
+        rows_index = torch.tensor(banning, dtype=torch.long, device=logits.device)
         logits[rows_index.unsqueeze(1), ctx.control_ids.unsqueeze(0)] = float("-inf")
 
 

@@ -129,15 +129,20 @@ class TransformersEngine(Engine):
     def special_tokens(self) -> tuple[str, ...]:
         return self._special_tokens
 
-    def encode_chat(self, messages: list[dict[str, str]], partial: str | None = None) -> list[int]:
+    @property
+    def renders_tools(self) -> bool:
+        return "tools" in (self.tokenizer.chat_template or CHATML)
+
+    def encode_chat(self, messages: list[dict], partial: str | None = None,
+                    tools: list[dict] | None = None) -> list[int]:
         from jinja2 import TemplateError
 
         template = None if self.tokenizer.chat_template else CHATML
         with self._encode_lock:
             try:
                 text = self.tokenizer.apply_chat_template(
-                    messages, chat_template=template, add_generation_prompt=True, tokenize=False
-                )
+                    messages, chat_template=template, add_generation_prompt=True, tokenize=False,
+                    tools=tools)
             except TemplateError as exc:
                 # Templates refuse conversations they cannot render (say, roles
                 # that do not alternate): the caller's to fix.

@@ -1,0 +1,195 @@
+"""Tool calls parsed out of a choice's text as it streams.
+
+The grammar (requests/tools.py) holds every call to one syntax:
+
+    <tool_call>
+    {"name": "<function>", "arguments": <JSON object>}
+    </tool_call>
+
+so a small state machine per choice can split the text into content and
+call fragments without ever letting half a call into the content: text that
+could still become `<tool_call>` is held back until it cannot (as stop
+sequences are). A call's first fragment carries its index, id and name; its
+arguments follow in pieces as they are generated. Each finished call's
+arguments are validated against the tool's schema before the choice may end
+with finish_reason "tool_calls" (the rule structured output follows).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from dataclasses import dataclass, replace
+
+from service.errors import EngineError
+from service.generation.job import ChoiceDelta, FinishReason, StepOutput, ToolCallFragment
+from service.requests.tools import CALL_CLOSE, CALL_OPEN, ToolPlan
+
+log = logging.getLogger(__name__)
+
+TEXT, LITERAL, NAME, ARGUMENTS = "text", "literal", "name", "arguments"
+AFTER_OPEN = '\n{"name": "'
+BEFORE_ARGUMENTS = ', "arguments": '  # after the name's closing quote
+AFTER_ARGUMENTS = "}\n" + CALL_CLOSE
+
+
+def invalid_call(message: str) -> EngineError:
+    return EngineError("constrained_output_invalid", message)
+
+
+@dataclass
+class _Call:
+    id: str
+    name: str = ""
+    arguments: str = ""
+
+
+class ChoiceCalls:
+    """One choice's parser."""
+
+    def __init__(self, plan: ToolPlan):
+        self.plan = plan
+        self.state = TEXT
+        self.pending = ""  # text not yet known to be content
+        self.literal, self.then = "", TEXT
+        self.calls: list[_Call] = []
+        self.depth, self.in_string, self.escaped = 0, False, False
+        self.finished_calls = 0
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallFragment]]:
+        content, fragments = [], []
+        for c in text:
+            self._step(c, content, fragments)
+        if self.state == TEXT:
+            content.append(self._release())
+        return "".join(content), _merged(fragments)
+
+    def _release(self) -> str:
+        """Pending text that can no longer start a call; whitespace alone is
+        held (it is dropped when only calls follow)."""
+        keep = next((k for k in range(min(len(CALL_OPEN) - 1, len(self.pending)), 0, -1)
+                     if CALL_OPEN.startswith(self.pending[-k:])), 0)
+        ready = self.pending[:len(self.pending) - keep]
+        if not ready.strip():
+            return ""
+        self.pending = self.pending[len(ready):]
+        return ready
+
+    def _step(self, c: str, content: list[str], fragments: list[ToolCallFragment]) -> None:
+        if self.state == TEXT:
+            self.pending += c
+            if self.pending.endswith(CALL_OPEN):
+                before = self.pending[:-len(CALL_OPEN)]
+                if before.strip():  # whitespace around calls is not content
+                    content.append(before)
+                self.pending = ""
+                self.calls.append(_Call("call_" + secrets.token_hex(12)))
+                self._expect(AFTER_OPEN, NAME)
+        elif self.state == LITERAL:
+            if c != self.literal[0]:
+                raise invalid_call(f"Tool call {len(self.calls) - 1} is not in the call syntax.")
+            self.literal = self.literal[1:]
+            if not self.literal:
+                self.state = self.then
+                if self.then == TEXT:
+                    self.finished_calls += 1
+        elif self.state == NAME:
+            call = self.calls[-1]
+            if c != '"':
+                call.name += c
+                return
+            if self.plan.schema_of(call.name) is None:
+                raise invalid_call(f"Tool call {len(self.calls) - 1} names '{call.name}', "
+                                   "which is not among the tools.")
+            fragments.append(ToolCallFragment(len(self.calls) - 1, call.id, call.name, ""))
+            self._expect(BEFORE_ARGUMENTS, ARGUMENTS)
+            self.depth, self.in_string, self.escaped = 0, False, False
+        else:
+            self._argument(c, fragments)
+
+    def _argument(self, c: str, fragments: list[ToolCallFragment]) -> None:
+        call = self.calls[-1]
+        call.arguments += c
+        fragments.append(ToolCallFragment(len(self.calls) - 1, arguments=c))
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif c == "\\":
+                self.escaped = True
+            elif c == '"':
+                self.in_string = False
+        elif c == '"':
+            self.in_string = True
+        elif c in "{[":
+            self.depth += 1
+        elif c in "}]":
+            self.depth -= 1
+            if self.depth == 0:
+                self._check(call)
+                self._expect(AFTER_ARGUMENTS, TEXT)
+
+    def _expect(self, literal: str, then: str) -> None:
+        self.state, self.literal, self.then = LITERAL, literal, then
+
+    def _check(self, call: _Call) -> None:
+        import jsonschema
+
+        index = len(self.calls) - 1
+        try:
+            arguments = json.loads(call.arguments)
+        except ValueError as exc:
+            raise invalid_call(f"Tool call {index}'s arguments are not JSON ({exc}).") from None
+        validator = jsonschema.Draft202012Validator(
+            self.plan.schema_of(call.name),
+            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+        if error is not None:
+            # The message can quote the output: it goes to the caller only.
+            log.error("tool call arguments failed validation")
+            raise invalid_call(f"Tool call {index}'s arguments fail the schema of "
+                               f"'{call.name}': {error.message}.")
+
+    def finish(self, reason: str | None) -> tuple[str, str | None]:
+        """(content still held, the choice's finish reason)."""
+        if self.state != TEXT and reason == FinishReason.STOP:
+            raise invalid_call(f"Tool call {len(self.calls) - 1} ended unfinished.")
+        held = self.pending if self.state == TEXT else ""
+        if self.finished_calls and not held.strip():
+            held = ""
+        self.pending = ""
+        if reason == FinishReason.STOP and self.finished_calls:
+            return held, FinishReason.TOOL_CALLS
+        return held, reason
+
+
+def _merged(fragments: list[ToolCallFragment]) -> list[ToolCallFragment]:
+    """Consecutive argument pieces of one call as one fragment."""
+    out: list[ToolCallFragment] = []
+    for f in fragments:
+        if out and not f.id and out[-1].index == f.index:
+            out[-1] = replace(out[-1], arguments=out[-1].arguments + f.arguments)
+        else:
+            out.append(f)
+    return out
+
+
+class ToolCalls:
+    """Every choice's parser for one generation, applied to its steps."""
+
+    def __init__(self, plan: ToolPlan):
+        self.plan = plan
+        self.choices: dict[int, ChoiceCalls] = {}
+
+    def apply(self, step: StepOutput) -> StepOutput:
+        deltas = []
+        for d in step.deltas:
+            parser = self.choices.setdefault(d.index, ChoiceCalls(self.plan))
+            content, fragments = parser.feed(d.text)
+            reason = d.finish_reason
+            if reason is not None:
+                held, reason = parser.finish(reason)
+                content += held
+            deltas.append(ChoiceDelta(d.index, content, d.token_ids, reason, d.logprobs,
+                                      tuple(fragments)))
+        return StepOutput(tuple(deltas))

@@ -1,0 +1,216 @@
+"""Tool calling: a request's tools, its tool choice and its tool history,
+checked and turned into a ToolPlan the engines constrain with.
+
+The calls are written in one syntax, whatever the model (Hermes style, which
+Qwen 2.5/3, Hermes and the demo model's templates use):
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+xgrammar's ready-made "qwen_3" structural tag constrains exactly that: for a
+forced or required choice the whole output, for `auto` each call once the
+model opens one (its trigger is `<tool_call>`), with at most one call when
+parallel_tool_calls is false. generation/tool_calls.py parses the calls back
+out of the text. A template that renders tools itself gets them natively; any
+other gets them described in a system turn in this syntax (`plain_messages`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from service.errors import EngineError, invalid_parameter
+from service.structured_output import NAME_PATTERN, check_schema
+
+MAX_TOOLS = 128
+NONE, AUTO, REQUIRED, FUNCTION = "none", "auto", "required", "function"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    name: str
+    description: str = ""
+    parameters_json: str = ""  # as sent; empty: any object
+    strict: bool | None = None
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: str  # NONE, AUTO, REQUIRED or FUNCTION
+    name: str = ""  # the function a FUNCTION choice names
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """A call in the conversation's history (an assistant message's)."""
+
+    id: str
+    name: str
+    arguments_json: str
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """The tools a generation may call, and how; the key of its grammar."""
+
+    tools: tuple[tuple[str, str, dict], ...]  # (name, description, parameters schema)
+    mode: str  # AUTO, REQUIRED or FUNCTION
+    name: str = ""
+    parallel: bool = True
+
+    @property
+    def key(self) -> str:
+        return "tools:" + json.dumps([self.tools, self.mode, self.name, self.parallel],
+                                     sort_keys=True, separators=(",", ":"))
+
+    def schema_of(self, name: str) -> dict | None:
+        return next((schema for n, _, schema in self.tools if n == name), None)
+
+    def openai_tools(self) -> list[dict]:
+        """The tools in OpenAI's (and Hugging Face templates') shape."""
+        return [{"type": "function", "function": {"name": name, "description": description,
+                                                  "parameters": schema}}
+                for name, description, schema in self.tools]
+
+    def compile(self, compiler):
+        import xgrammar
+
+        from service.structured_output import grammar_schema
+
+        tools = [{"type": "function", "function": {"name": name, "parameters":
+                                                   grammar_schema(schema)}}
+                 for name, _, schema in self.tools]
+        choice = ({"type": "function", "function": {"name": self.name}}
+                  if self.mode == FUNCTION else self.mode)
+        # Whitespace inside the arguments is capped: a small model left free
+        # to write blank lines there can fill max_tokens with them.
+        tag = xgrammar.get_model_structural_tag(
+            "qwen_3", tools=tools, tool_choice=choice, reasoning="disabled",
+            parallel_tool_calls=self.parallel, max_whitespace_cnt=1)
+        return compiler.compile_structural_tag(tag)
+
+
+def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
+                parallel: bool | None, unused: list[str]) -> ToolPlan | None:
+    """The plan a chat request's tools make, or None when nothing is called
+    (no tools, or tool_choice none: then what went unused is appended to
+    `unused`, never refused)."""
+    if not tools:
+        if choice is not None and choice.mode != NONE:  # "none" asks for nothing
+            unused.append("tool_choice")
+        if parallel is not None:
+            unused.append("parallel_tool_calls")
+        return None
+    if len(tools) > MAX_TOOLS:
+        raise invalid_parameter("tools", f"'tools' takes at most {MAX_TOOLS} tools; got "
+                                f"{len(tools)}.")
+    mode = choice.mode if choice is not None else AUTO
+    if mode == NONE:
+        unused.append("tools")
+        if parallel is not None:
+            unused.append("parallel_tool_calls")
+        return None
+    checked, seen = [], set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}].function"
+        if not NAME_PATTERN.fullmatch(tool.name):
+            raise invalid_parameter(f"{where}.name", f"'{where}.name' must be 1 to 64 letters, "
+                                    "digits, '_' or '-'.")
+        if tool.name in seen:
+            raise invalid_parameter(f"{where}.name", f"Two tools are named '{tool.name}'; "
+                                    "function names must be unique.")
+        seen.add(tool.name)
+        schema = (_tool_schema(tool.parameters_json, f"{where}.parameters")
+                  if tool.parameters_json else {"type": "object"})
+        checked.append((tool.name, tool.description, schema))
+    name = ""
+    if mode == FUNCTION:
+        name = choice.name
+        if name not in seen:
+            raise invalid_parameter("tool_choice.function.name", f"'tool_choice' names "
+                                    f"'{name}', which is not among the tools.")
+    return ToolPlan(tuple(checked), mode, name, parallel is not False)
+
+
+def _tool_schema(parameters_json: str, param: str) -> dict:
+    """A tool's parameters, held to the structured-output subset; refusals name
+    the tool's parameters and the pointer within them."""
+    try:
+        schema = check_schema(parameters_json)
+    except EngineError as exc:
+        raise EngineError(exc.code, f"'{param}': {exc.message}", param) from None
+    if schema.get("type", "object") != "object":
+        raise invalid_parameter(param, f"'{param}' must describe an object (type: object).")
+    return schema
+
+
+def check_history(conversations) -> None:
+    """Assistant tool calls carry JSON-object arguments, and every tool message
+    answers a call made earlier in its conversation."""
+    for where, turns in conversations:
+        called: set[str] = set()
+        for i, turn in enumerate(turns):
+            for j, call in enumerate(turn.tool_calls):
+                param = f"{where}[{i}].tool_calls[{j}].function.arguments"
+                try:
+                    arguments = json.loads(call.arguments_json)
+                except ValueError:
+                    arguments = None
+                if not isinstance(arguments, dict):
+                    raise invalid_parameter(param, f"'{param}' must be a JSON object as a string.")
+                called.add(call.id)
+            if turn.role == "tool" and turn.tool_call_id not in called:
+                raise invalid_parameter(f"{where}[{i}].tool_call_id", f"'{where}[{i}]."
+                                        f"tool_call_id' ('{turn.tool_call_id}') answers no "
+                                        "earlier tool call.")
+
+
+def call_text(name: str, arguments_json: str) -> str:
+    """One call in the syntax the grammar constrains."""
+    return f'{CALL_OPEN}\n{{"name": "{name}", "arguments": {arguments_json}}}\n{CALL_CLOSE}'
+
+
+def template_message(turn) -> dict:
+    """A turn in the Hugging Face chat-template shape (tool calls included)."""
+    message = {"role": "system" if turn.role == "developer" else turn.role,
+               "content": turn.content}
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.loads(c.arguments_json)}}
+            for c in turn.tool_calls]
+    if turn.role == "tool":
+        message["tool_call_id"] = turn.tool_call_id
+    return message
+
+
+def plain_messages(messages: list[dict], plan: ToolPlan | None) -> list[dict]:
+    """The conversation for a template that renders no tools: the tools
+    described in the system turn, calls and results written out as text."""
+    out = []
+    for m in messages:
+        content = m.get("content") or ""
+        if m.get("tool_calls"):
+            calls = "\n".join(call_text(c["function"]["name"], json.dumps(c["function"][
+                "arguments"])) for c in m["tool_calls"])
+            content = f"{content}\n{calls}" if content else calls
+            out.append({"role": "assistant", "content": content})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{content}\n"
+                                                   "</tool_response>"})
+        else:
+            out.append({"role": m["role"], "content": content})
+    if plan is None:
+        return out
+    described = "\n".join(json.dumps(t) for t in plan.openai_tools())
+    system = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+              f"You are provided with function signatures within <tools></tools> XML tags:\n"
+              f"<tools>\n{described}\n</tools>\n\nFor each function call, return a json object "
+              "with function name and arguments within <tool_call></tool_call> XML tags:\n"
+              + call_text("<function-name>", "<args-json-object>"))
+    if out and out[0]["role"] == "system":
+        return [{"role": "system", "content": out[0]["content"] + "\n\n" + system}, *out[1:]]
+    return [{"role": "system", "content": system}, *out]
