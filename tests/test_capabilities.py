@@ -27,8 +27,8 @@ def test_grpc_capabilities(server_stub):
     refused = table[("response_format", "completions")]
     assert not refused.honoured and refused.refusal_code == "response_format_unsupported"
     assert table[("echo", "completions")].honoured and not table[("echo", "chat")].honoured
-    assert not table[("tools", "chat")].honoured
-    assert table[("tools", "chat")].refusal_code == "field_not_honoured"
+    assert table[("tools", "chat")].honoured and not table[("tools", "completions")].honoured
+    assert table[("tools", "completions")].refusal_code == "field_not_honoured"
     assert not table[("dimensions", "embeddings")].honoured
 
 
