@@ -1,6 +1,7 @@
 """The TypeScript and Go clients, built and run against the session's engine:
 a unary call, a streamed generation, and a refusal whose code is read from the
-status details."""
+status details; and, without the engine, the tool-calling helpers (the request
+they build, streamed fragments folded into calls)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_typescript_client(stack):
                           timeout=280, env={**os.environ, "MILLM_TEST_TARGET": stack.grpc_target})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
-    assert "# pass 3" in out and "# fail 0" in out, out
+    assert "# pass 5" in out and "# fail 0" in out, out
 
 
 GO = harness.ROOT / "clients" / "go"
@@ -37,4 +38,4 @@ def test_go_client(stack):
                           timeout=280, env={**os.environ, "MILLM_TEST_TARGET": stack.grpc_target})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
-    assert out.count("--- PASS") == 3 and "\nok " in out, out
+    assert out.count("--- PASS") == 4 and "\nok " in out, out

@@ -4,13 +4,16 @@ fresh install without the server's dependencies."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from millm.client import AsyncClient, Client, MillmError
+from millm.client import AsyncClient, Client, Generation, MillmError, _fold, chat_request
+from millm.tools import ToolCall, ToolCallFragment, fold_tool_calls
+from millm.v1 import generation_pb2, generation_service_pb2
 from tests import harness
 from tests.conftest import MODEL
 
@@ -72,3 +75,98 @@ def test_installs_alone_without_torch(stack, tmp_path):
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("streamed ")
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def test_chat_request_carries_tools():
+    request = chat_request(
+        MODEL,
+        [{"role": "user", "content": "Weather in Oslo?"},
+         {"role": "assistant", "content": None, "tool_calls": [
+             {"id": "call_1", "type": "function",
+              "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}},
+             ToolCall("call_2", "get_time", "{}")]},
+         {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}],
+        tools=[{"name": "get_weather", "description": "Weather now", "parameters": WEATHER},
+               {"type": "function", "function": {"name": "get_time", "strict": True}}],
+        tool_choice="required", parallel_tool_calls=False, max_tokens=8)
+    first, second = request.tools
+    assert (first.name, first.description) == ("get_weather", "Weather now")
+    assert json.loads(first.parameters_json) == WEATHER and not first.HasField("strict")
+    assert (second.name, second.parameters_json, second.strict) == ("get_time", "", True)
+    assert request.tool_choice.mode == generation_pb2.TOOL_CHOICE_MODE_REQUIRED
+    assert request.HasField("parallel_tool_calls") and not request.parallel_tool_calls
+    assert request.sampling.max_tokens == 8
+    user, assistant, tool = request.chat.messages
+    assert user.content == "Weather in Oslo?" and not user.tool_calls and not user.tool_call_id
+    assert assistant.role == generation_pb2.ROLE_ASSISTANT and assistant.content == ""
+    assert [(c.id, c.name, c.arguments_json) for c in assistant.tool_calls] == [
+        ("call_1", "get_weather", '{"city":"Oslo"}'), ("call_2", "get_time", "{}")]
+    assert (tool.role, tool.tool_call_id, tool.content) == (generation_pb2.ROLE_TOOL,
+                                                           "call_1", "12 C")
+
+
+def test_chat_request_tool_choice_and_defaults():
+    plain = chat_request(MODEL, HELLO)
+    assert not plain.tools and not plain.HasField("tool_choice")
+    assert not plain.HasField("parallel_tool_calls")
+    modes = {"none": generation_pb2.TOOL_CHOICE_MODE_NONE,
+             "auto": generation_pb2.TOOL_CHOICE_MODE_AUTO,
+             "required": generation_pb2.TOOL_CHOICE_MODE_REQUIRED}
+    for word, mode in modes.items():
+        assert chat_request(MODEL, HELLO, tool_choice=word).tool_choice == (
+            generation_pb2.ToolChoice(mode=mode))
+    named = generation_pb2.ToolChoice(mode=generation_pb2.TOOL_CHOICE_MODE_FUNCTION,
+                                      function_name="get_weather")
+    assert chat_request(MODEL, HELLO, tool_choice="get_weather").tool_choice == named
+    openai_shape = {"type": "function", "function": {"name": "get_weather"}}
+    assert chat_request(MODEL, HELLO, tool_choice=openai_shape).tool_choice == named
+    # Arguments given as a dict are sent as JSON text.
+    message = {"role": "assistant", "tool_calls": [
+        {"id": "c", "name": "get_weather", "arguments": {"city": "Oslo"}}]}
+    sent = chat_request(MODEL, [message]).chat.messages[0].tool_calls[0]
+    assert json.loads(sent.arguments_json) == {"city": "Oslo"}
+
+
+def test_fold_tool_calls():
+    calls = fold_tool_calls([], [ToolCallFragment(0, "call_a", "get_weather", ""),
+                                 ToolCallFragment(0, "", "", '{"city":')])
+    assert calls == [ToolCall("call_a", "get_weather", '{"city":')]
+    calls = fold_tool_calls(calls, [ToolCallFragment(1, "call_b", "get_time", "{"),
+                                    ToolCallFragment(0, "", "", '"Oslo"}'),
+                                    ToolCallFragment(1, "", "", "}")])
+    assert calls == [ToolCall("call_a", "get_weather", '{"city":"Oslo"}'),
+                     ToolCall("call_b", "get_time", "{}")]
+    assert calls[0].parsed_arguments() == {"city": "Oslo"}
+    assert fold_tool_calls(calls, []) == calls
+    with pytest.raises(ValueError, match="index 3"):
+        fold_tool_calls(calls, [ToolCallFragment(3, "call_d", "f", "")])
+
+
+def test_generation_folds_streamed_tool_calls():
+    def response(*choices, **fields):
+        return generation_service_pb2.GenerateResponse(choices=choices, **fields)
+
+    def fragment(index, **fields):
+        return generation_pb2.ToolCallDelta(index=index, **fields)
+
+    stream = [
+        response(generation_pb2.ChoiceDelta(index=0, text="Let me check."),
+                 metadata=generation_pb2.ResponseMetadata(id="gen-1", model=MODEL)),
+        response(generation_pb2.ChoiceDelta(index=0, tool_calls=[
+            fragment(0, id="call_a", name="get_weather")]),
+                 generation_pb2.ChoiceDelta(index=1, text="Hi", finish_reason=1)),
+        response(generation_pb2.ChoiceDelta(index=0, tool_calls=[
+            fragment(0, arguments='{"city":'), fragment(0, arguments='"Oslo"}')],
+            finish_reason=generation_pb2.FINISH_REASON_TOOL_CALLS),
+                 usage=generation_pb2.Usage(prompt_tokens=5, completion_tokens=9)),
+    ]
+    result = Generation()
+    for r in stream:
+        _fold(result, r)
+    assert (result.id, result.model, result.completion_tokens) == ("gen-1", MODEL, 9)
+    assert result.texts == {0: "Let me check.", 1: "Hi"}
+    assert result.finish_reasons == {0: "tool_calls", 1: "stop"}
+    assert result.tool_calls == {0: [ToolCall("call_a", "get_weather", '{"city":"Oslo"}')]}

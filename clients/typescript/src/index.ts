@@ -1,6 +1,8 @@
 // A small wrapper over the generated millm.v1 clients: streamed generation as an
 // async iterator, promise-based unary calls, API key and request id as call
-// metadata, and the OpenAI error code read from google.rpc.ErrorInfo.
+// metadata, and the OpenAI error code read from google.rpc.ErrorInfo. Tools
+// (./tools): chatRequest() builds a chat GenerateRequest with tools, and
+// Generation.collect() folds a stream into texts, finish reasons and tool calls.
 import { ChannelCredentials, Metadata, ServiceError, credentials } from "@grpc/grpc-js";
 import { BinaryReader } from "@bufbuild/protobuf/wire";
 import { GenerateRequest, GenerateResponse, GenerationServiceClient } from "./gen/millm/v1/generation_service";
@@ -8,6 +10,7 @@ import { ListModelsResponse, ModelServiceClient } from "./gen/millm/v1/model_ser
 
 export * from "./gen/millm/v1/generation";
 export { GenerateRequest, GenerateResponse } from "./gen/millm/v1/generation_service";
+export * from "./tools";
 
 /** Any part of a message may be left out (the generated fromPartial fills defaults). */
 export type DeepPartial<T> = T extends (infer U)[] ? DeepPartial<U>[]

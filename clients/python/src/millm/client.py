@@ -10,6 +10,16 @@
 call takes `timeout` (seconds, a gRPC deadline) and `request_id`; a refusal
 raises MillmError carrying the OpenAI error code from google.rpc.ErrorInfo.
 Needs grpcio and protobuf only.
+
+Tools (see millm.tools for the accepted shapes): pass `tools`, `tool_choice`
+and `parallel_tool_calls` to chat(); each Delta carries its ToolCallFragments,
+and Generation.add() folds a stream's deltas into texts and whole ToolCalls:
+
+    result = Generation()
+    for delta in client.chat(messages, tools=[weather], tool_choice="auto"):
+        result.add(delta)
+    if result.finish_reasons[0] == "tool_calls":
+        call = result.tool_calls[0][0]   # ToolCall(id, name, arguments)
 """
 
 from __future__ import annotations
@@ -20,6 +30,15 @@ from dataclasses import dataclass, field
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
+from millm.tools import (
+    ToolCall,
+    ToolCallFragment,
+    fold_tool_calls,
+    fragments,
+    function_tool,
+    tool_call,
+)
+from millm.tools import tool_choice as _tool_choice
 from millm.v1 import (
     embedding_service_pb2,
     embedding_service_pb2_grpc,
@@ -41,7 +60,8 @@ _ROLES = {
     "tool": generation_pb2.ROLE_TOOL, "function": generation_pb2.ROLE_FUNCTION,
 }
 _FINISH = {generation_pb2.FINISH_REASON_STOP: "stop",
-           generation_pb2.FINISH_REASON_LENGTH: "length"}
+           generation_pb2.FINISH_REASON_LENGTH: "length",
+           generation_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls"}
 
 
 class MillmError(Exception):
@@ -70,17 +90,19 @@ def _error(exc: grpc.RpcError) -> MillmError:
 
 @dataclass(frozen=True)
 class Delta:
-    """New output of one choice."""
+    """New output of one choice; `tool_calls` are fragments (see Generation.add)."""
 
     index: int
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str | None
+    tool_calls: tuple[ToolCallFragment, ...] = ()
 
 
 @dataclass
 class Generation:
-    """A whole generation, when not streaming."""
+    """A whole generation (complete()), or a stream's deltas folded with add():
+    per choice index its text, finish reason and tool calls."""
 
     id: str = ""
     model: str = ""
@@ -88,16 +110,39 @@ class Generation:
     finish_reasons: dict[int, str] = field(default_factory=dict)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tool_calls: dict[int, list[ToolCall]] = field(default_factory=dict)
+
+    def add(self, delta: Delta) -> None:
+        self.texts[delta.index] = self.texts.get(delta.index, "") + delta.text
+        if delta.tool_calls:
+            self.tool_calls[delta.index] = fold_tool_calls(
+                self.tool_calls.get(delta.index, ()), delta.tool_calls)
+        if delta.finish_reason:
+            self.finish_reasons[delta.index] = delta.finish_reason
 
 
-def chat_request(model: str, messages: Iterable[dict], **sampling
+def _message(m: dict) -> generation_pb2.ChatMessage:
+    return generation_pb2.ChatMessage(
+        role=_ROLES[m["role"]], content=m.get("content") or "",
+        tool_calls=[tool_call(c) for c in m.get("tool_calls") or ()],
+        tool_call_id=m.get("tool_call_id") or "")
+
+
+def chat_request(model: str, messages: Iterable[dict], *, tools=None, tool_choice=None,
+                 parallel_tool_calls: bool | None = None, **sampling
                  ) -> generation_service_pb2.GenerateRequest:
-    return generation_service_pb2.GenerateRequest(
+    """The GenerateRequest chat() sends. Messages are dicts with `role`, `content`
+    and, for tools, `tool_calls` (assistant) or `tool_call_id` (tool)."""
+    request = generation_service_pb2.GenerateRequest(
         model=model,
-        chat=generation_pb2.ChatInput(messages=[
-            generation_pb2.ChatMessage(role=_ROLES[m["role"]], content=m.get("content", ""))
-            for m in messages]),
-        sampling=_sampling(sampling))
+        chat=generation_pb2.ChatInput(messages=[_message(m) for m in messages]),
+        sampling=_sampling(sampling),
+        tools=[function_tool(t) for t in tools or ()])
+    if tool_choice is not None:
+        request.tool_choice.CopyFrom(_tool_choice(tool_choice))
+    if parallel_tool_calls is not None:
+        request.parallel_tool_calls = parallel_tool_calls
+    return request
 
 
 def prompt_request(model: str, prompts: Iterable[str | list[int]], **sampling
@@ -131,16 +176,15 @@ def _metadata(api_key: str | None, request_id: str | None) -> tuple:
 
 def _deltas(response) -> Iterator[Delta]:
     for d in response.choices:
-        yield Delta(d.index, d.text, tuple(d.token_ids), _FINISH.get(d.finish_reason))
+        yield Delta(d.index, d.text, tuple(d.token_ids), _FINISH.get(d.finish_reason),
+                    fragments(d))
 
 
 def _fold(result: Generation, response) -> None:
     if response.HasField("metadata"):
         result.id, result.model = response.metadata.id, response.metadata.model
     for d in _deltas(response):
-        result.texts[d.index] = result.texts.get(d.index, "") + d.text
-        if d.finish_reason:
-            result.finish_reasons[d.index] = d.finish_reason
+        result.add(d)
     if response.HasField("usage"):
         result.prompt_tokens = response.usage.prompt_tokens
         result.completion_tokens = response.usage.completion_tokens
@@ -203,10 +247,12 @@ class Client(_Stubs):
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
-    def chat(self, messages: Iterable[dict], *, timeout=None, request_id=None,
+    def chat(self, messages: Iterable[dict], *, tools=None, tool_choice=None,
+             parallel_tool_calls: bool | None = None, timeout=None, request_id=None,
              **sampling) -> Iterator[Delta]:
-        return self.stream(chat_request(self.model, messages, **sampling), timeout=timeout,
-                           request_id=request_id)
+        request = chat_request(self.model, messages, tools=tools, tool_choice=tool_choice,
+                               parallel_tool_calls=parallel_tool_calls, **sampling)
+        return self.stream(request, timeout=timeout, request_id=request_id)
 
     def complete(self, prompts: Iterable[str | list[int]], *, timeout=None, request_id=None,
                  **sampling) -> Generation:
@@ -302,10 +348,12 @@ class AsyncClient(_Stubs):
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
-    def chat(self, messages: Iterable[dict], *, timeout=None, request_id=None,
+    def chat(self, messages: Iterable[dict], *, tools=None, tool_choice=None,
+             parallel_tool_calls: bool | None = None, timeout=None, request_id=None,
              **sampling) -> AsyncIterator[Delta]:
-        return self.stream(chat_request(self.model, messages, **sampling), timeout=timeout,
-                           request_id=request_id)
+        request = chat_request(self.model, messages, tools=tools, tool_choice=tool_choice,
+                               parallel_tool_calls=parallel_tool_calls, **sampling)
+        return self.stream(request, timeout=timeout, request_id=request_id)
 
     async def score(self, prompt: str | list[int], *, allowed_token_ids=None,
                     top_logprobs: int = 0, temperature: float | None = None, timeout=None,
