@@ -170,3 +170,21 @@ def test_generation_folds_streamed_tool_calls():
     assert result.texts == {0: "Let me check.", 1: "Hi"}
     assert result.finish_reasons == {0: "tool_calls", 1: "stop"}
     assert result.tool_calls == {0: [ToolCall("call_a", "get_weather", '{"city":"Oslo"}')]}
+
+
+def test_a_named_tool_call_through_the_client(stack):
+    """The client's tool fields reach the engine, and its fold gives the
+    caller one whole call whose arguments parse."""
+    weather = {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}},
+        "required": ["city"], "additionalProperties": False}}
+    with Client(stack.grpc_target, model=MODEL, timeout=30) as client:
+        result = Generation()
+        for delta in client.chat([{"role": "user", "content": "Weather in Paris?"}],
+                                 tools=[weather], tool_choice="get_weather", max_tokens=80,
+                                 seed=4):
+            result.add(delta)
+    assert result.finish_reasons[0] == "tool_calls"
+    [call] = result.tool_calls[0]
+    assert call.name == "get_weather" and call.id.startswith("call_")
+    assert set(json.loads(call.arguments)) == {"city"}
