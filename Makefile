@@ -98,6 +98,7 @@ breaking-previous: $(BUF)
 bench: setup proto model
 	$(PY) bench/serving.py
 	$(PY) bench/structured_output.py
+	$(PY) bench/tool_calls.py
 	$(PY) bench/steering.py
 	$(PY) bench/gguf_peer.py
 

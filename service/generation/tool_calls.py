@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from service.errors import EngineError
 from service.generation.job import ChoiceDelta, FinishReason, StepOutput, ToolCallFragment
@@ -56,14 +56,30 @@ class ChoiceCalls:
         self.calls: list[_Call] = []
         self.depth, self.in_string, self.escaped = 0, False, False
         self.finished_calls = 0
+        self.piece: list[str] = []  # arguments not yet in a fragment
 
     def feed(self, text: str) -> tuple[str, list[ToolCallFragment]]:
         content, fragments = [], []
+        if self.state == TEXT and not self.pending and "<" not in text and text.strip():
+            return text, fragments  # plain text: nothing to hold back
+        if self.state == ARGUMENTS and not self.escaped and not any(
+                c in text for c in ('"\\' if self.in_string else '"{}[]')):
+            # Inside the arguments, nothing that opens or closes: one piece.
+            self.calls[-1].arguments += text
+            fragments.append(ToolCallFragment(len(self.calls) - 1, arguments=text))
+            return "", fragments
         for c in text:
             self._step(c, content, fragments)
+        self._flush(fragments)
         if self.state == TEXT:
             content.append(self._release())
-        return "".join(content), _merged(fragments)
+        return "".join(content), fragments
+
+    def _flush(self, fragments: list[ToolCallFragment]) -> None:
+        """The arguments generated since the last fragment, as one fragment."""
+        if self.piece:
+            fragments.append(ToolCallFragment(len(self.calls) - 1, arguments="".join(self.piece)))
+            self.piece = []
 
     def _release(self) -> str:
         """Pending text that can no longer start a call; whitespace alone is
@@ -111,7 +127,7 @@ class ChoiceCalls:
     def _argument(self, c: str, fragments: list[ToolCallFragment]) -> None:
         call = self.calls[-1]
         call.arguments += c
-        fragments.append(ToolCallFragment(len(self.calls) - 1, arguments=c))
+        self.piece.append(c)
         if self.in_string:
             if self.escaped:
                 self.escaped = False
@@ -126,6 +142,7 @@ class ChoiceCalls:
         elif c in "}]":
             self.depth -= 1
             if self.depth == 0:
+                self._flush(fragments)
                 self._check(call)
                 self._expect(AFTER_ARGUMENTS, TEXT)
 
@@ -161,17 +178,6 @@ class ChoiceCalls:
         if reason == FinishReason.STOP and self.finished_calls:
             return held, FinishReason.TOOL_CALLS
         return held, reason
-
-
-def _merged(fragments: list[ToolCallFragment]) -> list[ToolCallFragment]:
-    """Consecutive argument pieces of one call as one fragment."""
-    out: list[ToolCallFragment] = []
-    for f in fragments:
-        if out and not f.id and out[-1].index == f.index:
-            out[-1] = replace(out[-1], arguments=out[-1].arguments + f.arguments)
-        else:
-            out.append(f)
-    return out
 
 
 class ToolCalls:

@@ -6,9 +6,12 @@ them. One grammar compiler and one schema subset serve both engines
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import torch
 import xgrammar
+from llama_cpp.llama_cpp import llama_get_logits_ith as _logits_ith
 
 
 class GrammarMask:
@@ -21,14 +24,18 @@ class GrammarMask:
         # Tokens holding a control character never belong in a compact JSON
         # document, though xgrammar's string rules let some through.
         self.control = torch.tensor(control_ids, dtype=torch.long)
+        self._view: tuple[int, torch.Tensor] | None = None  # (address, logits over it)
 
     def apply(self, ctx) -> None:
         """-inf on every token that cannot continue the document, in the
         logits of the context's last position (what llama.cpp samples from)."""
-        from llama_cpp import llama_cpp as lib
-
-        pointer = lib.llama_get_logits_ith(ctx.ctx, -1)
-        logits = torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)))
+        pointer = _logits_ith(ctx.ctx, -1)
+        address = ctypes.addressof(pointer.contents)
+        if self._view is None or self._view[0] != address:
+            # The context keeps its logits in one buffer: the view is made once.
+            self._view = (address, torch.from_numpy(
+                np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))))
+        logits = self._view[1]
         self.matcher.fill_next_token_bitmask(self.bitmask)
         xgrammar.apply_token_bitmask_inplace(logits, self.bitmask)
         if len(self.control):
