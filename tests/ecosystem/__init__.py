@@ -1,0 +1,1 @@
+"""Scripts run by tests/test_ecosystem.py in the ecosystem venvs."""

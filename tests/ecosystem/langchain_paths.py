@@ -1,0 +1,50 @@
+"""LangChain's ChatOpenAI against miLLM, one path per run (.venv-eco).
+
+Paths: bind_tools (a forced tool_choice), and with_structured_output(Weather)
+by each method: function_calling, json_schema (the default), json_mode.
+Nothing is changed from LangChain's defaults but the base URL, the model, a
+seed and max_tokens.
+
+json_mode only asks for "a JSON object" (the schema is not sent), so a model
+that has never seen Weather cannot be expected to fill it: that path reports
+the raw document and whether LangChain could parse it (include_raw=True).
+"""
+
+from __future__ import annotations
+
+import json
+
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from shared import (
+    MAX_TOKENS,
+    PROMPT,
+    SEED,
+    TOOL_PROMPT,
+    Weather,
+    cli,
+    emit,
+    get_weather,
+    model_report,
+    tool_call,
+)
+
+base_url, model, path = cli()
+llm = ChatOpenAI(model=model, base_url=base_url, api_key="unused", max_retries=0, seed=SEED,
+                 max_tokens=MAX_TOKENS, timeout=120)
+
+if path == "bind_tools":
+    reply = llm.bind_tools([tool(get_weather)], tool_choice="get_weather").invoke(TOOL_PROMPT)
+    emit(tool_calls=[tool_call(c["name"], c["args"]) for c in reply.tool_calls],
+         finish_reason=reply.response_metadata.get("finish_reason"))
+elif path in ("function_calling", "json_schema"):
+    emit(output=model_report(llm.with_structured_output(Weather, method=path).invoke(PROMPT)))
+elif path == "json_mode":
+    result = llm.with_structured_output(Weather, method="json_mode",
+                                        include_raw=True).invoke(PROMPT)
+    raw = result["raw"].content
+    emit(raw=json.loads(raw), output=model_report(result["parsed"]),
+         parsing_error=type(result["parsing_error"]).__name__ if result["parsing_error"]
+         else None, finish_reason=result["raw"].response_metadata.get("finish_reason"))
+else:
+    raise SystemExit(f"unknown path {path}")

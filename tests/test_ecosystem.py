@@ -1,0 +1,238 @@
+"""The ecosystem suite: client libraries' default tool-calling and
+structured-output paths against a real engine and bridge, on both engines.
+
+Why: miLLM claims OpenAI compatibility, and what users run is not our raw
+requests but LangChain, instructor, pydantic-ai, the OpenAI Agents SDK and
+LlamaIndex, each of which builds its own bodies (tool_choice shapes,
+parallel_tool_calls, strict tools, max_completion_tokens, tool messages).
+Each library is pinned (tests/ecosystem/requirements*.txt) and installed by
+`make eco-venvs` into a venv of its own: instructor and LlamaIndex need
+openai<3, the rest run on openai 3.x, and none of them belongs in the
+engine's venv. A script under tests/ecosystem/ runs one library path against
+the bridge and prints one JSON line; the assertions here are on its values:
+the tool's name, the arguments' types, the output's class and field types.
+The OpenAI SDK itself (in the main venv) is called in process.
+
+The demo model is tiny and random-ish, so only what the schema guarantees is
+asserted (city is a string of at most 24 characters, when a datetime, ...),
+never what a sensible model would answer. A stack of this module's own
+serves millm-tiny first, then millm-tiny-gguf:Q8_0 (the model fixture is
+module-scoped, so pytest runs every test on one model before switching),
+which leaves the session stack on millm-tiny.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from datetime import datetime
+from uuid import UUID
+
+import openai
+import pytest
+
+from tests import harness
+from tests.conftest import MODEL
+from tests.ecosystem.shared import MAX_TOKENS, PROMPT, SEED, TOOL_PROMPT, Weather
+
+Q8 = "millm-tiny-gguf:Q8_0"
+HERE = harness.ROOT / "tests" / "ecosystem"
+ECO = harness.ROOT / ".venv-eco" / "bin" / "python"
+LEGACY = harness.ROOT / ".venv-eco-legacy" / "bin" / "python"
+VENV_OF = {"langchain": ECO, "pydantic_ai": ECO, "agents": ECO,
+           "instructor": LEGACY, "llamaindex": LEGACY}
+WEATHER_TYPES = {"city": "str", "when": "datetime", "id": "UUID", "celsius": "int"}
+
+GET_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Look up the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+                   "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def eco_stack(tmp_path_factory):
+    stack = harness.OwnStack(tmp_path_factory.mktemp("ecosystem"), MILLM_MODEL=MODEL)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="module", params=[MODEL, Q8])
+def model(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def eco_client(eco_stack):
+    return openai.OpenAI(base_url=f"{eco_stack.base_url}/v1", api_key="unused", max_retries=0,
+                         timeout=120)
+
+
+def run_path(stack, model: str, library: str, path: str) -> dict:
+    """Run tests/ecosystem/<library>_paths.py in its venv; its JSON line."""
+    python = VENV_OF[library]
+    assert python.exists(), f"{python} is missing: `make eco-venvs` builds it"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
+           "OPENAI_API_KEY": "unused", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+           "LANGSMITH_TRACING": "false", "OPENAI_AGENTS_DISABLE_TRACING": "1"}
+    done = subprocess.run([str(python), str(HERE / f"{library}_paths.py"),
+                           f"{stack.base_url}/v1", model, path],
+                          capture_output=True, text=True, env=env, timeout=110)
+    if done.returncode != 0:
+        last = done.stderr.strip().splitlines()[-1:] or ["(no stderr)"]
+        pytest.fail(f"{library} {path} on {model}: {last[0]}\n{done.stderr[-3000:]}",
+                    pytrace=False)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def check_weather(output: dict) -> None:
+    """A Weather as a script reports it: the class, each field's type, and
+    values within the schema."""
+    assert output["class"] == "Weather", output
+    assert output["types"] == WEATHER_TYPES, output
+    fields = output["fields"]
+    assert isinstance(fields["city"], str) and len(fields["city"]) <= 24
+    assert isinstance(datetime.fromisoformat(fields["when"]), datetime)
+    assert str(UUID(fields["id"])) == fields["id"].lower()
+    assert -100 < fields["celsius"] < 100
+
+
+def check_get_weather(call: dict) -> str:
+    """One get_weather call: the name and {"city": <str of at most 24>}."""
+    assert call["name"] == "get_weather", call
+    assert set(call["arguments"]) == {"city"}, call
+    city = call["arguments"]["city"]
+    assert isinstance(city, str) and len(city) <= 24, call
+    return city
+
+
+# -- the OpenAI SDK (main venv) ------------------------------------------------------------
+
+
+def test_openai_tools_then_the_answer(eco_client, model):
+    ask = [{"role": "user", "content": TOOL_PROMPT}]
+    reply = eco_client.chat.completions.create(model=model, messages=ask, tools=[GET_WEATHER],
+                                               tool_choice="required", seed=SEED,
+                                               max_tokens=MAX_TOKENS)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) >= 1
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.id
+    city = check_get_weather({"name": call.function.name,
+                              "arguments": json.loads(call.function.arguments)})
+    # The assistant message goes back as the SDK returned it (the usual idiom),
+    # then the result as a tool message; tool_choice "none" asks for text.
+    answer = eco_client.chat.completions.create(
+        model=model, messages=[*ask, choice.message,
+                               {"role": "tool", "tool_call_id": call.id,
+                                "content": f"Sunny in {city}, 21 degrees."}],
+        tools=[GET_WEATHER], tool_choice="none", seed=SEED, max_tokens=40)
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert isinstance(answer.choices[0].message.content, str)
+    assert not answer.choices[0].message.tool_calls
+
+
+def test_openai_stream_helper_tool_call(eco_client, model):
+    body = dict(model=model, messages=[{"role": "user", "content": TOOL_PROMPT}],
+                tools=[GET_WEATHER], seed=SEED, max_tokens=MAX_TOKENS,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    with eco_client.chat.completions.stream(**body) as stream:
+        done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
+        final = stream.get_final_completion()
+    assert len(done) == 1 and done[0].name == "get_weather"
+    check_get_weather({"name": done[0].name, "arguments": json.loads(done[0].arguments)})
+    call = final.choices[0].message.tool_calls[0]
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert (call.function.name, call.function.arguments) == ("get_weather", done[0].arguments)
+    # The same seed and body, not streamed: the same call.
+    whole = eco_client.chat.completions.create(**body).choices[0].message.tool_calls[0]
+    assert whole.function.arguments == done[0].arguments
+
+
+def test_openai_pydantic_function_tool_forced(eco_client, model):
+    reply = eco_client.chat.completions.parse(
+        model=model, messages=[{"role": "user", "content": PROMPT}],
+        tools=[openai.pydantic_function_tool(Weather)], seed=SEED, max_tokens=MAX_TOKENS,
+        tool_choice={"type": "function", "function": {"name": "Weather"}})
+    call = reply.choices[0].message.tool_calls[0]
+    assert call.function.name == "Weather"
+    weather = call.function.parsed_arguments
+    assert isinstance(weather, Weather)
+    assert isinstance(weather.when, datetime) and isinstance(weather.id, UUID)
+    assert type(weather.celsius) is int and isinstance(weather.city, str)
+
+
+def test_openai_parse_response_format(eco_client, model):
+    reply = eco_client.chat.completions.parse(
+        model=model, messages=[{"role": "user", "content": PROMPT}], response_format=Weather,
+        seed=SEED, max_tokens=MAX_TOKENS)
+    assert reply.choices[0].finish_reason == "stop"
+    weather = reply.choices[0].message.parsed
+    assert isinstance(weather, Weather)
+    assert isinstance(weather.when, datetime) and isinstance(weather.id, UUID)
+    assert type(weather.celsius) is int and -100 < weather.celsius < 100
+
+
+# -- the libraries, each in its own venv ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("library", "path"), [
+    ("langchain", "function_calling"), ("langchain", "json_schema"),
+    ("instructor", "tools"), ("instructor", "json_schema"),
+    ("pydantic_ai", "native_output"), ("llamaindex", "structured_predict"),
+])
+def test_structured_output(eco_stack, model, library, path):
+    check_weather(run_path(eco_stack, model, library, path)["output"])
+
+
+def test_pydantic_ai_output_is_its_final_result_tool(eco_stack, model):
+    report = run_path(eco_stack, model, "pydantic_ai", "output")
+    check_weather(report["output"])
+    assert [c["name"] for c in report["tool_calls"]] == ["final_result"]
+    assert report["tool_calls"][0]["arguments"] == report["output"]["fields"]
+
+
+def test_langchain_json_mode(eco_stack, model):
+    """json_mode sends no schema, so only "one JSON object" is guaranteed: the
+    raw document is an object, and LangChain either parsed a Weather from it
+    or says why not."""
+    report = run_path(eco_stack, model, "langchain", "json_mode")
+    assert report["finish_reason"] == "stop" and isinstance(report["raw"], dict)
+    if report["parsing_error"] is None:
+        check_weather(report["output"])
+    else:
+        assert report["output"]["class"] == "NoneType"
+        assert report["parsing_error"] == "OutputParserException"
+
+
+@pytest.mark.parametrize(("library", "path"), [
+    ("langchain", "bind_tools"), ("llamaindex", "chat_with_tools"),
+])
+def test_one_tool_call(eco_stack, model, library, path):
+    report = run_path(eco_stack, model, library, path)
+    assert len(report["tool_calls"]) == 1, report
+    check_get_weather(report["tool_calls"][0])
+    if "finish_reason" in report:
+        assert report["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize(("library", "path", "answer"), [
+    ("pydantic_ai", "tool", "str"), ("agents", "function_tool", "str"),
+    ("llamaindex", "predict_and_call", "str"),
+])
+def test_agent_calls_the_tool_then_answers(eco_stack, model, library, path, answer):
+    """The tool call, the tool run with the model's arguments, then (for the
+    agents) the final answer after the result went back."""
+    report = run_path(eco_stack, model, library, path)
+    assert report["tool_calls"], report
+    cities = [check_get_weather(call) for call in report["tool_calls"]]
+    assert report["executed"] == cities
+    assert report["output"]["class"] == answer
+    if "tool_outputs" in report:
+        assert report["tool_outputs"] == [f"Sunny in {c}, 21 degrees." for c in cities]
+    if library == "agents":
+        assert report["turns"] == len(cities) + 1
+    if library == "pydantic_ai":
+        assert report["requests"] == len(cities) + 1
