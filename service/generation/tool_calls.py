@@ -62,8 +62,9 @@ class ChoiceCalls:
         content, fragments = [], []
         if self.state == TEXT and not self.pending and "<" not in text and text.strip():
             return text, fragments  # plain text: nothing to hold back
-        if self.state == ARGUMENTS and not self.escaped and not any(
-                c in text for c in ('"\\' if self.in_string else '"{}[]')):
+        specials = '"\\' if self.in_string else '"{}[]'
+        if (self.state == ARGUMENTS and not self.escaped and min(text, default=" ") >= " "
+                and not any(c in text for c in specials)):
             # Inside the arguments, nothing that opens or closes: one piece.
             self.calls[-1].arguments += text
             fragments.append(ToolCallFragment(len(self.calls) - 1, arguments=text))
@@ -126,6 +127,10 @@ class ChoiceCalls:
 
     def _argument(self, c: str, fragments: list[ToolCallFragment]) -> None:
         call = self.calls[-1]
+        if self.in_string and c < " ":
+            # The grammar's strings let a raw control character through; it is
+            # written escaped, so the arguments stay JSON that any parser reads.
+            c = json.dumps(c)[1:-1]
         call.arguments += c
         self.piece.append(c)
         if self.in_string:
