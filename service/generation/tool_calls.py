@@ -60,8 +60,10 @@ class ChoiceCalls:
 
     def feed(self, text: str) -> tuple[str, list[ToolCallFragment]]:
         content, fragments = [], []
-        if self.state == TEXT and not self.pending and "<" not in text and text.strip():
-            return text, fragments  # plain text: nothing to hold back
+        if self.state == TEXT and not self.pending and "<" not in text:
+            ready = text.rstrip()  # plain text: only trailing whitespace is held
+            self.pending = text[len(ready):]
+            return ready, fragments
         specials = '"\\' if self.in_string else '"{}[]'
         if (self.state == ARGUMENTS and not self.escaped and min(text, default=" ") >= " "
                 and not any(c in text for c in specials)):
@@ -83,13 +85,12 @@ class ChoiceCalls:
             self.piece = []
 
     def _release(self) -> str:
-        """Pending text that can no longer start a call; whitespace alone is
-        held (it is dropped when only calls follow)."""
+        """Pending text that can no longer start a call. Trailing whitespace
+        is held too: whitespace next to a call is not content, and the answer
+        must not depend on where the text was cut into steps."""
         keep = next((k for k in range(min(len(CALL_OPEN) - 1, len(self.pending)), 0, -1)
                      if CALL_OPEN.startswith(self.pending[-k:])), 0)
-        ready = self.pending[:len(self.pending) - keep]
-        if not ready.strip():
-            return ""
+        ready = self.pending[:len(self.pending) - keep].rstrip()
         self.pending = self.pending[len(ready):]
         return ready
 
@@ -97,9 +98,8 @@ class ChoiceCalls:
         if self.state == TEXT:
             self.pending += c
             if self.pending.endswith(CALL_OPEN):
-                before = self.pending[:-len(CALL_OPEN)]
-                if before.strip():  # whitespace around calls is not content
-                    content.append(before)
+                # Whitespace around calls is not content.
+                content.append(self.pending[:-len(CALL_OPEN)].rstrip())
                 self.pending = ""
                 self.calls.append(_Call("call_" + secrets.token_hex(12)))
                 self._expect(AFTER_OPEN, NAME)
