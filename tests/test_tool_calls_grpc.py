@@ -144,3 +144,10 @@ def test_unused_tool_fields_are_reported_not_refused(generation_stub):
     req = request(choice=named("x"), tools=[], max_tokens=4)
     first = next(iter(generation_stub.Generate(req, timeout=60)))
     assert list(first.metadata.ignored_fields) == ["tool_choice"]
+
+
+def test_more_than_128_tools_are_refused(generation_stub):
+    many = [tool(f"t{i}", TIME) for i in range(129)]
+    with pytest.raises(grpc.RpcError) as caught:
+        list(generation_stub.Generate(request(tools=many), timeout=60))
+    assert error_info(caught.value).metadata["param"] == "tools"
