@@ -4,9 +4,12 @@ on both engines.
 Closed-loop gRPC clients against one engine: each request either forces a call
 of a tool whose arguments are a fixed-length array of digits (so every call
 has the same length), or asks for free text run to the same number of tokens
-(ignore_eos). The difference is what the per-step grammar mask and the
-call parser cost. Target: no more than structured output costs (about 20 % at
-32 clients on the transformers engine; docs/performance.md).
+(ignore_eos). Both prompts are the same length: the free request carries the
+tool's description as its system turn, as the engine writes it for a template
+that renders no tools, so the difference is what the per-step grammar mask and
+the call parser cost, not a longer prefill. Target: no more than structured
+output costs (about 20 % at 32 clients on the transformers engine;
+docs/performance.md).
 
 Usage: python bench/tool_calls.py [--clients 1,8,32] [--requests 64]
 """
@@ -41,10 +44,21 @@ TOOL = generation_pb2.FunctionTool(name="record", parameters_json=json.dumps({
 ENGINES = {"transformers": "millm-tiny", "gguf": "millm-tiny-gguf:Q8_0"}
 
 
+def described_tools() -> str:
+    """The system turn the engine writes for the tool (requests/tools.py)."""
+    from service.requests.tools import ToolPlan, plain_messages
+
+    plan = ToolPlan((("record", "", json.loads(TOOL.parameters_json)),), "function", "record")
+    return plain_messages([{"role": "user", "content": "Count for me."}], plan)[0]["content"]
+
+
 async def one(stub, model: str, forced: bool, tokens: int) -> tuple[int, float]:
     request = chat_request("Count for me.", model=model, temperature=1.0,
                            **({"max_tokens": 400} if forced
                               else {"max_tokens": tokens, "ignore_eos": True}))
+    if not forced:
+        request.chat.messages.insert(0, generation_pb2.ChatMessage(
+            role=generation_pb2.ROLE_SYSTEM, content=described_tools()))
     if forced:
         request.tools.append(TOOL)
         request.tool_choice.mode = generation_pb2.TOOL_CHOICE_MODE_FUNCTION
