@@ -18,6 +18,7 @@ from service.errors import EngineError
 
 if TYPE_CHECKING:
     from service.requests.generation import ValidatedGeneration
+    from service.steering.runtime import ActivationRecorder
 
 
 class FinishReason:
@@ -59,7 +60,7 @@ class StepOutput:
 class GroupDone:
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
-    recorder: object = None  # the group's ActivationRecorder, when it read any
+    recorder: ActivationRecorder | None = None  # when the group read activations
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class GenerationJob:
     cached_tokens: int = 0
     # Set once by the model thread when the job ends: done, cancelled or failed.
     outcome: str | None = None
-    recorder: object = None  # return_sae_activations: what the model thread read
+    recorder: ActivationRecorder | None = None  # return_sae_activations: what was read
 
     def post(self, event) -> None:
         """Called from the model thread."""
