@@ -82,6 +82,14 @@ ERROR_CODES: dict[str, ErrorCode] = {
 }
 
 
+MAX_MESSAGE_CHARS = 1024
+MAX_PARAM_CHARS = 256
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 13] + "… (truncated)"
+
+
 @dataclass
 class EngineError(Exception):
     """A refusal or failure that a caller should see as it is."""
@@ -95,6 +103,12 @@ class EngineError(Exception):
     def __post_init__(self) -> None:
         if self.code not in ERROR_CODES:
             raise ValueError(f"error code {self.code!r} is not in ERROR_CODES")
+        # Messages and params can quote what a client sent (a model name, a
+        # profile, every unused field): bounded, so the status always fits
+        # gRPC's trailer and a huge input can never turn a 400 into a 500.
+        self.message = _bounded(self.message, MAX_MESSAGE_CHARS)
+        if self.param is not None:
+            self.param = _bounded(self.param, MAX_PARAM_CHARS)
 
     def __str__(self) -> str:
         return self.message

@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from millm.v1 import steering_service_pb2 as pb
 from rest_bridge.access import call_metadata
 from rest_bridge.errors import OpenAIError, from_rpc_error
+from rest_bridge.protocol.base import MAX_BODY_DEPTH, json_depth
 from rest_bridge.routes import read_body
 
 router = APIRouter()
@@ -57,10 +58,17 @@ def _body(raw: bytes) -> dict:
         return {}
     try:
         body = json.loads(raw)
+    except RecursionError:
+        raise OpenAIError(400, f"The body is nested deeper than {MAX_BODY_DEPTH} levels.",
+                          code="invalid_json") from None
     except ValueError as exc:
         raise OpenAIError(400, f"The body is not valid JSON: {exc}.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise OpenAIError(400, "The body must be a JSON object.", code="invalid_json")
+    if json_depth(body) > MAX_BODY_DEPTH:
+        # protobuf's own nesting limit sits well below what json.loads reaches.
+        raise OpenAIError(400, f"The body is nested deeper than {MAX_BODY_DEPTH} levels.",
+                          code="invalid_json")
     return body
 
 

@@ -1,0 +1,48 @@
+"""Huge inputs are ordinary 4xx, never a 5xx: errors that quote what the
+client sent (a model name, a profile, every unused field) are bounded so the
+status fits gRPC's trailer, and a deeply nested management body is refused
+before it reaches a parser's recursion limit."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from tests.conftest import MODEL
+from tests.grpc_helpers import chat_request, error_info
+from tests.http_helpers import call, post
+
+CHAT = "/v1/chat/completions"
+
+
+def chat(**fields) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            **fields}
+
+
+@pytest.mark.parametrize(("body", "headers", "status", "code"), [
+    (chat(model="m" * 20_000), {}, 404, "model_not_found"),
+    (chat(profile="p" * 30_000), {}, 404, "profile_not_found"),
+    (chat(**{f"unknown_{i}": i for i in range(3_000)}), {"X-miLLM-Strict": "1"}, 400,
+     "unused_fields_refused"),
+], ids=["model-name", "profile", "unused-fields"])
+def test_huge_inputs_are_4xx_with_a_bounded_message(stack, body, headers, status, code):
+    reply, content = post(stack.http_port, CHAT, body, headers=headers)
+    error = json.loads(content)["error"]
+    assert (reply.status, error["code"]) == (status, code)
+    assert len(error["message"]) <= 1024 and len(error["param"] or "") <= 256
+
+
+def test_a_huge_model_name_over_grpc_is_not_found(generation_stub):
+    with pytest.raises(grpc.RpcError) as caught:
+        list(generation_stub.Generate(chat_request(model="m" * 20_000), timeout=30))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_info(caught.value).reason == "model_not_found"
+
+
+def test_a_deeply_nested_management_body_is_400(stack):
+    raw = '{"name": "deep", "entries": ' + "[" * 5_000 + "]" * 5_000 + "}"
+    reply = call(stack.http_port, "POST", "/api/profiles", raw=raw.encode())
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_json"
