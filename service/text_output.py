@@ -138,3 +138,9 @@ class ByteLevelDetokenizer:
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
+
+
+def control_char_ids(pieces: list[bytes]) -> list[int]:
+    """Tokens whose bytes hold a control character (U+0000-U+001F): never part
+    of a compact JSON document, so both engines mask them for response_format."""
+    return [i for i, piece in enumerate(pieces) if any(b < 0x20 for b in piece)]

@@ -109,6 +109,11 @@ def test_a_conversation_with_a_call_and_its_answer_ignores_nothing(stack, sdk):
     assert raw.http_response.status_code == 200
     assert "X-miLLM-Ignored-Fields" not in raw.headers
     assert raw.parse().choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # The bridge carries the answer to the prompt: a longer one makes a longer prompt.
+    messages[-1]["content"] = "Sunny, 21 C, with a light wind from the west all afternoon"
+    longer = sdk.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS,
+                                         max_tokens=2, seed=1)
+    assert longer.usage.prompt_tokens > raw.parse().usage.prompt_tokens
 
 
 @pytest.mark.parametrize(("body", "param"), [

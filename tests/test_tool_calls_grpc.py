@@ -99,15 +99,23 @@ def test_the_arguments_stream_in_pieces(generation_stub):
 
 
 def test_a_conversation_with_a_call_and_its_answer_is_served(generation_stub):
-    user = generation_pb2.ChatMessage(role=generation_pb2.ROLE_USER, content="Weather?")
-    assistant = generation_pb2.ChatMessage(
-        role=generation_pb2.ROLE_ASSISTANT, tool_calls=[generation_pb2.ToolCall(
-            id="call_1", name="get_time", arguments_json='{"zone": "UTC"}')])
-    answer = generation_pb2.ChatMessage(role=generation_pb2.ROLE_TOOL, tool_call_id="call_1",
-                                        content="12:00")
-    responses = list(generation_stub.Generate(request(user, assistant, answer, max_tokens=8),
-                                              timeout=60))
-    assert responses[0].metadata.ignored_fields == []
+    """The call and its answer reach the prompt: nothing reported, and the
+    prompt grows with the answer's text and with the call's arguments."""
+    def prompt_tokens(answer_text: str, arguments: str) -> int:
+        user = generation_pb2.ChatMessage(role=generation_pb2.ROLE_USER, content="Weather?")
+        assistant = generation_pb2.ChatMessage(
+            role=generation_pb2.ROLE_ASSISTANT, tool_calls=[generation_pb2.ToolCall(
+                id="call_1", name="get_time", arguments_json=arguments)])
+        answer = generation_pb2.ChatMessage(role=generation_pb2.ROLE_TOOL,
+                                            tool_call_id="call_1", content=answer_text)
+        first = next(iter(generation_stub.Generate(
+            request(user, assistant, answer, max_tokens=2), timeout=60)))
+        assert list(first.metadata.ignored_fields) == []
+        return first.metadata.prompt_tokens
+
+    base = prompt_tokens("12:00", '{"zone": "UTC"}')
+    assert prompt_tokens("12:00 and a long answer from the tool", '{"zone": "UTC"}') > base
+    assert prompt_tokens("12:00", '{"zone": "UTC", "note": "a longer call"}') > base
 
 
 @pytest.mark.parametrize(("change", "param"), [

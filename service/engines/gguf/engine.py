@@ -45,7 +45,7 @@ from service.generation.job import (
 from service.models.registry import GGUF
 from service.requests.generation import PromptGroup
 from service.structured_output import GrammarCache
-from service.text_output import ByteLevelDetokenizer, StopMatcher
+from service.text_output import ByteLevelDetokenizer, StopMatcher, control_char_ids
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,7 @@ class GgufEngine(Engine):
         n_vocab = llm.n_vocab()
         self._token_bytes = [token_piece(vocab, i, special=False) for i in range(n_vocab)]
         self._tokens = TokenTable(n_vocab, self._token_bytes)
-        self._control_char_ids = [i for i, piece in enumerate(self._token_bytes)
-                                  if any(b < 0x20 for b in piece)]
+        self._control_char_ids = control_char_ids(self._token_bytes)
         self._eog = frozenset(i for i in range(n_vocab) if lib.llama_vocab_is_eog(vocab, i))
         self._control = frozenset(i for i in range(n_vocab)
                                   if lib.llama_vocab_is_control(vocab, i))

@@ -32,7 +32,7 @@ from service.generation.job import GenerationJob
 from service.models.registry import TRANSFORMERS
 from service.steering.runtime import SteeringRuntime
 from service.structured_output import GrammarCache
-from service.text_output import byte_level_table
+from service.text_output import byte_level_table, control_char_ids
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class TransformersEngine(Engine):
         table = byte_level_table(self.decoder)
         pieces = (table if table is not None else
                   [self.decoder.decode([i]).encode() for i in range(len(self.decoder))])
-        ids = [i for i, piece in enumerate(pieces) if any(b < 0x20 for b in piece)]
+        ids = control_char_ids(pieces)
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
     def grammar_for(self, constraint):
