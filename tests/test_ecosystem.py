@@ -191,7 +191,10 @@ def test_structured_output(eco_stack, model, library, path):
 def test_pydantic_ai_output_is_its_final_result_tool(eco_stack, model):
     report = run_path(eco_stack, model, "pydantic_ai", "output")
     check_weather(report["output"])
-    assert [c["name"] for c in report["tool_calls"]] == ["final_result"]
+    # The output is the first final_result call (the demo model, trained on tool
+    # turns, may make more than one when parallel calls are allowed).
+    names = [c["name"] for c in report["tool_calls"]]
+    assert names and set(names) == {"final_result"}, names
     arguments, fields = report["tool_calls"][0]["arguments"], report["output"]["fields"]
     # pydantic normalises what it parses (a UUID's hex digits to lower case).
     assert arguments.keys() == fields.keys()
