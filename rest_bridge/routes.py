@@ -65,7 +65,7 @@ async def create_response(request: Request):
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request):
-    return await request.app.state.responses.retrieve(response_id)
+    return await request.app.state.responses.retrieve(response_id, request.query_params)
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -208,6 +208,12 @@ def test_retrieve_then_delete(client):
         client.responses.create(model=MODEL, input="again", previous_response_id=r.id)
 
 
+def test_retrieve_does_not_replay_as_a_stream(stack, client):
+    r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    reply = call(stack.http_port, "GET", f"/v1/responses/{r.id}?stream=true")
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream"
+
+
 def test_store_false_is_not_kept(client):
     r = client.responses.create(model=MODEL, input="Forget me.", max_output_tokens=3,
                                 store=False)

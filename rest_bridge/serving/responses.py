@@ -137,7 +137,12 @@ class ResponsesHandler:
 
     # -- the stored responses ----------------------------------------------------------------
 
-    async def retrieve(self, response_id: str) -> dict:
+    async def retrieve(self, response_id: str, query) -> dict:
+        if query.get("stream", "false").lower() not in ("false", "0"):
+            # Replaying a stored response as events is not served.
+            raise OpenAIError(400, "'stream' is not honoured when reading a stored response: "
+                              "it is returned whole.", param="stream",
+                              code="field_not_honoured")
         return response_json((await self._read(response_id)).response, store=True)
 
     async def delete(self, response_id: str) -> dict:
