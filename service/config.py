@@ -46,6 +46,9 @@ class EngineConfig:
     # llama.cpp threads for GGUF models, and their context (0: the file's own).
     gguf_threads: int = 1
     gguf_context: int = 0
+    # Stored Responses API responses: most kept, and how long (docs/responses.md).
+    responses_max_count: int = 10_000
+    responses_max_age_days: float = 30.0
 
     @property
     def grpc_address(self) -> str:
@@ -140,6 +143,14 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                         help="MILLM_GGUF_THREADS: llama.cpp threads for GGUF models")
     parser.add_argument("--gguf-context", type=int, default=int(_env("MILLM_GGUF_CONTEXT", "0")),
                         help="MILLM_GGUF_CONTEXT: GGUF context window (0: the file's own)")
+    parser.add_argument(
+        "--responses-max-count", type=int,
+        default=int(_env("MILLM_RESPONSES_MAX_COUNT", "10000")),
+        help="MILLM_RESPONSES_MAX_COUNT: most stored responses kept; the oldest go first")
+    parser.add_argument(
+        "--responses-max-age-days", type=float,
+        default=float(_env("MILLM_RESPONSES_MAX_AGE_DAYS", "30")),
+        help="MILLM_RESPONSES_MAX_AGE_DAYS: stored responses older than this are removed")
     args = parser.parse_args(argv)
     for low, high in (("cluster_intensity_min", "cluster_intensity_max"),
                       ("circuit_intensity_min", "circuit_intensity_max")):
@@ -157,6 +168,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
     for name in ("max_batch", "max_queued"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.responses_max_count < 1 or not args.responses_max_age_days > 0:
+        parser.error("--responses-max-count must be at least 1 and --responses-max-age-days "
+                     "above 0")
     if args.prefix_cache_tokens < 0:
         parser.error("--prefix-cache-tokens must not be negative")
     data_dir = pathlib.Path(args.data_dir)
@@ -192,4 +206,6 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         memory_headroom_mib=args.memory_headroom_mib,
         gguf_threads=args.gguf_threads,
         gguf_context=args.gguf_context,
+        responses_max_count=args.responses_max_count,
+        responses_max_age_days=args.responses_max_age_days,
     )

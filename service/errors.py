@@ -72,6 +72,8 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "steering_unavailable": ErrorCode(_S.FAILED_PRECONDITION, 400),
     "invalid_document": ErrorCode(_S.INVALID_ARGUMENT, 400),
     "already_exists": ErrorCode(_S.ALREADY_EXISTS, 409),
+    # stored responses (ResponseService): unknown, expired, deleted or another key's
+    "response_not_found": ErrorCode(_S.NOT_FOUND, 404),
     # access
     "invalid_api_key": ErrorCode(_S.UNAUTHENTICATED, 401),
     "permission_error": ErrorCode(_S.PERMISSION_DENIED, 403, "permission_error"),

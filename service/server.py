@@ -19,6 +19,8 @@ from millm.v1 import (
     generation_service_pb2_grpc,
     model_service_pb2,
     model_service_pb2_grpc,
+    response_service_pb2,
+    response_service_pb2_grpc,
     scoring_service_pb2,
     scoring_service_pb2_grpc,
     server_service_pb2,
@@ -32,10 +34,12 @@ from service.inference import InferenceService
 from service.metrics import EngineMetrics
 from service.models.lifecycle import LifecycleConfig
 from service.models.registry import ModelRegistry
+from service.responses.store import ResponseStore, Retention
 from service.servicers.access import AccessInterceptor, DrainState
 from service.servicers.embeddings import EmbeddingServicer
 from service.servicers.generation import GenerationServicer
 from service.servicers.models import ModelServicer
+from service.servicers.responses import ResponseServicer
 from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
 from service.servicers.steering import SteeringServicer
@@ -52,6 +56,7 @@ SERVICE_NAMES = (
     scoring_service_pb2.DESCRIPTOR.services_by_name["ScoringService"].full_name,
     embedding_service_pb2.DESCRIPTOR.services_by_name["EmbeddingService"].full_name,
     steering_service_pb2.DESCRIPTOR.services_by_name["SteeringService"].full_name,
+    response_service_pb2.DESCRIPTOR.services_by_name["ResponseService"].full_name,
 )
 # These need the model; model listing and status answer while it loads.
 MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
@@ -63,8 +68,9 @@ class EngineServer:
     def __init__(self, config: EngineConfig, keys: api_keys.KeyRing | None = None):
         self.config = config
         self.keys = keys
+        state_db = config.data_dir / "steering.sqlite3"  # the engine's one state database
         self.steering = SteeringManager(
-            SteeringStore(config.data_dir / "steering.sqlite3"),
+            SteeringStore(state_db),
             config.saes_dir or config.models_dir / "saes",
             IntensityLimits(config.cluster_intensity_min, config.cluster_intensity_max,
                             config.circuit_intensity_min, config.circuit_intensity_max),
@@ -87,6 +93,8 @@ class EngineServer:
             ),
             steering=self.steering,
         )
+        self.responses = ResponseStore(state_db, Retention(
+            config.responses_max_count, config.responses_max_age_days * 86_400))
         self.health = health.aio.HealthServicer()
         self.drain = DrainState()
         self.metrics = EngineMetrics(self.inference)
@@ -109,6 +117,9 @@ class EngineServer:
         )
         steering_service_pb2_grpc.add_SteeringServiceServicer_to_server(
             SteeringServicer(self.steering), self.server
+        )
+        response_service_pb2_grpc.add_ResponseServiceServicer_to_server(
+            ResponseServicer(self.responses), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -180,6 +191,7 @@ class EngineServer:
         self.metrics.stop()
         self.inference.shutdown()
         self.steering.store.close()
+        self.responses.close()
 
 
 async def serve(config: EngineConfig) -> int:

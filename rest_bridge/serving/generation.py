@@ -201,7 +201,8 @@ class GenerationHandler(abc.ABC):
         result = await unless_disconnected(http_request, self.collect(call, reply))
         return JSONResponse(self.response_body(meta, reply, result), headers=headers)
 
-    def response_headers(self, meta: generation_pb2.ResponseMetadata) -> dict[str, str]:
+    @staticmethod
+    def response_headers(meta: generation_pb2.ResponseMetadata) -> dict[str, str]:
         headers = {}
         if meta.HasField("seed"):
             scope = SEED_SCOPES.get(meta.seed_scope, "best-effort")

@@ -126,7 +126,8 @@ def check_fields(params: GenerateParams, kind: EngineCapabilities,
     return the locations of fields that go unused (strict mode refuses them
     later, once every unused field is known). Runs before any load with the
     engine kind's capabilities, and again with the loaded model's."""
-    unused = fields.check(params.sent_fields(), params.route, kind, model)
+    unused = fields.check(params.sent_fields(), params.route, kind, model,
+                          unmapped=params.extra_fields.keys())
     check_generation_logprobs(params, model or kind)
     unused.extend(params.unused_fields)
     if params.user is not None:
