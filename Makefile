@@ -129,6 +129,7 @@ bench: setup proto model
 	$(PY) bench/structured_output.py
 	$(PY) bench/tool_calls.py
 	$(PY) bench/steering.py
+	$(PY) bench/steering_effect.py
 	$(PY) bench/gguf_peer.py
 
 clean:

@@ -14,8 +14,6 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from service.demo_model.sae import DEMO_SAES
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -30,10 +28,10 @@ def models_dir() -> pathlib.Path:
     data = os.environ.get("MILLM_DATA_DIR", str(ROOT / ".millm"))
     path = pathlib.Path(configured) if configured else pathlib.Path(data) / "models"
     from service.demo_model import build, gguf_export
+    from service.demo_model import sae as demo_sae
 
-    saes_built = all((path / "saes" / name[0] / "sae_weights.safetensors").is_file()
-                     for name in DEMO_SAES)
-    if not (build.is_built(path) and gguf_export.is_exported(path) and saes_built):
+    if not (build.is_built(path) and gguf_export.is_exported(path)
+            and demo_sae.all_built(path)):
         subprocess.run(
             [sys.executable, "-m", "service.demo_model", "--models-dir", str(path)],
             check=True, cwd=ROOT,

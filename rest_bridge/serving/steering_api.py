@@ -88,6 +88,19 @@ def _path(cls, **fields):
     return lambda path, raw: cls(**{f: path[p] for f, p in fields.items()})
 
 
+def _features(path, raw, query=None):
+    query = query or {}
+    request = pb.ListSaeFeaturesRequest(sae_id=path["sae_id"], query=query.get("query", ""))
+    for name in ("offset", "limit"):
+        if name in query:
+            try:
+                setattr(request, name, int(query[name]))
+            except ValueError:
+                raise OpenAIError(400, f"'{name}' must be an integer.", param=name,
+                                  code="invalid_parameter") from None
+    return request
+
+
 def _set_steering(path, raw):
     body = _body(raw)
     request = _parse({k: v for k, v in body.items() if k != "values"}, pb.SetSteeringRequest())
@@ -141,6 +154,8 @@ class Route:
     path: str
     rpc: str
     build: Callable
+    service: str = "steering"  # the EngineClient stub the RPC belongs to
+    query: bool = False  # build also takes the query string's parameters
 
 
 ROUTES = (
@@ -149,6 +164,7 @@ ROUTES = (
           _path(pb.AttachSaeRequest, sae_id="sae_id")),
     Route("POST", "/api/saes/{sae_id}/detach", "DetachSae",
           _path(pb.DetachSaeRequest, sae_id="sae_id")),
+    Route("GET", "/api/saes/{sae_id}/features", "ListSaeFeatures", _features, query=True),
     Route("GET", "/api/steering", "GetSteering", _empty(pb.GetSteeringRequest)),
     Route("PUT", "/api/steering", "SetSteering", _set_steering),
     Route("DELETE", "/api/steering", "SetSteering", _clear_values),
@@ -188,8 +204,11 @@ ROUTES = (
 def _endpoint(route: Route):
     async def endpoint(request: Request):
         raw = await read_body(request) if route.method in ("POST", "PUT", "PATCH") else b""
-        message = route.build(request.path_params, raw)
-        rpc = getattr(request.app.state.engine.steering, route.rpc)
+        if route.query:
+            message = route.build(request.path_params, raw, dict(request.query_params))
+        else:
+            message = route.build(request.path_params, raw)
+        rpc = getattr(getattr(request.app.state.engine, route.service), route.rpc)
         try:
             reply = await rpc(message, timeout=30, metadata=call_metadata.get())
         except grpc.aio.AioRpcError as exc:
@@ -200,5 +219,9 @@ def _endpoint(route: Route):
     return endpoint
 
 
-for _route in ROUTES:
-    router.add_api_route(_route.path, _endpoint(_route), methods=[_route.method])
+def register(routes: tuple[Route, ...]) -> None:
+    for route in routes:
+        router.add_api_route(route.path, _endpoint(route), methods=[route.method])
+
+
+register(ROUTES)

@@ -281,9 +281,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if present")
     args = parser.parse_args(argv)
     models_dir = pathlib.Path(args.models_dir)
-    # The demo SAEs are cheap and independent of the model's build.
-    for path in demo_sae.ensure_built(models_dir):
-        print(f"built demo SAE {path}", file=sys.stderr)
     rebuilt = False
     if is_built(models_dir) and not args.force:
         print(f"{MODEL_ID} already built in {models_dir}")
@@ -297,6 +294,14 @@ def main(argv: list[str] | None = None) -> int:
             f"revision {meta['revision']}, loss {meta['final_training_loss']})",
             file=sys.stderr,
         )
+    # The demo SAEs are trained on the checkpoint's activations: a rebuilt
+    # checkpoint (another revision) gets them trained again.
+    started = time.monotonic()
+    for path in demo_sae.ensure_built(models_dir):
+        marker = json.loads((path / demo_sae.MARKER).read_text())
+        print(f"trained demo SAE {path} ({time.monotonic() - started:.1f}s, "
+              f"{marker['variance_explained']:.0%} of variance explained, "
+              f"{marker['features_alive']} features alive)", file=sys.stderr)
     # The GGUF export follows the checkpoint: a rebuilt checkpoint is exported again.
     if rebuilt or not gguf_export.is_exported(models_dir):
         started = time.monotonic()

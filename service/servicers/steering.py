@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from millm.v1 import steering_pb2, steering_service_pb2, steering_service_pb2_grpc
 from service.errors import EngineError
 from service.servicers.error_handling import unary_errors
 from service.steering import documents, manager
+from service.steering.features import FeatureRecords
 from service.steering.manager import SteeringManager
 
 MAX_DOCUMENT_BYTES = 1 << 20
@@ -55,9 +57,23 @@ def document_from_pb(text: str):
                                          f"{exc}.") from None
 
 
+def _feature(f: dict) -> steering_service_pb2.SaeFeature:
+    return steering_service_pb2.SaeFeature(
+        index=f["index"], density=float(f.get("density", 0.0)),
+        max_activation=float(f.get("max", 0.0)),
+        top_tokens=[steering_service_pb2.FeatureToken(
+            token=str(t.get("token", "")), count=int(t.get("count", 0)),
+            max=float(t.get("max", 0.0))) for t in f.get("top_tokens", ())],
+        examples=[steering_service_pb2.FeatureExample(
+            value=float(e.get("value", 0.0)), token=str(e.get("token", "")),
+            left=str(e.get("left", "")), right=str(e.get("right", "")))
+            for e in f.get("examples", ())])
+
+
 class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
     def __init__(self, steering: SteeringManager):
         self._m = steering
+        self._features = FeatureRecords()
 
     # -- conversions ---------------------------------------------------------------------
 
@@ -119,6 +135,16 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
         live = await self._m.detach(request.sae_id)
         return steering_service_pb2.DetachSaeResponse(sae=self._sae(self._info(request.sae_id)),
                                                       liveness=_live(live))
+
+    @unary_errors
+    async def ListSaeFeatures(self, request, context):
+        info = self._info(request.sae_id)
+        page = await asyncio.to_thread(
+            self._features.page, info, request.query, request.offset,
+            request.limit if request.HasField("limit") else None)
+        return steering_service_pb2.ListSaeFeaturesResponse(
+            sae=self._sae(info), recorded=page.recorded, total=page.total,
+            tokens_read=page.tokens_read, features=[_feature(f) for f in page.features])
 
     # -- live values ----------------------------------------------------------------------------
 

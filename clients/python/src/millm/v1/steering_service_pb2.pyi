@@ -186,6 +186,68 @@ class DetachSaeResponse(_message.Message):
     liveness: Liveness
     def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
 
+class ListSaeFeaturesRequest(_message.Message):
+    __slots__ = ("sae_id", "query", "offset", "limit")
+    SAE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    sae_id: str
+    query: str
+    offset: int
+    limit: int
+    def __init__(self, sae_id: _Optional[str] = ..., query: _Optional[str] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class FeatureToken(_message.Message):
+    __slots__ = ("token", "count", "max")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    count: int
+    max: float
+    def __init__(self, token: _Optional[str] = ..., count: _Optional[int] = ..., max: _Optional[float] = ...) -> None: ...
+
+class FeatureExample(_message.Message):
+    __slots__ = ("value", "token", "left", "right")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
+    RIGHT_FIELD_NUMBER: _ClassVar[int]
+    value: float
+    token: str
+    left: str
+    right: str
+    def __init__(self, value: _Optional[float] = ..., token: _Optional[str] = ..., left: _Optional[str] = ..., right: _Optional[str] = ...) -> None: ...
+
+class SaeFeature(_message.Message):
+    __slots__ = ("index", "density", "max_activation", "top_tokens", "examples")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DENSITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVATION_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    density: float
+    max_activation: float
+    top_tokens: _containers.RepeatedCompositeFieldContainer[FeatureToken]
+    examples: _containers.RepeatedCompositeFieldContainer[FeatureExample]
+    def __init__(self, index: _Optional[int] = ..., density: _Optional[float] = ..., max_activation: _Optional[float] = ..., top_tokens: _Optional[_Iterable[_Union[FeatureToken, _Mapping]]] = ..., examples: _Optional[_Iterable[_Union[FeatureExample, _Mapping]]] = ...) -> None: ...
+
+class ListSaeFeaturesResponse(_message.Message):
+    __slots__ = ("sae", "recorded", "total", "tokens_read", "features")
+    SAE_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_READ_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    sae: Sae
+    recorded: bool
+    total: int
+    tokens_read: int
+    features: _containers.RepeatedCompositeFieldContainer[SaeFeature]
+    def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., recorded: _Optional[bool] = ..., total: _Optional[int] = ..., tokens_read: _Optional[int] = ..., features: _Optional[_Iterable[_Union[SaeFeature, _Mapping]]] = ...) -> None: ...
+
 class GetSteeringRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -54,6 +54,11 @@ class SteeringServiceStub:
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.DetachSaeRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_steering__service__pb2.DetachSaeResponse.FromString,
                 _registered_method=True)
+        self.ListSaeFeatures = channel.unary_unary(
+                '/millm.v1.SteeringService/ListSaeFeatures',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesResponse.FromString,
+                _registered_method=True)
         self.GetSteering = channel.unary_unary(
                 '/millm.v1.SteeringService/GetSteering',
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.GetSteeringRequest.SerializeToString,
@@ -180,6 +185,14 @@ class SteeringServiceServicer:
 
     def DetachSae(self, request, context):
         """Detach an SAE; its layer is no longer steered or read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSaeFeatures(self, request, context):
+        """What an SAE's features fire on, as recorded beside it (features.json):
+        the tokens where each fires hardest, with their context.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -343,6 +356,11 @@ def add_SteeringServiceServicer_to_server(servicer, server):
                     servicer.DetachSae,
                     request_deserializer=millm_dot_v1_dot_steering__service__pb2.DetachSaeRequest.FromString,
                     response_serializer=millm_dot_v1_dot_steering__service__pb2.DetachSaeResponse.SerializeToString,
+            ),
+            'ListSaeFeatures': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSaeFeatures,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesResponse.SerializeToString,
             ),
             'GetSteering': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSteering,
@@ -531,6 +549,33 @@ class SteeringService:
             '/millm.v1.SteeringService/DetachSae',
             millm_dot_v1_dot_steering__service__pb2.DetachSaeRequest.SerializeToString,
             millm_dot_v1_dot_steering__service__pb2.DetachSaeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSaeFeatures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/ListSaeFeatures',
+            millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesResponse.FromString,
             options,
             channel_credentials,
             insecure,
