@@ -130,6 +130,7 @@ bench: setup proto model
 	$(PY) bench/tool_calls.py
 	$(PY) bench/steering.py
 	$(PY) bench/steering_effect.py
+	$(PY) bench/monitoring.py
 	$(PY) bench/gguf_peer.py
 
 clean:

@@ -72,6 +72,7 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "steering_unavailable": ErrorCode(_S.FAILED_PRECONDITION, 400),
     "invalid_document": ErrorCode(_S.INVALID_ARGUMENT, 400),
     "already_exists": ErrorCode(_S.ALREADY_EXISTS, 409),
+    "probe_not_found": ErrorCode(_S.NOT_FOUND, 404),
     # stored responses (ResponseService): unknown, expired, deleted or another key's
     "response_not_found": ErrorCode(_S.NOT_FOUND, 404),
     # access

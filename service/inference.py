@@ -39,6 +39,7 @@ from service.requests.params import EmbedParams, GenerateParams
 from service.requests.tools import ToolPlan
 from service.steering import intensity, readout
 from service.steering.manager import UNSTEERED, SteeringManager
+from service.steering.monitoring import MonitoringManager
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,11 @@ class InferenceService:
         prefix_cache_tokens: int = 32768,
         lifecycle: LifecycleConfig | None = None,
         steering: SteeringManager | None = None,
+        monitoring: MonitoringManager | None = None,
     ):
         self.registry = registry
         self.steering = steering
+        self.monitoring = monitoring
         self.lifecycle = ModelLifecycle(registry, lifecycle or LifecycleConfig(
             device=device, limits=limits or SchedulerLimits(),
             prefix_cache_tokens=prefix_cache_tokens))
@@ -133,7 +136,7 @@ class InferenceService:
         lease = await self.lifecycle.acquire(params.model)
         try:
             spec = await self._validate(params, lease)
-            yield Generation(spec, lease)
+            yield Generation(spec, lease, self.monitoring)
         finally:
             lease.release()
 
@@ -153,6 +156,11 @@ class InferenceService:
         if steering is not None and not checked.scoring:
             # Scoring is never steered: check_params refuses profile and dial.
             resolved = steering.resolve(params.profile, dial)
+        # Every generation of a monitored model is read (validated() leaves
+        # scoring out).
+        monitoring = None
+        if steering is not None and self.monitoring is not None:
+            monitoring = self.monitoring.spec_for(info.id)
         activations = None
         if params.sae_activations is not None:
             activations = readout.check_request(params.sae_activations, steering.attached)
@@ -185,7 +193,7 @@ class InferenceService:
                            for p in params.prompts])
         return validated(params, checked, groups, request_id, ignored_fields=tuple(ignored),
                          grammar=grammar, prompt_texts=texts, steering=resolved,
-                         activations=activations)
+                         activations=activations, monitoring=monitoring)
 
     @staticmethod
     def _tokenize(engine: Engine, params: GenerateParams,

@@ -23,10 +23,12 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 
 
 class _EngineCollector:
-    def __init__(self, inference):
+    def __init__(self, inference, monitoring=None):
         self.inference = inference
+        self.monitoring = monitoring
 
     def collect(self):
+        yield from self._probes()
         loaded = GaugeMetricFamily("millm_engine_model_loaded",
                                    "1 for the model this engine serves", labels=["model"])
         if self.inference.loaded is not None:
@@ -60,14 +62,31 @@ class _EngineCollector:
         yield outcomes
 
 
+    def _probes(self):
+        """Monitoring: generations read and fired on, per probe, since start."""
+        if self.monitoring is None:
+            return
+        monitored = CounterMetricFamily("millm_engine_monitored_generations",
+                                        "generations read by monitoring probes",
+                                        value=self.monitoring.total_requests)
+        read = CounterMetricFamily("millm_engine_probe_reads", "generations a probe read",
+                                   labels=["probe"])
+        fired = CounterMetricFamily("millm_engine_probe_fired",
+                                    "generations on which a probe fired", labels=["probe"])
+        for name, (n_read, n_fired) in sorted(self.monitoring.totals.items()):
+            read.add_metric([name], n_read)
+            fired.add_metric([name], n_fired)
+        yield from (monitored, read, fired)
+
+
 class EngineMetrics:
-    def __init__(self, inference):
+    def __init__(self, inference, monitoring=None):
         self.registry = CollectorRegistry()
         self.rpcs = Counter("millm_engine_rpcs", "RPCs by method and status code",
                             ["method", "code"], registry=self.registry)
         self.rpc_seconds = Histogram("millm_engine_rpc_duration_seconds", "RPC duration",
                                      ["method"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.registry.register(_EngineCollector(inference))
+        self.registry.register(_EngineCollector(inference, monitoring))
         self._server: WSGIServer | None = None
 
     def rpc_done(self, method: str, code: str, seconds: float) -> None:

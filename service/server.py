@@ -19,6 +19,8 @@ from millm.v1 import (
     generation_service_pb2_grpc,
     model_service_pb2,
     model_service_pb2_grpc,
+    monitoring_service_pb2,
+    monitoring_service_pb2_grpc,
     response_service_pb2,
     response_service_pb2_grpc,
     scoring_service_pb2,
@@ -39,12 +41,14 @@ from service.servicers.access import AccessInterceptor, DrainState
 from service.servicers.embeddings import EmbeddingServicer
 from service.servicers.generation import GenerationServicer
 from service.servicers.models import ModelServicer
+from service.servicers.monitoring import MonitoringServicer
 from service.servicers.responses import ResponseServicer
 from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
 from service.servicers.steering import SteeringServicer
 from service.steering.intensity import IntensityLimits
 from service.steering.manager import SteeringManager
+from service.steering.monitoring import MonitoringManager
 from service.steering.store import SteeringStore
 
 log = logging.getLogger("millm.engine")
@@ -57,6 +61,7 @@ SERVICE_NAMES = (
     embedding_service_pb2.DESCRIPTOR.services_by_name["EmbeddingService"].full_name,
     steering_service_pb2.DESCRIPTOR.services_by_name["SteeringService"].full_name,
     response_service_pb2.DESCRIPTOR.services_by_name["ResponseService"].full_name,
+    monitoring_service_pb2.DESCRIPTOR.services_by_name["MonitoringService"].full_name,
 )
 # These need the model; model listing and status answer while it loads.
 MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
@@ -75,6 +80,7 @@ class EngineServer:
             IntensityLimits(config.cluster_intensity_min, config.cluster_intensity_max,
                             config.circuit_intensity_min, config.circuit_intensity_max),
         )
+        self.monitoring = MonitoringManager(self.steering)
         self.inference = InferenceService(
             ModelRegistry(config.models_dir),
             lifecycle=LifecycleConfig(
@@ -92,12 +98,13 @@ class EngineServer:
                 gguf_context=config.gguf_context,
             ),
             steering=self.steering,
+            monitoring=self.monitoring,
         )
         self.responses = ResponseStore(state_db, Retention(
             config.responses_max_count, config.responses_max_age_days * 86_400))
         self.health = health.aio.HealthServicer()
         self.drain = DrainState()
-        self.metrics = EngineMetrics(self.inference)
+        self.metrics = EngineMetrics(self.inference, self.monitoring)
         self.server = grpc.aio.server(
             interceptors=[AccessInterceptor(keys, self.drain, self.metrics)])
         generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(
@@ -117,6 +124,9 @@ class EngineServer:
         )
         steering_service_pb2_grpc.add_SteeringServiceServicer_to_server(
             SteeringServicer(self.steering), self.server
+        )
+        monitoring_service_pb2_grpc.add_MonitoringServiceServicer_to_server(
+            MonitoringServicer(self.monitoring, self.inference), self.server
         )
         response_service_pb2_grpc.add_ResponseServiceServicer_to_server(
             ResponseServicer(self.responses), self.server

@@ -110,6 +110,7 @@ class Accumulated:
     calls: dict[int, dict[int, dict]] = field(default_factory=dict)
     usage: generation_pb2.Usage | None = None
     activations: object = None  # steering_pb2.SaeActivations, when asked for
+    verdicts: object = None  # monitoring_pb2.ProbeVerdicts, when the model is monitored
 
 
 @dataclass
@@ -252,6 +253,8 @@ class GenerationHandler(abc.ABC):
                     acc.usage = message.usage
                 if message.HasField("sae_activations"):
                     acc.activations = message.sae_activations
+                if message.HasField("probe_verdicts"):
+                    acc.verdicts = message.probe_verdicts
         except grpc.aio.AioRpcError as exc:
             raise self.relabel(from_rpc_error(exc)) from None
         finally:
@@ -272,8 +275,11 @@ class GenerationHandler(abc.ABC):
                 acc.scores.get(i, []), **extra))
         usage = acc.usage or generation_pb2.Usage(prompt_tokens=meta.prompt_tokens)
         body["usage"] = self.usage_json(usage)
+        if acc.verdicts is not None:
+            body.setdefault("millm", {})["probe_verdicts"] = steering_fields.verdicts_json(
+                acc.verdicts)
         if acc.activations is not None:
-            body["millm"] = steering_fields.millm_object(acc.activations)
+            body.setdefault("millm", {}).update(steering_fields.millm_object(acc.activations))
         return body
 
     async def stream(self, call, meta, reply: Reply, count: int,
@@ -318,6 +324,10 @@ class GenerationHandler(abc.ABC):
                                                                [])]))
                 if message.HasField("usage") and include_usage:
                     events.append(chunk([], usage=self.usage_json(message.usage)))
+                if message.HasField("probe_verdicts"):
+                    # A chunk of its own after usage, before the activations and [DONE].
+                    events.append(chunk([], millm={"probe_verdicts": steering_fields.verdicts_json(
+                        message.probe_verdicts)}))
                 if message.HasField("sae_activations"):
                     # Its own last chunk, after usage and before [DONE].
                     events.append(chunk([], millm=steering_fields.millm_object(

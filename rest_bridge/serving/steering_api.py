@@ -219,9 +219,9 @@ def _endpoint(route: Route):
     return endpoint
 
 
-def register(routes: tuple[Route, ...]) -> None:
+def register(into: APIRouter, routes: tuple[Route, ...]) -> None:
     for route in routes:
-        router.add_api_route(route.path, _endpoint(route), methods=[route.method])
+        into.add_api_route(route.path, _endpoint(route), methods=[route.method])
 
 
-register(ROUTES)
+register(router, ROUTES)

@@ -1,10 +1,11 @@
 """The steering fields of chat and text completions, both ways: the request's
 profile, dial and return_sae_activations into GenerateRequest, and the
-steering headers and `millm.sae_activations` object out of the response."""
+steering headers and the `millm` object (sae_activations, probe_verdicts) out
+of the response."""
 
 from __future__ import annotations
 
-from millm.v1 import generation_pb2, steering_pb2
+from millm.v1 import generation_pb2, monitoring_pb2, steering_pb2
 from rest_bridge.errors import OpenAIError
 from rest_bridge.protocol.base import wire_int64
 
@@ -100,3 +101,10 @@ def activations_json(a: steering_pb2.SaeActivations) -> dict:
 
 def millm_object(a: steering_pb2.SaeActivations) -> dict:
     return {"sae_activations": activations_json(a)}
+
+
+def verdicts_json(v: monitoring_pb2.ProbeVerdicts) -> list[dict]:
+    return [{"probe": x.probe, "sae_id": x.sae_id, "layer": x.layer, "fired": x.fired,
+             "peak": x.peak, "threshold": x.threshold,
+             "first_position": x.first_position if x.HasField("first_position") else None,
+             "positions_read": x.positions_read} for x in v.verdicts]

@@ -1,6 +1,7 @@
 """What a running generation tells its caller, in order: GenerationStarted
 (or, for echo, Echoed first), StepOutputs (generation/job.py), then
-GenerationFinished and, when activations were asked for, ActivationsRead.
+GenerationFinished, then ProbesRead when the model is monitored and
+ActivationsRead when activations were asked for.
 The servicers turn each into one protobuf response."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 from service.engines.scores import TokenScore
 from service.steering import readout
+from service.steering.probes import Verdict
 from service.structured_output import Constraint
 
 
@@ -49,6 +51,14 @@ class ActivationsRead:
     """return_sae_activations' answer, after everything else."""
 
     result: readout.ActivationResult
+
+
+@dataclass(frozen=True)
+class ProbesRead:
+    """The monitoring probes' verdicts, after GenerationFinished and before
+    ActivationsRead."""
+
+    verdicts: tuple[Verdict, ...]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from service.errors import EngineError
 
 if TYPE_CHECKING:
     from service.requests.generation import ValidatedGeneration
+    from service.steering.probes import ProbeReader
     from service.steering.runtime import ActivationRecorder
 
 
@@ -92,6 +93,15 @@ class GenerationJob:
     # Set once by the model thread when the job ends: done, cancelled or failed.
     outcome: str | None = None
     recorder: ActivationRecorder | None = None  # return_sae_activations: what was read
+    # Monitoring: the probes' readings, written by the model thread while the
+    # job runs and read once every group is done.
+    monitor: ProbeReader | None = None
+
+    def __post_init__(self):
+        if self.spec.monitoring is not None:
+            from service.steering.probes import ProbeReader
+
+            self.monitor = ProbeReader(self.spec.monitoring)
 
     def post(self, event) -> None:
         """Called from the model thread."""

@@ -22,6 +22,7 @@ from service.generation.events import (
     EchoedPrompt,
     GenerationFinished,
     GenerationStarted,
+    ProbesRead,
 )
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob, StepOutput
 from service.generation.tool_calls import ToolCalls
@@ -31,12 +32,14 @@ from service.steering import readout
 from service.steering.runtime import UNSTEERED as UNSTEERED_READ
 from service.steering.runtime import ActivationRecorder
 
-Event = GenerationStarted | Echoed | StepOutput | GenerationFinished | ActivationsRead
+Event = (GenerationStarted | Echoed | StepOutput | GenerationFinished | ProbesRead
+         | ActivationsRead)
 
 
 class Generation:
-    def __init__(self, spec: ValidatedGeneration, lease: Lease):
+    def __init__(self, spec: ValidatedGeneration, lease: Lease, monitoring=None):
         self.spec, self.lease = spec, lease
+        self.monitoring = monitoring  # steering.monitoring.MonitoringManager
 
     def started(self) -> GenerationStarted:
         spec, info = self.spec, self.lease.info
@@ -84,6 +87,8 @@ class Generation:
             # Closed before or between events: the model thread drops the job.
             job.cancelled.set()
         yield GenerationFinished(spec.prompt_tokens, job.completion_tokens, job.cached_tokens)
+        if job.monitor is not None and self.monitoring is not None:
+            yield ProbesRead(self.monitoring.record(job.monitor))
         if spec.activations is not None:
             yield ActivationsRead(readout.result(spec.activations, job.recorder))
 

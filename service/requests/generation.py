@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from xgrammar import CompiledGrammar
 
     from service.steering.manager import Resolved
+    from service.steering.probes import MonitorSpec
     from service.steering.runtime import ActivationSpec, SteeringPlan
 
 
@@ -75,6 +76,8 @@ class ValidatedGeneration:
     activations: ActivationSpec | None = None
     # Tool calling: the tools and the choice (its grammar is `grammar`).
     tools: ToolPlan | None = None
+    # Monitoring: the probes that read this generation (None: not monitored).
+    monitoring: MonitorSpec | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -144,7 +147,8 @@ def validated(params: GenerateParams, checked: CheckedParams, groups: tuple[Prom
               request_id: str, *, ignored_fields: tuple[str, ...] = (),
               grammar: CompiledGrammar | None = None, prompt_texts: tuple[str, ...] = (),
               steering: Resolved | None = None,
-              activations: ActivationSpec | None = None) -> ValidatedGeneration:
+              activations: ActivationSpec | None = None,
+              monitoring: MonitorSpec | None = None) -> ValidatedGeneration:
     """The one place a ValidatedGeneration is built, from the checked
     parameters, the fitted groups and what needed the model."""
     return ValidatedGeneration(
@@ -168,6 +172,7 @@ def validated(params: GenerateParams, checked: CheckedParams, groups: tuple[Prom
         circuit_rung=steering.rung if steering else None,
         activations=activations,
         tools=checked.tools,
+        monitoring=None if checked.scoring else monitoring,
     )
 
 

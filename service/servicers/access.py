@@ -22,7 +22,7 @@ import grpc
 from common import api_keys
 from service.errors import EngineError
 from service.rate_limit import RateLimiter
-from service.servicers import steering
+from service.servicers import monitoring, steering
 
 log = logging.getLogger("millm.access")
 
@@ -30,7 +30,8 @@ EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 # RPCs that change the server's state need an admin key.
 ADMIN_METHODS = frozenset({"/millm.v1.ServerService/ClearPrefixCache",
                            "/millm.v1.ModelService/LoadModel",
-                           "/millm.v1.ModelService/UnloadModel"}) | steering.ADMIN_METHODS
+                           "/millm.v1.ModelService/UnloadModel"}) | steering.ADMIN_METHODS \
+    | monitoring.ADMIN_METHODS
 
 
 # The key of the call being served (None when no keys are configured), for the

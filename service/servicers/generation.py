@@ -10,6 +10,7 @@ from millm.v1 import (
     generation_pb2,
     generation_service_pb2,
     generation_service_pb2_grpc,
+    monitoring_pb2,
     steering_pb2,
 )
 from service.errors import invalid_parameter
@@ -18,6 +19,7 @@ from service.generation.events import (
     Echoed,
     GenerationFinished,
     GenerationStarted,
+    ProbesRead,
 )
 from service.generation.job import FinishReason, StepOutput
 from service.inference import InferenceService
@@ -167,6 +169,17 @@ def activations_to_pb(result: readout.ActivationResult) -> steering_pb2.SaeActiv
             for position, token_id, features in result.positions])
 
 
+def verdicts_to_pb(verdicts) -> monitoring_pb2.ProbeVerdicts:
+    out = monitoring_pb2.ProbeVerdicts()
+    for v in verdicts:
+        pb = out.verdicts.add(probe=v.probe, sae_id=v.sae_id, layer=v.layer, fired=v.fired,
+                              peak=v.peak, positions_read=v.positions_read,
+                              threshold=v.threshold)
+        if v.first_position is not None:
+            pb.first_position = v.first_position
+    return out
+
+
 def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateParams:
     s = request.sampling
     messages = prompts = None
@@ -254,6 +267,9 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
     if isinstance(event, ActivationsRead):
         return generation_service_pb2.GenerateResponse(
             sae_activations=activations_to_pb(event.result))
+    if isinstance(event, ProbesRead):
+        return generation_service_pb2.GenerateResponse(
+            probe_verdicts=verdicts_to_pb(event.verdicts))
     if isinstance(event, StepOutput):
         return generation_service_pb2.GenerateResponse(
             choices=[

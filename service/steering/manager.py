@@ -156,6 +156,15 @@ class SteeringManager:
     def list_saes(self) -> tuple[list[SaeInfo], list[tuple[str, str]]]:
         return self.saes.scan()
 
+    def sae_info(self, sae_id: str) -> SaeInfo:
+        """An SAE on disk, attached or not (sae_not_found, invalid_sae)."""
+        return self._info(sae_id)
+
+    @property
+    def hookable(self) -> bool:
+        """Whether the loaded model has steering hooks."""
+        return self._model is not None
+
     def _info(self, sae_id: str) -> SaeInfo:
         found, broken = self.saes.scan()
         for info in found:

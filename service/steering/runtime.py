@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from service.steering.probes import read_layer
 from service.steering.sae import SaeWeights
 
 POST_STEERING, PRE_STEERING, UNSTEERED = "post_steering", "pre_steering", "unsteered"
@@ -123,10 +124,12 @@ class Capture:
 
 @dataclass
 class ForwardSteering:
-    """One forward pass's steering: layer -> [rows, d] deltas, layer -> captures."""
+    """One forward pass's steering: layer -> [rows, d] deltas, layer -> captures,
+    and layer -> the monitoring probes' reads (probes.MonitorRead)."""
 
     deltas: dict[int, torch.Tensor]
     captures: dict[int, list[Capture]]
+    monitors: dict[int, list] = field(default_factory=dict)
 
 
 def stack_deltas(per_row: list[dict[int, torch.Tensor] | None],
@@ -195,9 +198,12 @@ class SteeringRuntime:
                 return None
             delta = steering.deltas.get(layer)
             captures = steering.captures.get(layer, ())
-            if delta is None and not captures:
+            reads = steering.monitors.get(layer)
+            if delta is None and not captures and not reads:
                 return None
             hidden = output[0] if isinstance(output, tuple) else output
+            if reads:  # monitoring reads at pre_steering
+                read_layer(hidden, reads)
             for c in captures:
                 if c.recorder.spec.read_point == PRE_STEERING:
                     c.recorder.record(hidden[c.row, c.column:], c.positions, c.token_ids)

@@ -7,6 +7,7 @@ database is read once at start.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 import sqlite3
@@ -21,6 +22,7 @@ CREATE TABLE IF NOT EXISTS profiles (
   entries TEXT NOT NULL, target TEXT NOT NULL, created INTEGER NOT NULL, updated INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS clusters (name TEXT PRIMARY KEY, document TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS circuits (name TEXT PRIMARY KEY, document TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS probes (name TEXT PRIMARY KEY, document TEXT NOT NULL);
 """
 
 
@@ -121,6 +123,24 @@ class SteeringStore:
     @staticmethod
     def delete_profile_sql(name: str) -> tuple[str, tuple]:
         return ("DELETE FROM profiles WHERE name = ?", (name,))
+
+    # -- monitoring: probes and the per-model switch ----------------------------------
+    # Awaited off the event loop: a write and its fsync must not stall the streams.
+
+    def probes(self) -> list[dict]:
+        return [json.loads(r[0]) for r in self._rows("SELECT document FROM probes ORDER BY name")]
+
+    async def put_probe(self, name: str, document: dict) -> None:
+        await asyncio.to_thread(self._write, ("INSERT OR REPLACE INTO probes VALUES (?, ?)",
+                                              (name, json.dumps(document))))
+
+    async def delete_probe(self, name: str) -> None:
+        await asyncio.to_thread(self._write, ("DELETE FROM probes WHERE name = ?", (name,)))
+
+    async def set_monitoring(self, models: dict[str, bool]) -> None:
+        await asyncio.to_thread(self._write, (
+            "INSERT INTO settings(key, value) VALUES ('monitoring', ?) ON CONFLICT(key) DO "
+            "UPDATE SET value = excluded.value", (json.dumps(models),)))
 
     def write(self, *statements: tuple[str, tuple]) -> None:
         """Several changes in one transaction (say, a cluster and its profile)."""

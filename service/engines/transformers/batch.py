@@ -24,6 +24,7 @@ from service.engines.transformers import reading
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
 from service.requests.generation import PromptGroup
 from service.sampling import SamplingOptions, apply_penalties, choose_tokens
+from service.steering.probes import ProbeReader, add_reads
 from service.steering.runtime import (
     ActivationRecorder,
     Capture,
@@ -76,6 +77,8 @@ class GroupProgress:
     # This request's own steering (layer -> delta), made on the model thread.
     deltas: dict | None = None
     recorder: ActivationRecorder | None = None
+    # Monitoring's probes, when the request's model is monitored (one per job).
+    monitor: ProbeReader | None = None
 
     def __post_init__(self):
         spec = self.job.spec
@@ -83,12 +86,14 @@ class GroupProgress:
             self.deltas = spec.steering.deltas()
         if spec.activations is not None:
             self.recorder = ActivationRecorder(spec.activations, len(self.group.prompt_ids))
+        self.monitor = self.job.monitor
 
     @property
     def steered_or_reading(self) -> bool:
-        """Steered or recording: its KV and activations are its own, so it
-        neither reads nor feeds the prefix cache."""
-        return self.deltas is not None or self.recorder is not None
+        """Steered, recording or monitored: its KV and activations are its
+        own (a monitor reads every prompt position), so it neither reads nor
+        feeds the prefix cache."""
+        return self.deltas is not None or self.recorder is not None or self.monitor is not None
 
 
 _row_serials = itertools.count()
@@ -292,12 +297,14 @@ def _prefill_steering(ctx: ModelContext, progresses: list[GroupProgress], width:
         return None
     deltas = stack_deltas([p.deltas for p in progresses], ctx.steering)
     captures: dict[int, list[Capture]] = {}
+    monitors: dict[int, list] = {}
     for i, p in enumerate(progresses):
+        prompt = list(p.group.prompt_ids)
         if p.recorder is not None:
-            prompt = list(p.group.prompt_ids)
             captures.setdefault(p.recorder.spec.layer, []).append(
                 Capture(i, width - len(prompt), list(range(len(prompt))), prompt, p.recorder))
-    return ForwardSteering(deltas, captures)
+        add_reads(monitors, p.monitor, i, width - len(prompt), list(range(len(prompt))))
+    return ForwardSteering(deltas, captures, monitors)
 
 
 def _pad_left(tensor: torch.Tensor, amount: int, dim: int) -> torch.Tensor:
@@ -388,14 +395,19 @@ class Lane:
                                          ctx.steering)
             self._stacked_for = key
         captures: dict[int, list[Capture]] = {}
-        recording = [i for i, row in enumerate(self.rows) if row.progress.recorder is not None]
+        monitors: dict[int, list] = {}
+        recording = [i for i, row in enumerate(self.rows)
+                     if row.progress.recorder is not None or row.progress.monitor is not None]
         if recording:
             positions = self.positions.tolist()  # one device sync, only when reading
             for i in recording:
-                row = self.rows[i]
-                captures.setdefault(row.progress.recorder.spec.layer, []).append(
-                    Capture(i, 0, [positions[i]], [row.last_token], row.progress.recorder))
-        return ForwardSteering(self._stacked, captures)
+                progress = self.rows[i].progress
+                if progress.recorder is not None:
+                    captures.setdefault(progress.recorder.spec.layer, []).append(
+                        Capture(i, 0, [positions[i]], [self.rows[i].last_token],
+                                progress.recorder))
+                add_reads(monitors, progress.monitor, i, 0, [positions[i]])
+        return ForwardSteering(self._stacked, captures, monitors)
 
     def step(self) -> list[tuple[Row, ChoiceDelta, bool]]:
         """One decode step for every row; finished rows leave the lane."""

@@ -47,6 +47,7 @@ from millm.v1 import (
     generation_service_pb2_grpc,
     model_service_pb2,
     model_service_pb2_grpc,
+    monitoring_service_pb2_grpc,
     response_service_pb2_grpc,
     scoring_service_pb2,
     scoring_service_pb2_grpc,
@@ -201,6 +202,7 @@ class _Stubs:
         self.server = server_service_pb2_grpc.ServerServiceStub(channel)
         self.steering = steering_service_pb2_grpc.SteeringServiceStub(channel)
         self.responses = response_service_pb2_grpc.ResponseServiceStub(channel)
+        self.monitoring = monitoring_service_pb2_grpc.MonitoringServiceStub(channel)
 
     def options(self, timeout, request_id) -> dict:
         return {"timeout": self.timeout if timeout is None else timeout,

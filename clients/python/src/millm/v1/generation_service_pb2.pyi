@@ -1,5 +1,6 @@
 from google.protobuf import struct_pb2 as _struct_pb2
 from millm.v1 import generation_pb2 as _generation_pb2
+from millm.v1 import monitoring_pb2 as _monitoring_pb2
 from millm.v1 import steering_pb2 as _steering_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -48,15 +49,17 @@ class GenerateRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[_generation_pb2.ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., strict: _Optional[bool] = ..., extra_fields: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unused_fields: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., response_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ..., extra_chats: _Optional[_Iterable[_Union[_generation_pb2.ChatInput, _Mapping]]] = ..., profile: _Optional[str] = ..., steering_intensity: _Optional[_Union[_steering_pb2.SteeringIntensity, _Mapping]] = ..., return_sae_activations: _Optional[_Union[_steering_pb2.SaeActivationsRequest, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_generation_pb2.FunctionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_generation_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("metadata", "choices", "usage", "echoed", "sae_activations")
+    __slots__ = ("metadata", "choices", "usage", "echoed", "sae_activations", "probe_verdicts")
     METADATA_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     ECHOED_FIELD_NUMBER: _ClassVar[int]
     SAE_ACTIVATIONS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_VERDICTS_FIELD_NUMBER: _ClassVar[int]
     metadata: _generation_pb2.ResponseMetadata
     choices: _containers.RepeatedCompositeFieldContainer[_generation_pb2.ChoiceDelta]
     usage: _generation_pb2.Usage
     echoed: _containers.RepeatedCompositeFieldContainer[_generation_pb2.EchoedPrompt]
     sae_activations: _steering_pb2.SaeActivations
-    def __init__(self, metadata: _Optional[_Union[_generation_pb2.ResponseMetadata, _Mapping]] = ..., choices: _Optional[_Iterable[_Union[_generation_pb2.ChoiceDelta, _Mapping]]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ..., echoed: _Optional[_Iterable[_Union[_generation_pb2.EchoedPrompt, _Mapping]]] = ..., sae_activations: _Optional[_Union[_steering_pb2.SaeActivations, _Mapping]] = ...) -> None: ...
+    probe_verdicts: _monitoring_pb2.ProbeVerdicts
+    def __init__(self, metadata: _Optional[_Union[_generation_pb2.ResponseMetadata, _Mapping]] = ..., choices: _Optional[_Iterable[_Union[_generation_pb2.ChoiceDelta, _Mapping]]] = ..., usage: _Optional[_Union[_generation_pb2.Usage, _Mapping]] = ..., echoed: _Optional[_Iterable[_Union[_generation_pb2.EchoedPrompt, _Mapping]]] = ..., sae_activations: _Optional[_Union[_steering_pb2.SaeActivations, _Mapping]] = ..., probe_verdicts: _Optional[_Union[_monitoring_pb2.ProbeVerdicts, _Mapping]] = ...) -> None: ...

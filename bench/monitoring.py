@@ -1,0 +1,123 @@
+"""What monitoring costs: throughput with every generation read by probes,
+against the same traffic unmonitored.
+
+Starts one engine, attaches both demo SAEs, defines four probes (two per SAE,
+one of them over 16 weighted features), and drives closed-loop gRPC clients
+(each sends its next request when the previous one ends) with monitoring off,
+on, and off again; the unmonitored figure is the mean of the two off runs, so
+drift in the machine's speed hits both sides alike. Monitored rows are read at
+pre_steering on both layers, prompt and generated tokens, inside the running
+batch, and skip the prefix cache (a monitor must see every prompt position).
+
+Target (issue 21): monitored throughput at least 90 % of unmonitored.
+
+Usage: python bench/monitoring.py [--clients 16] [--tokens 48] [--requests 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+
+from millm.v1 import (  # noqa: E402
+    generation_service_pb2_grpc,
+    monitoring_pb2,
+    monitoring_service_pb2,
+    monitoring_service_pb2_grpc,
+    steering_service_pb2,
+    steering_service_pb2_grpc,
+)
+from tests import harness  # noqa: E402
+from tests.grpc_helpers import chat_request, timed_generate  # noqa: E402
+
+SAES = ("sae_millm-tiny-res-l1", "sae_millm-tiny-res-l0")
+PROMPTS = ["Tell me about the sea.", "What is a library?", "Describe a garden.",
+           "How do trains work?"]
+
+
+async def setup(target: str) -> None:
+    async with grpc.aio.insecure_channel(target) as channel:
+        steering = steering_service_pb2_grpc.SteeringServiceStub(channel)
+        monitoring = monitoring_service_pb2_grpc.MonitoringServiceStub(channel)
+        for sae in SAES:
+            await steering.AttachSae(steering_service_pb2.AttachSaeRequest(sae_id=sae))
+        for sae in SAES:
+            await monitoring.CreateProbe(monitoring_service_pb2.CreateProbeRequest(
+                name=f"{sae}-one", sae_id=sae, feature=3, threshold=0.5))
+            await monitoring.CreateProbe(monitoring_service_pb2.CreateProbeRequest(
+                name=f"{sae}-many", sae_id=sae, threshold=2.0, features=[
+                    monitoring_pb2.ProbeFeature(index=i, weight=1.0 if i % 2 else -0.5)
+                    for i in range(16)]))
+
+
+async def switch(target: str, enabled: bool) -> None:
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = monitoring_service_pb2_grpc.MonitoringServiceStub(channel)
+        state = (await stub.SetMonitoring(monitoring_service_pb2.SetMonitoringRequest(
+            enabled=enabled))).monitoring
+        assert state.active == enabled, state.reason
+
+
+async def load(target: str, clients: int, requests: int, tokens: int) -> dict:
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        await timed_generate(stub, chat_request("Hi", max_tokens=4))  # warm up
+        samples: list[tuple[float, int]] = []
+
+        async def client(c: int):
+            for r in range(requests):
+                request = chat_request(PROMPTS[(c + r) % len(PROMPTS)], max_tokens=tokens,
+                                       temperature=1.0, ignore_eos=True)
+                first, produced = await timed_generate(stub, request)
+                samples.append((first or 0.0, produced))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in range(clients)))
+        wall = time.perf_counter() - started
+    return {"tok_s": sum(s[1] for s in samples) / wall,
+            "p50": statistics.median(s[0] for s in samples) * 1000}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--requests", type=int, default=4, help="per client")
+    args = parser.parse_args()
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        process, port = harness.start_engine(pathlib.Path(tmp), MILLM_LOG_LEVEL="WARNING")
+        target = f"127.0.0.1:{port}"
+        try:
+            harness.wait_serving(process, port)
+            asyncio.run(setup(target))
+            for enabled in (False, True, False):
+                asyncio.run(switch(target, enabled))
+                runs.append(asyncio.run(load(target, args.clients, args.requests,
+                                             args.tokens)))
+        finally:
+            process.stop()
+    off = {k: (runs[0][k] + runs[2][k]) / 2 for k in ("tok_s", "p50")}
+    on = runs[1]
+    print(f"monitoring benchmark: {args.clients} clients x {args.requests} requests x "
+          f"{args.tokens} tokens, chat, temperature 1, 4 probes on 2 SAEs (layers 0 and 1)")
+    print(f"{'':<12} {'tok/s':>8} {'p50 TTFT ms':>12}")
+    print(f"{'unmonitored':<12} {off['tok_s']:>8.0f} {off['p50']:>12.1f}  "
+          f"(runs: {runs[0]['tok_s']:.0f}, {runs[2]['tok_s']:.0f})")
+    print(f"{'monitored':<12} {on['tok_s']:>8.0f} {on['p50']:>12.1f}")
+    print(f"monitored / unmonitored: {on['tok_s'] / off['tok_s']:.2f}  (goal >= 0.90)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

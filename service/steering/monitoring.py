@@ -1,0 +1,204 @@
+"""Monitoring of live traffic: the probes, the per-model switch, and what
+monitored generations reported.
+
+An operator defines probes (probes.py) and switches monitoring on for a
+model; it is off by default, and on with no probe whose SAE is attached it
+reads nothing (GetMonitoring says so). Probes and the switch live in the state
+store beside the rest of the steering state. Every generation validated while
+its model is monitored carries a MonitorSpec (the probes compiled against the
+attached SAEs, rebuilt only when probes or attachments change); scoring and
+embeddings never do. When a monitored generation ends, its verdicts and the
+features its tokens activated are recorded here: totals since start (the
+Prometheus counters) and a window of the last WINDOW generations (hit rates,
+feature frequencies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass
+
+from service.errors import EngineError, invalid_parameter
+from service.steering import probes as probe_rules
+from service.steering.manager import SteeringManager
+from service.steering.probes import LayerProbes, MonitorSpec, Probe, ProbeReader, Verdict
+
+WINDOW = 256
+TOP_FEATURES = 16  # feature frequencies reported per SAE
+
+
+@dataclass(frozen=True)
+class ProbeStatus:
+    probe: Probe
+    reading: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProbeStats:
+    probe: str
+    requests: int
+    fired: int
+    total_requests: int
+    total_fired: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.fired / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class FeatureFrequency:
+    sae_id: str
+    layer: int
+    index: int
+    tokens: int
+    frequency: float
+
+
+@dataclass(frozen=True)
+class MonitoringState:
+    model: str
+    enabled: bool
+    active: bool
+    reason: str
+    probes: tuple[ProbeStatus, ...]
+    window_requests: int
+    total_requests: int
+    probe_stats: tuple[ProbeStats, ...]
+    feature_frequencies: tuple[FeatureFrequency, ...]
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One monitored generation, as the window keeps it."""
+
+    verdicts: tuple[Verdict, ...]
+    features: tuple  # ReaderFeatures: (sae id, layer, tokens, {feature: tokens})
+
+
+class MonitoringManager:
+    def __init__(self, steering: SteeringManager):
+        self.steering = steering
+        self.store = steering.store
+        self.probes: dict[str, Probe] = {
+            row["name"]: Probe.from_row(row) for row in self.store.probes()}
+        self.enabled: dict[str, bool] = {
+            str(k): bool(v) for k, v in self.store.settings().get("monitoring", {}).items()}
+        self._compiled: tuple[tuple, MonitorSpec | None] = ((), None)
+        self._window: collections.deque[_Seen] = collections.deque(maxlen=WINDOW)
+        self.total_requests = 0
+        self.totals: dict[str, list[int]] = {}  # probe -> [read, fired] since start
+        self._lock = asyncio.Lock()
+
+    # -- probes --------------------------------------------------------------------------
+
+    def _status(self, probe: Probe) -> ProbeStatus:
+        sae = self.steering.attached.get(probe.sae_id)
+        if sae is None:
+            return ProbeStatus(probe, False, f"{probe.sae_id} is not attached")
+        return ProbeStatus(probe, True, "")
+
+    def list_probes(self) -> tuple[ProbeStatus, ...]:
+        return tuple(self._status(p) for _, p in sorted(self.probes.items()))
+
+    async def create_probe(self, name: str, description: str, sae_id: str, layer: int | None,
+                           features: list[tuple[int, float]] | None, feature: int | None,
+                           threshold: float | None) -> ProbeStatus:
+        async with self._lock:
+            try:
+                info = self.steering.sae_info(sae_id)
+            except EngineError as exc:
+                # A probe that names no usable SAE is a bad probe: 400, not 404.
+                raise invalid_parameter("sae_id", exc.message) from None
+            probe = probe_rules.check_probe(name, description, info, layer, features, feature,
+                                            threshold, int(time.time()))
+            if name in self.probes:
+                raise EngineError("already_exists", f"A probe named '{name}' exists.", "name")
+            await self.store.put_probe(probe.name, probe.row())
+            self.probes[name] = probe
+            return self._status(probe)
+
+    async def delete_probe(self, name: str) -> None:
+        async with self._lock:
+            if name not in self.probes:
+                raise EngineError("probe_not_found", f"No probe named '{name}'.", "name")
+            await self.store.delete_probe(name)
+            del self.probes[name]
+
+    # -- the switch ------------------------------------------------------------------------
+
+    async def set_enabled(self, model: str, enabled: bool) -> None:
+        async with self._lock:
+            wanted = {**self.enabled, model: enabled}
+            await self.store.set_monitoring(wanted)
+            self.enabled = wanted
+
+    def spec_for(self, model: str) -> MonitorSpec | None:
+        """What a generation of `model` validated now reads; None when it is
+        not monitored or nothing would be read."""
+        if not self.enabled.get(model):
+            return None
+        attached = self.steering.attached
+        key = (tuple(sorted(self.probes.items())),
+               tuple(sorted((i, id(w)) for i, w in attached.items())))
+        if self._compiled[0] != key:
+            by_sae: dict[str, list[Probe]] = {}
+            for _, p in sorted(self.probes.items()):
+                if p.sae_id in attached:
+                    by_sae.setdefault(p.sae_id, []).append(p)
+            layers = tuple(LayerProbes(attached[s], ps) for s, ps in sorted(by_sae.items()))
+            self._compiled = (key, MonitorSpec(layers) if layers else None)
+        return self._compiled[1]
+
+    # -- what monitored traffic reported ---------------------------------------------------
+
+    def record(self, reader: ProbeReader) -> tuple[Verdict, ...]:
+        """A monitored generation ended; returns its verdicts."""
+        verdicts = reader.verdicts()
+        self._window.append(_Seen(verdicts, tuple(reader.feature_tokens())))
+        self.total_requests += 1
+        for v in verdicts:
+            read_fired = self.totals.setdefault(v.probe, [0, 0])
+            read_fired[0] += 1
+            read_fired[1] += int(v.fired)
+        return verdicts
+
+    def state(self, model: str, loaded: str | None) -> MonitoringState:
+        enabled = bool(self.enabled.get(model))
+        reason = ""
+        if not enabled:
+            reason = "monitoring is off for this model"
+        elif loaded != model:
+            reason = "this model is not the one loaded"
+        elif not self.steering.hookable:
+            reason = "the loaded model has no steering hooks, so nothing can be read"
+        elif not self.probes:
+            reason = "no probes are defined: monitoring reads nothing (a no-op)"
+        elif self.spec_for(model) is None:
+            reason = "no probe's SAE is attached: monitoring reads nothing (a no-op)"
+        window = list(self._window)
+        stats = []
+        for name in sorted(self.probes):
+            seen = [v for s in window for v in s.verdicts if v.probe == name]
+            total = self.totals.get(name, [0, 0])
+            stats.append(ProbeStats(name, len(seen), sum(v.fired for v in seen), *total))
+        return MonitoringState(model, enabled, not reason, reason, self.list_probes(),
+                               len(window), self.total_requests, tuple(stats),
+                               _frequencies(window))
+
+
+def _frequencies(window: list[_Seen]) -> tuple[FeatureFrequency, ...]:
+    tokens: dict[tuple[str, int], int] = {}
+    active: dict[tuple[str, int], collections.Counter] = {}
+    for seen in window:
+        for sae_id, layer, read, counts in seen.features:
+            tokens[(sae_id, layer)] = tokens.get((sae_id, layer), 0) + read
+            active.setdefault((sae_id, layer), collections.Counter()).update(counts)
+    out = []
+    for key in sorted(active):
+        for index, n in active[key].most_common(TOP_FEATURES):
+            out.append(FeatureFrequency(key[0], key[1], index, n, n / max(tokens[key], 1)))
+    return tuple(out)

@@ -1,0 +1,247 @@
+"""Probes: named rules over one SAE's features, and their reading of a
+generation on the model thread.
+
+A probe scores every position it reads as Σ weight_f · activation_f over its
+features and fires where the score reaches its threshold. Its verdict on one
+generation is whether it fired, the peak score and the first position that
+reached the threshold. Monitoring (monitoring.py) compiles the probes whose
+SAE is attached into a `MonitorSpec` when a request is validated; the batch
+hands each monitored row's residual stream at each probe layer to the job's
+`ProbeReader`, at pre_steering (before that layer's own steering delta),
+prompt positions at prefill and each fed-back token at its decode step. Rows
+at one layer under the same spec are encoded together, one matrix product
+per step.
+
+Validation lives here, once: the gRPC servicer and the bridge only carry the
+fields.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from service.errors import EngineError, invalid_parameter
+from service.steering import documents
+from service.steering.sae import SaeInfo, SaeWeights
+
+MAX_FEATURES = 64
+MAX_WEIGHT = 1000.0
+MAX_THRESHOLD = 10000.0
+MAX_DESCRIPTION = 1024
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    sae_id: str
+    layer: int
+    features: tuple[tuple[int, float], ...]  # (index, weight)
+    threshold: float
+    description: str = ""
+    created: int = 0
+
+    def row(self) -> dict:
+        return {"name": self.name, "sae_id": self.sae_id, "layer": self.layer,
+                "features": [list(f) for f in self.features], "threshold": self.threshold,
+                "description": self.description, "created": self.created}
+
+    @staticmethod
+    def from_row(row: dict) -> Probe:
+        return Probe(row["name"], row["sae_id"], int(row["layer"]),
+                     tuple((int(i), float(w)) for i, w in row["features"]),
+                     float(row["threshold"]), row.get("description", ""),
+                     int(row.get("created", 0)))
+
+
+def check_probe(name: str, description: str, info: SaeInfo, layer: int | None,
+                features: list[tuple[int, float]] | None, feature: int | None,
+                threshold: float | None, created: int) -> Probe:
+    """A probe as sent, checked against the SAE it names; 400 naming the field."""
+    documents.parse_name(name)
+    if len(description) > MAX_DESCRIPTION:
+        raise invalid_parameter("description", f"'description' is at most {MAX_DESCRIPTION} "
+                                "characters.")
+    if layer is not None and layer != info.layer:
+        raise invalid_parameter("layer", f"{info.id} reads layer {info.layer}, not {layer}; "
+                                "leave 'layer' out or send the SAE's.")
+    if features and feature is not None:
+        raise invalid_parameter("feature", "Send 'features' (with weights) or one 'feature', "
+                                "not both.")
+    if feature is not None:
+        features = [(feature, 1.0)]
+    if not features:
+        raise invalid_parameter("features", "A probe reads at least one feature: send "
+                                "'features' or 'feature'.")
+    if len(features) > MAX_FEATURES:
+        raise invalid_parameter("features", f"A probe reads at most {MAX_FEATURES} features.")
+    seen = set()
+    for i, (index, weight) in enumerate(features):
+        where = "feature" if feature is not None else f"features[{i}]"
+        if not 0 <= index < info.d_sae:
+            raise EngineError("invalid_feature_index", f"Feature {index} is past the width of "
+                              f"{info.id} ({info.d_sae} features).", where)
+        if index in seen:
+            raise invalid_parameter(where, f"Feature {index} appears twice.")
+        seen.add(index)
+        if not math.isfinite(weight) or weight == 0 or abs(weight) > MAX_WEIGHT:
+            raise invalid_parameter(f"{where}.weight", f"A weight must be finite, not 0, and "
+                                    f"within ±{MAX_WEIGHT:g}; got {weight}.")
+    if threshold is None:
+        raise invalid_parameter("threshold", "'threshold' is required: the score at which "
+                                "the probe fires.")
+    if not math.isfinite(threshold) or not 0 < threshold <= MAX_THRESHOLD:
+        raise invalid_parameter("threshold", f"'threshold' must be above 0 and at most "
+                                f"{MAX_THRESHOLD:g}; got {threshold}.")
+    return Probe(name, info.id, info.layer, tuple((int(i), float(w)) for i, w in features),
+                 float(threshold), description, created)
+
+
+class LayerProbes:
+    """The probes reading one attached SAE, as tensors: the features they
+    need and a [features, probes] weight matrix."""
+
+    def __init__(self, sae: SaeWeights, probes: list[Probe]):
+        self.sae = sae
+        self.layer = sae.info.layer
+        self.probes = tuple(probes)
+        columns = sorted({i for p in probes for i, _ in p.features})
+        where = {f: c for c, f in enumerate(columns)}
+        weights = torch.zeros((len(columns), len(probes)), dtype=torch.float32)
+        for j, p in enumerate(probes):
+            for i, w in p.features:
+                weights[where[i], j] = w
+        device = sae.W_enc.device
+        self.columns = torch.tensor(columns, dtype=torch.long, device=device)
+        self.weights = weights.to(device)
+        self.threshold_list = [p.threshold for p in probes]
+
+    def read(self, hidden: torch.Tensor) -> tuple[torch.Tensor, list[list[float]]]:
+        """Residual vectors [n, d] -> (activity [n, d_sae] bool, scores as
+        lists [n][probes]): one encode and one transfer for all of them."""
+        acts = self.sae.encode(hidden.float()).float()
+        return acts > 0, (acts[:, self.columns] @ self.weights).tolist()
+
+
+@dataclass(frozen=True)
+class MonitorSpec:
+    """What monitoring reads in one request: per layer, the probes there."""
+
+    layers: tuple[LayerProbes, ...]
+
+
+@dataclass
+class _Tally:
+    peak: list[float]
+    first: list[int]
+    positions: int = 0
+    active: torch.Tensor | None = None  # tokens each feature was active on
+
+
+@dataclass(frozen=True)
+class Verdict:
+    probe: str
+    sae_id: str
+    layer: int
+    fired: bool
+    peak: float
+    first_position: int | None
+    positions_read: int
+    threshold: float
+
+
+@dataclass
+class ProbeReader:
+    """One request's readings (every row of it), kept on the model thread
+    and read by the event loop once the job is done."""
+
+    spec: MonitorSpec
+    tallies: dict[int, _Tally] = field(default_factory=dict)
+
+    def read(self, layer: LayerProbes, positions: list[int], scores: list[list[float]],
+             active: torch.Tensor) -> None:
+        """Scores [position][probe] at `layer` and, per feature, how many of
+        these positions it was active on."""
+        tally = self.tallies.get(id(layer))
+        if tally is None:
+            count = len(layer.probes)
+            tally = self.tallies[id(layer)] = _Tally([-math.inf] * count, [-1] * count)
+            tally.active = torch.zeros(active.shape, dtype=torch.int32, device=active.device)
+        tally.positions += len(positions)
+        tally.active += active
+        peak, first, thresholds = tally.peak, tally.first, layer.threshold_list
+        for position, row in zip(positions, scores, strict=True):
+            for j, value in enumerate(row):
+                if value > peak[j]:
+                    peak[j] = value
+                if value >= thresholds[j] and (first[j] < 0 or position < first[j]):
+                    first[j] = position
+
+    def verdicts(self) -> tuple[Verdict, ...]:
+        out = []
+        for layer in self.spec.layers:
+            tally = self.tallies.get(id(layer))
+            for j, p in enumerate(layer.probes):
+                if tally is None:
+                    out.append(Verdict(p.name, p.sae_id, p.layer, False, 0.0, None, 0,
+                                       p.threshold))
+                    continue
+                first = tally.first[j]
+                out.append(Verdict(p.name, p.sae_id, p.layer, first >= 0, tally.peak[j],
+                                   first if first >= 0 else None, tally.positions, p.threshold))
+        return tuple(out)
+
+    def feature_tokens(self) -> list[tuple[str, int, int, dict[int, int]]]:
+        """(sae id, layer, tokens read, {feature: tokens active}) per layer read."""
+        out = []
+        for layer in self.spec.layers:
+            tally = self.tallies.get(id(layer))
+            if tally is None or tally.active is None:
+                continue
+            nonzero = torch.nonzero(tally.active).flatten().tolist()
+            counts = tally.active[nonzero].tolist()
+            out.append((layer.sae.info.id, layer.layer, tally.positions,
+                        dict(zip(nonzero, counts, strict=True))))
+        return out
+
+
+@dataclass
+class MonitorRead:
+    """One row's positions at one layer in one forward pass: batch row, the
+    first column holding its tokens, their absolute positions."""
+
+    row: int
+    column: int
+    positions: list[int]
+    reader: ProbeReader
+    layer: LayerProbes
+
+
+def read_layer(hidden: torch.Tensor, reads: list[MonitorRead]) -> None:
+    """Hand each monitored row its activations at this layer (pre_steering).
+    Single-position reads (decode steps) under the same probes are encoded
+    together, one matrix product and one transfer per step."""
+    batched: dict[int, list[MonitorRead]] = {}
+    for r in reads:
+        if len(r.positions) == 1 and hidden.shape[1] - r.column == 1:
+            batched.setdefault(id(r.layer), []).append(r)
+        else:
+            active, scores = r.layer.read(hidden[r.row, r.column:])
+            r.reader.read(r.layer, r.positions, scores, active.sum(dim=0))
+    for group in batched.values():
+        rows = torch.tensor([r.row for r in group], dtype=torch.long, device=hidden.device)
+        active, scores = group[0].layer.read(hidden[rows, -1])
+        for k, r in enumerate(group):
+            r.reader.read(r.layer, r.positions, scores[k:k + 1], active[k])
+
+
+def add_reads(monitors: dict[int, list[MonitorRead]], reader: ProbeReader | None, row: int,
+              column: int, positions: list[int]) -> None:
+    """Register one row's positions with every probe layer its request reads."""
+    if reader is None:
+        return
+    for layer in reader.spec.layers:
+        monitors.setdefault(layer.layer, []).append(
+            MonitorRead(row, column, positions, reader, layer))
