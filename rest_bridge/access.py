@@ -24,6 +24,12 @@ log = logging.getLogger("millm.access")
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# The console's static files carry no secret; its API calls carry the key.
+CONSOLE_PREFIX = "/ui"
+
+
+def is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/")
 QUIET_WHEN_OK = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
@@ -61,7 +67,7 @@ class AccessMiddleware:
         self.app, self.keys, self.state, self.metrics = app, keys, state, metrics
 
     def _refusal(self, path: str, presented: str | None) -> tuple[OpenAIError | None, str]:
-        if path in OPEN_PATHS:
+        if is_open(path):
             return None, "-"
         if self.state.draining:
             return OpenAIError(503, "The server is shutting down; retry against another "

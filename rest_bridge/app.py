@@ -16,7 +16,7 @@ from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import SERVER_ERROR, OpenAIError
 from rest_bridge.metrics import BridgeMetrics
 from rest_bridge.routes import not_served, router
-from rest_bridge.serving import monitoring_api, steering_api
+from rest_bridge.serving import console, monitoring_api, steering_api
 from rest_bridge.serving.chat import ChatCompletionHandler
 from rest_bridge.serving.completions import CompletionHandler
 from rest_bridge.serving.disconnect import ClientDisconnected
@@ -51,6 +51,7 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
     app.include_router(router)
     app.include_router(steering_api.router)
     app.include_router(monitoring_api.router)
+    app.include_router(console.router)
     app.add_middleware(AccessMiddleware, keys=keys, state=app.state.access,
                        metrics=app.state.metrics)
 

@@ -1,0 +1,245 @@
+"""The steering console (/ui) in a real browser: Debian's Chromium, headless,
+driven by Selenium through chromedriver, against an engine and bridge of the
+module's own with API keys configured (the page must take the admin key from
+the operator). Each step checks what the page shows against the API, and
+saves a screenshot to a folder printed at the start.
+
+`make test` installs Chromium and chromedriver (the Makefile's browser
+target); without them these tests fail rather than skip."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+
+import openai
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from tests import harness
+from tests.conftest import MODEL
+from tests.http_helpers import Reply
+
+L0 = "sae_millm-tiny-res-l0"
+ADMIN, INFERENCE = "console-admin-key", "console-inference-key"
+KEYS = json.dumps({"keys": [{"name": "ops", "scopes": ["admin"], "key": ADMIN},
+                            {"name": "app", "scopes": ["inference"], "key": INFERENCE}]})
+
+
+class ConsoleStack(harness.OwnStack):
+    def __init__(self, tmp: pathlib.Path):
+        super().__init__(tmp, {"MILLM_API_KEYS": KEYS}, MILLM_API_KEYS=KEYS)
+
+    def api(self, method: str, path: str, body=None) -> Reply:
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=60)
+        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
+                     headers={"Content-Type": "application/json",
+                              "Authorization": f"Bearer {ADMIN}"})
+        reply = conn.getresponse()
+        out = Reply(reply.status, reply.read().decode(), dict(reply.getheaders()))
+        conn.close()
+        return out
+
+    def sdk(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=INFERENCE, max_retries=0,
+                             timeout=60)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    own = ConsoleStack(tmp_path_factory.mktemp("console"))
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory, request):
+    """Where the screenshots go: MILLM_SCREENSHOTS_DIR, or a fresh temporary
+    folder; printed past pytest's capture. docs/img/console-*.png are copies
+    of 04-playground.png and 05-monitoring.png."""
+    configured = os.environ.get("MILLM_SCREENSHOTS_DIR")
+    folder = pathlib.Path(configured) if configured else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print(f"\nconsole screenshots: {folder}")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def browser(stack, shots):
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver_path, "Chromium and chromedriver are needed: run `make browser`"
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1280,1000", "--disable-extensions"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait(driver, predicate, timeout: float = 30):
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: predicate())
+
+
+def text(driver, selector: str) -> str:
+    return driver.find_element(By.CSS_SELECTOR, selector).text
+
+
+def fill(driver, selector: str, value) -> None:
+    field = driver.find_element(By.CSS_SELECTOR, selector)
+    field.clear()
+    field.send_keys(str(value))
+
+
+def tab(driver, name: str) -> None:
+    driver.find_element(By.CSS_SELECTOR, f'#tabs button[data-tab="{name}"]').click()
+
+
+def snap(driver, shots: pathlib.Path, name: str) -> None:
+    driver.save_screenshot(str(shots / f"{name}.png"))
+
+
+def train_feature(stack) -> int:
+    """The layer-0 feature whose strongest tokens hold ' train' most often."""
+    page = json.loads(stack.api("GET", f"/api/saes/{L0}/features?query=train&limit=256").text)
+    return max(page["features"], key=lambda f: sum(
+        t["count"] for t in f["top_tokens"] if t["token"].strip() == "train"))["index"]
+
+
+def test_page_loads_and_takes_the_admin_key(stack, browser, shots):
+    browser.get(f"{stack.base_url}/ui")
+    # Without the key the page shows the API's refusal, never a blank page.
+    wait(browser, lambda: browser.find_element(By.ID, "error").is_displayed())
+    assert "401" in text(browser, "#error") and "API key" in text(browser, "#error")
+    assert ADMIN not in browser.page_source  # the page's code holds no key
+    fill(browser, "#key", ADMIN)
+    browser.find_element(By.ID, "use-key").click()
+    wait(browser, lambda: f"model {MODEL}" in text(browser, "#status"))
+    assert not browser.find_element(By.ID, "error").is_displayed()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#sae-table tbody tr[data-sae]")
+    assert {r.get_attribute("data-sae") for r in rows} == {L0, "sae_millm-tiny-res-l1"}
+    snap(browser, shots, "01-saes")
+
+
+def test_attaching_from_the_page_attaches_through_the_api(stack, browser, shots):
+    browser.find_element(By.CSS_SELECTOR, f'button[data-action="attach"][data-id="{L0}"]').click()
+    wait(browser, lambda: "attached" in text(browser, f'#sae-table tr[data-sae="{L0}"]'))
+    saes = {s["id"]: s for s in json.loads(stack.api("GET", "/api/saes").text)["saes"]}
+    assert saes[L0]["attached"] is True
+    # The feature browser: what a feature fires on, searched by word.
+    Select(browser.find_element(By.ID, "feature-sae")).select_by_value(L0)
+    fill(browser, "#feature-query", "train")
+    browser.find_element(By.CSS_SELECTOR, "#feature-form button[type=submit]").click()
+    feature = train_feature(stack)
+    wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR,
+                                                f'.feature[data-feature="{feature}"]'))
+    card = text(browser, f'.feature[data-feature="{feature}"]')
+    assert "train" in card and "of tokens" in card
+    snap(browser, shots, "02-features")
+
+
+def test_a_profile_made_on_the_page_steers_an_sdk_request(stack, browser, shots):
+    feature = train_feature(stack)
+    tab(browser, "profiles")
+    fill(browser, "#profile-name", "trains")
+    browser.find_element(By.ID, "add-entry").click()
+    fill(browser, "#entry-table .e-layer", 0)
+    fill(browser, "#entry-table .e-feature", feature)
+    fill(browser, "#entry-table .e-strength", 6)
+    browser.find_element(By.ID, "activate-new").click()
+    browser.find_element(By.ID, "create-profile").click()
+    wait(browser, lambda: "active" in text(browser, '#profile-table tr[data-profile="trains"]'))
+    snap(browser, shots, "03-profiles")
+    profile = json.loads(stack.api("GET", "/api/profiles/trains").text)["profile"]
+    assert profile["active"] and profile["entries"][0]["feature"] == feature
+
+    def ask(**extra) -> str:
+        reply = stack.sdk().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}],
+            max_tokens=40, temperature=1.0, seed=3, extra_body=extra)
+        return reply.choices[0].message.content
+
+    steered, unsteered = ask(), ask(steering_intensity="off")
+    assert steered != unsteered
+    count = lambda t: len(re.findall(r"\btrain\b", t, re.IGNORECASE))  # noqa: E731
+    assert count(steered) > count(unsteered)
+    browser.find_element(By.ID, "deactivate-profile").click()
+    wait(browser, lambda: "active" not in text(browser, '#profile-table tr[data-profile="trains"]')
+         .split("features")[-1])
+
+
+def test_playground_shows_two_different_texts_and_a_heat_map(stack, browser, shots):
+    feature = train_feature(stack)
+    tab(browser, "playground")
+    Select(browser.find_element(By.ID, "pg-sae")).select_by_value(L0)
+    fill(browser, "#pg-features", f"{feature}, 31")
+    fill(browser, "#pg-strength", 8)
+    browser.find_element(By.ID, "pg-run").click()
+    wait(browser, lambda: text(browser, "#pg-steered-text") and text(browser, "#pg-unsteered-text"))
+    assert text(browser, "#pg-steered-text") != text(browser, "#pg-unsteered-text")
+    assert text(browser, "#pg-lambda-applied").startswith("1.0")
+    cells = browser.find_elements(By.CSS_SELECTOR, "#pg-steered-heat span")
+    assert cells and any("rgba(255, 140, 0, 0)" not in (c.get_attribute("style") or "")
+                         for c in cells)
+    snap(browser, shots, "04-playground")
+
+
+def test_monitoring_counters_move_after_traffic(stack, browser, shots):
+    tab(browser, "monitoring")
+    fill(browser, "#probe-name", "trains")
+    Select(browser.find_element(By.ID, "probe-sae")).select_by_value(L0)
+    fill(browser, "#probe-features", train_feature(stack))
+    fill(browser, "#probe-threshold", 0.3)
+    browser.find_element(By.ID, "create-probe").click()
+    wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, '#probe-table tr[data-probe]'))
+    browser.find_element(By.ID, "monitor-switch").click()
+    wait(browser, lambda: "Reading every generation" in text(browser, "#monitor-state"))
+    before = int(text(browser, "#monitor-total"))
+    for seed in range(3):
+        stack.sdk().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "What is a train?"}],
+            max_tokens=12, seed=seed, extra_body={"profile": "trains"})
+    wait(browser, lambda: int(text(browser, "#monitor-total")) >= before + 3)
+    row = text(browser, '#probe-table tr[data-probe="trains"]')
+    assert "/ 3" in row  # read 3 generations
+    snap(browser, shots, "05-monitoring")
+
+
+def test_the_apis_refusal_is_shown(stack, browser, shots):
+    fill(browser, "#probe-name", "too-wide")
+    fill(browser, "#probe-features", 999)
+    browser.find_element(By.ID, "create-probe").click()
+    wait(browser, lambda: browser.find_element(By.ID, "error").is_displayed())
+    message = text(browser, "#error")
+    assert "400" in message and "past the width" in message and "field: feature" in message
+    snap(browser, shots, "06-error")
+
+
+def test_circuits_show_the_rung_language_and_a_dial(stack, browser, shots):
+    tab(browser, "clusters")
+    document = {"format": "millm.circuit.v1", "name": "edge", "rung": 1,
+                "intensity_range": [0.5, 1.5], "members": [
+                    {"layer": 0, "feature": train_feature(stack), "strength": 4.0}]}
+    area = browser.find_element(By.ID, "document")
+    area.clear()
+    area.send_keys(json.dumps(document))
+    browser.find_element(By.ID, "import-circuit").click()
+    wait(browser, lambda: "suggested (attribution-supported)" in text(browser, "#circuit-table"))
+    assert browser.find_elements(By.CSS_SELECTOR, 'input[data-dial="edge"]')
+    snap(browser, shots, "07-circuits")
