@@ -251,3 +251,26 @@ def test_over_grpc(clean, mon):
         assert v.positions_read > 0 and v.fired == v.HasField("first_position")
         got = stub.GetMonitoring(monitoring_service_pb2.GetMonitoringRequest(model=MODEL))
         assert got.monitoring.total_requests >= 1
+
+
+def test_probes_and_the_switch_survive_a_restart(tmp_path):
+    def engine_state() -> monitoring_service_pb2.MonitoringState:
+        process, port = harness.start_engine(tmp_path)
+        try:
+            harness.wait_serving(process, port)
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = monitoring_grpc.MonitoringServiceStub(channel)
+                if not stub.ListProbes(monitoring_service_pb2.ListProbesRequest()).probes:
+                    stub.CreateProbe(monitoring_service_pb2.CreateProbeRequest(
+                        name="kept", sae_id=L0, feature=9, threshold=2.5))
+                    stub.SetMonitoring(monitoring_service_pb2.SetMonitoringRequest(
+                        model=MODEL, enabled=True))
+                return stub.GetMonitoring(monitoring_service_pb2.GetMonitoringRequest(
+                    model=MODEL)).monitoring
+        finally:
+            process.stop()
+
+    first, second = engine_state(), engine_state()
+    assert second.enabled and [(p.name, p.layer, p.threshold) for p in second.probes] == [
+        ("kept", 0, 2.5)]
+    assert second.probes[0].features[0].index == 9 and first.probes == second.probes
