@@ -73,7 +73,7 @@ class _EngineCollector:
                                    labels=["probe"])
         fired = CounterMetricFamily("millm_engine_probe_fired",
                                     "generations on which a probe fired", labels=["probe"])
-        for name, (n_read, n_fired) in sorted(self.monitoring.totals.items()):
+        for name, (n_read, n_fired) in sorted(self.monitoring.totals.items()):  # a snapshot
             read.add_metric([name], n_read)
             fired.add_metric([name], n_fired)
         yield from (monitored, read, fired)

@@ -90,7 +90,9 @@ class MonitoringManager:
         self._compiled: tuple[tuple, MonitorSpec | None] = ((), None)
         self._window: collections.deque[_Seen] = collections.deque(maxlen=WINDOW)
         self.total_requests = 0
-        self.totals: dict[str, list[int]] = {}  # probe -> [read, fired] since start
+        # probe -> (read, fired) since start; replaced whole on each change, so
+        # the metrics thread never iterates a dict the event loop is changing.
+        self.totals: dict[str, tuple[int, int]] = {}
         self._lock = asyncio.Lock()
 
     # -- probes --------------------------------------------------------------------------
@@ -160,10 +162,11 @@ class MonitoringManager:
         verdicts = reader.verdicts()
         self._window.append(_Seen(verdicts, tuple(reader.feature_tokens())))
         self.total_requests += 1
+        totals = dict(self.totals)
         for v in verdicts:
-            read_fired = self.totals.setdefault(v.probe, [0, 0])
-            read_fired[0] += 1
-            read_fired[1] += int(v.fired)
+            read, fired = totals.get(v.probe, (0, 0))
+            totals[v.probe] = (read + 1, fired + int(v.fired))
+        self.totals = totals
         return verdicts
 
     def state(self, model: str, loaded: str | None) -> MonitoringState:
@@ -183,7 +186,7 @@ class MonitoringManager:
         stats = []
         for name in sorted(self.probes):
             seen = [v for s in window for v in s.verdicts if v.probe == name]
-            total = self.totals.get(name, [0, 0])
+            total = self.totals.get(name, (0, 0))
             stats.append(ProbeStats(name, len(seen), sum(v.fired for v in seen), *total))
         return MonitoringState(model, enabled, not reason, reason, self.list_probes(),
                                len(window), self.total_requests, tuple(stats),
