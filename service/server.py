@@ -76,6 +76,8 @@ class EngineServer:
                 limits=SchedulerLimits(
                     max_batch=config.max_batch,
                     max_queued=config.max_queued,
+                    max_rows_per_request=config.max_rows_per_request,
+                    aging_s=config.admission_aging_s,
                     serial=config.batching == "serial",
                 ),
                 prefix_cache_tokens=config.prefix_cache_tokens,

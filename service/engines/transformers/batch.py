@@ -76,6 +76,9 @@ class GroupProgress:
     # This request's own steering (layer -> delta), made on the model thread.
     deltas: dict | None = None
     recorder: ActivationRecorder | None = None
+    # A later part of a group split by the scheduler: its prompt was counted
+    # (and any cache hit reported) with the first part.
+    continuation: bool = False
 
     def __post_init__(self):
         spec = self.job.spec
@@ -233,7 +236,8 @@ def prefill(
     cached, layers = (0, [])
     if read_cache and len(progresses) == 1 and not progresses[0].steered_or_reading:
         cached, layers = prefix_cache.lookup(prompts[0])
-        progresses[0].cached_tokens = cached
+        if not progresses[0].continuation:
+            progresses[0].cached_tokens = cached
     width = max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
     mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)

@@ -10,6 +10,14 @@ All unseeded rows share one lane, whatever their sampling parameters, stop
 sequences or lengths. A seeded group gets a lane of its own and never reads
 the prefix cache, so its forward passes hold nothing but its own rows: its
 text depends on the request alone, which is what SEED_SCOPE_REQUEST promises.
+
+Admission is fair rather than first-in-first-out. One request holds at most
+`max_rows_per_request` rows at once: a larger n, or many prompts, run in parts
+(a group's rows split, each part prefilled from the prefix cache the first one
+filled) as its own rows finish, so the rest of the batch stays open to others.
+A request that does not fit yet lets later ones pass it, but only for
+`aging_s`: after that nothing passes it until it has started, so a large
+request is never starved by a stream of small ones.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ import collections
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -29,6 +38,7 @@ from service.engines.transformers.batch import GroupProgress, Lane, ModelContext
 from service.engines.transformers.prefix_cache import PrefixCache
 from service.errors import internal_error, queue_full
 from service.generation.job import GenerationJob, GroupDone, GroupFailed, StepOutput
+from service.requests.generation import PromptGroup
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +51,8 @@ PREFILL_TOKEN_BUDGET = 4096
 @dataclass
 class _Waiting:
     job: GenerationJob
-    groups: collections.deque = field(default_factory=collections.deque)
+    groups: collections.deque = field(default_factory=collections.deque)  # parts not yet run
+    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -49,6 +60,28 @@ class SchedulerLimits:
     max_batch: int = 64  # running rows
     max_queued: int = 256  # waiting requests
     serial: bool = False  # one request at a time (for comparison benchmarks)
+    max_rows_per_request: int = 0  # rows one request holds at once; 0: half of max_batch
+    aging_s: float = 5.0  # how long later requests may pass one that does not fit
+
+    @property
+    def request_rows(self) -> int:
+        if self.serial:
+            return self.max_batch
+        return self.max_rows_per_request or max(1, self.max_batch // 2)
+
+
+def split_parts(groups: tuple[PromptGroup, ...], size: int) -> list[tuple[PromptGroup, bool]]:
+    """Each group as parts of at most `size` rows, with whether a part
+    continues the one before it (same prompt, later choices)."""
+    parts = []
+    for group in groups:
+        for start in range(0, group.n, size):
+            k = min(size, group.n - start)
+            part = group if k == group.n else replace(
+                group, n=k, first_index=group.first_index + start,
+                row_seeds=group.row_seeds[start:start + k])
+            parts.append((part, start > 0))
+    return parts
 
 
 class Scheduler:
@@ -81,6 +114,8 @@ class Scheduler:
             if self._submitted >= self.limits.max_queued:
                 raise queue_full(self.limits.max_queued)
             self._submitted += 1
+        # Before the job is queued: its events() counts the parts' GroupDones.
+        job.parts = len(split_parts(job.spec.groups, self.limits.request_rows))
         self._inbox.put(job)
 
     def call(self, fn) -> asyncio.Future:
@@ -139,7 +174,8 @@ class Scheduler:
                     if not item.future.cancelled():
                         item.run(self.ctx)
                 else:
-                    self._waiting.append(_Waiting(item, collections.deque(item.spec.groups)))
+                    parts = split_parts(item.spec.groups, self.limits.request_rows)
+                    self._waiting.append(_Waiting(item, collections.deque(parts)))
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
@@ -172,37 +208,48 @@ class Scheduler:
         self._isolated = [lane for lane in self._isolated if lane.rows]
 
     def _admit(self) -> None:
-        """Admit waiting groups while the batch has room. Unseeded groups with
-        nothing cached are prefilled together in one forward pass; a group with
-        a cached prefix, or a seeded one, is prefilled on its own."""
+        """Admit waiting parts while the batch has room (module docstring: the
+        per-request share and aging). Unseeded parts with nothing cached are
+        prefilled together in one forward pass; a part with a cached prefix,
+        or a seeded one, is prefilled on its own."""
         together: list[GroupProgress] = []
         room = self.limits.max_batch - self._running_rows()
-        while self._waiting:
-            waiting = self._waiting[0]
+        share = self.limits.request_rows
+        held = collections.Counter(id(r.job) for lane in [self._shared, *self._isolated]
+                                   for r in lane.rows)
+        now = time.monotonic()
+        for waiting in list(self._waiting):
             job = waiting.job
             if self.limits.serial and self._groups_left and id(job) not in self._groups_left:
                 break
-            group = waiting.groups[0]
-            busy = self._running_rows() > 0 or together
-            if busy and group.n > room and not self.limits.serial:
-                break
-            waiting.groups.popleft()
-            room -= group.n
-            with self._lock:
-                self._groups_left.setdefault(id(job), len(job.spec.groups))
-                if not waiting.groups:
-                    self._waiting.popleft()
-                    self._submitted -= 1
-            progress = GroupProgress(job, group, rows_left=group.n)
-            if job.spec.seed is not None:
-                self._prefill([progress], isolated=True)
-            elif not progress.steered_or_reading and self.prefix_cache.peek(group.prompt_ids):
-                self._prefill([progress], isolated=False)
-            else:
-                together.append(progress)
-                if sum(len(p.group.prompt_ids) for p in together) >= PREFILL_TOKEN_BUDGET:
-                    self._prefill(together, isolated=False)
-                    together = []
+            while waiting.groups:
+                group, continuation = waiting.groups[0]
+                busy = self._running_rows() > 0 or together
+                if not self.limits.serial and (
+                        (busy and group.n > room) or (held[id(job)] and
+                                                      held[id(job)] + group.n > share)):
+                    break
+                waiting.groups.popleft()
+                room -= group.n
+                held[id(job)] += group.n
+                with self._lock:
+                    self._groups_left.setdefault(id(job), job.parts or len(job.spec.groups))
+                    if not waiting.groups:
+                        self._waiting.remove(waiting)
+                        self._submitted -= 1
+                progress = GroupProgress(job, group, rows_left=group.n,
+                                         continuation=continuation)
+                if job.spec.seed is not None:
+                    self._prefill([progress], isolated=True)
+                elif not progress.steered_or_reading and self.prefix_cache.peek(group.prompt_ids):
+                    self._prefill([progress], isolated=False)
+                else:
+                    together.append(progress)
+                    if sum(len(p.group.prompt_ids) for p in together) >= PREFILL_TOKEN_BUDGET:
+                        self._prefill(together, isolated=False)
+                        together = []
+            if waiting.groups and not held[id(job)] and now - waiting.since >= self.limits.aging_s:
+                break  # it has waited long enough: rows now free up for it alone
         if together:
             self._prefill(together, isolated=False)
 
