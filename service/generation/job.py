@@ -107,6 +107,11 @@ class GenerationJob:
         self.cancelled.set()
         self.queue.put_nowait(GroupFailed(error))
 
+    def fail_from_thread(self, error: EngineError) -> None:
+        """fail(), from a thread other than the event loop's."""
+        self.cancelled.set()
+        self.post(GroupFailed(error))
+
     async def events(self) -> AsyncIterator[StepOutput]:
         """Step outputs until every group is done. Leaving early (the caller
         is gone, or a failure) cancels the job, so the model thread drops it at
