@@ -92,6 +92,9 @@ class GenerationJob:
     # Set once by the model thread when the job ends: done, cancelled or failed.
     outcome: str | None = None
     recorder: ActivationRecorder | None = None  # return_sae_activations: what was read
+    # How many GroupDone events end the job: its groups, or the parts the
+    # scheduler split them into (set before the job is queued).
+    parts: int = 0
 
     def post(self, event) -> None:
         """Called from the model thread."""
@@ -104,6 +107,11 @@ class GenerationJob:
         self.cancelled.set()
         self.queue.put_nowait(GroupFailed(error))
 
+    def fail_from_thread(self, error: EngineError) -> None:
+        """fail(), from a thread other than the event loop's."""
+        self.cancelled.set()
+        self.post(GroupFailed(error))
+
     async def events(self) -> AsyncIterator[StepOutput]:
         """Step outputs until every group is done. Leaving early (the caller
         is gone, or a failure) cancels the job, so the model thread drops it at
@@ -113,7 +121,7 @@ class GenerationJob:
         output, so a slow reader (a loaded bridge) gets fewer, larger messages
         instead of falling further behind.
         """
-        remaining = len(self.spec.groups)
+        remaining = self.parts or len(self.spec.groups)
         held = None
         try:
             while remaining:

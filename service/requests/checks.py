@@ -100,6 +100,10 @@ def check_input(params: GenerateParams) -> None:
     if params.messages is None and params.prompts is None:
         raise invalid_parameter("messages", "The request has neither 'messages' nor 'prompt'.")
     if params.messages is not None:
+        if len(params.extra_chats) >= MAX_PROMPTS:
+            raise invalid_parameter(
+                "extra_messages", f"'extra_messages' takes at most {MAX_PROMPTS - 1} "
+                f"conversations; got {len(params.extra_chats)}.")
         for where, turns in params.conversations():
             if not turns:
                 raise invalid_parameter(where, f"'{where}' must contain at least one message.")

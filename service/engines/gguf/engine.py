@@ -26,10 +26,11 @@ from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.constraint import GrammarMask
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
-from service.engines.model_thread import ModelCall, answer_unrun
+from service.engines.model_thread import ModelCall, answer_unrun, report_death
 from service.engines.scores import TokenTable, score_logits
 from service.errors import (
     EngineError,
+    engine_failure,
     internal_error,
     invalid_parameter,
     queue_full,
@@ -96,6 +97,7 @@ class GgufEngine(Engine):
         self._cache_hits = 0
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._dead = False
 
     # -- loading and tokenization -------------------------------------------------
 
@@ -197,6 +199,8 @@ class GgufEngine(Engine):
 
     def submit(self, job: GenerationJob) -> None:
         with self._lock:
+            if self._dead:
+                raise engine_failure("The engine's model thread stopped; it is restarting.")
             if self._waiting >= self.max_queued:
                 raise queue_full(self.max_queued)
             self._waiting += 1
@@ -210,6 +214,17 @@ class GgufEngine(Engine):
         return future
 
     def _run(self) -> None:
+        try:
+            self._serve_inbox()
+        except BaseException:
+            # Each job's own failures are caught in _run_job; this is the thread itself.
+            log.critical("GGUF model thread died; the engine stops serving", exc_info=True)
+            self._dead = True
+            answer_unrun(self._inbox, engine_failure(
+                "The engine's model thread stopped; it is restarting. Retry shortly."))
+            report_death()
+
+    def _serve_inbox(self) -> None:
         while not self._stopping:
             item = self._inbox.get()
             if item is None:
