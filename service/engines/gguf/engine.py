@@ -230,8 +230,8 @@ class GgufEngine(Engine):
             if item is None:
                 break
             if isinstance(item, ModelCall):
-                if not item.future.cancelled():
-                    item.run(self)
+                if not item.abandoned:
+                    item.run_to_end(self)
                 continue
             with self._lock:
                 self._waiting -= 1
@@ -366,17 +366,20 @@ class GgufEngine(Engine):
         import torch
 
         def run(engine: GgufEngine):
-            return [score_logits(engine._tokens, ids,
-                                 torch.from_numpy(engine._readers.prompt_logits(ids)),
-                                 temperature=temperature, allowed=allowed, top=top, echo=echo,
-                                 next_token=next_token)
-                    for ids in prompts]
+            scored = []
+            for ids in prompts:  # one prompt a chunk (engines/model_thread.py)
+                scored.append(score_logits(
+                    engine._tokens, ids, torch.from_numpy(engine._readers.prompt_logits(ids)),
+                    temperature=temperature, allowed=allowed, top=top, echo=echo,
+                    next_token=next_token))
+                yield
+            return scored
 
         return self._call(run)
 
     def embed(self, inputs: list[list[int]]):
         """One mean-pooled vector per tokenized input; await the result."""
-        return self._call(lambda engine: engine._readers.embed(inputs))
+        return self._call(lambda engine: engine._readers.embed_chunks(inputs))
 
     # -- status and shutdown ----------------------------------------------------------
 

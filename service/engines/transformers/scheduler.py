@@ -103,6 +103,8 @@ class Scheduler:
         self.backend = "transformers/" + ("serial" if limits.serial else "continuous-batching")
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: collections.deque[_Waiting] = collections.deque()
+        # Reads (scoring, embeddings, attaching an SAE) under way: one chunk a turn.
+        self._reads: collections.deque[ModelCall] = collections.deque()
         self._shared = Lane(ctx)
         self._isolated: list[Lane] = []
         self._groups_left: dict[int, int] = {}  # id(job) -> groups not yet done, once admitted
@@ -185,12 +187,15 @@ class Scheduler:
             return
         for waiting in self._waiting:
             waiting.job.cancelled.set()
+        for call in self._reads:
+            self._inbox.put(call)
         answer_unrun(self._inbox)
 
     def _turn(self) -> None:
         self._take_inbox()
         with self._lock:
             self._drop_cancelled()
+        self._read_one_chunk()
         faults.hit("turn")
         self._admit()
         self._step_lanes()
@@ -217,20 +222,32 @@ class Scheduler:
         for job in [*self._running_jobs(), *(w.job for w in self._waiting)]:
             self._fail(job, error)
         self._waiting.clear()
+        for call in self._reads:
+            self._inbox.put(call)
         answer_unrun(self._inbox, error)
         report_death()
 
     def _running_rows(self) -> int:
         return len(self._shared.rows) + sum(len(lane.rows) for lane in self._isolated)
 
+    def _read_one_chunk(self) -> None:
+        """One chunk of the oldest read; reads take turns, between decode steps."""
+        while self._reads:
+            call = self._reads.popleft()
+            if call.abandoned:
+                call.drop()
+                continue
+            if not call.run(self.ctx):
+                self._reads.append(call)
+            return
+
     def _take_inbox(self) -> None:
-        idle = not self._waiting and self._running_rows() == 0
+        idle = not self._waiting and not self._reads and self._running_rows() == 0
         try:
             item = self._inbox.get(block=idle)
             while item is not None:
                 if isinstance(item, ModelCall):
-                    if not item.future.cancelled():
-                        item.run(self.ctx)
+                    self._reads.append(item)
                 else:
                     parts = split_parts(item.spec.groups, self.limits.request_rows)
                     self._waiting.append(_Waiting(item, collections.deque(parts)))
