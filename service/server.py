@@ -87,6 +87,7 @@ class EngineServer:
                     max_queued=config.max_queued,
                     max_rows_per_request=config.max_rows_per_request,
                     aging_s=config.admission_aging_s,
+                    stall_s=config.stream_stall_s,
                     serial=config.batching == "serial",
                 ),
                 prefix_cache_tokens=config.prefix_cache_tokens,

@@ -72,10 +72,12 @@ def token_piece(vocab, token: int, special: bool) -> bytes:
 class GgufEngine(Engine):
     kind = GGUF
 
-    def __init__(self, entry, threads: int = 1, max_queued: int = 256, context: int = 0):
+    def __init__(self, entry, threads: int = 1, max_queued: int = 256, context: int = 0,
+                 stall_s: float = 30.0):
         super().__init__(entry)
         self.threads = threads
         self.max_queued = max_queued
+        self.stall_s = stall_s
         self.requested_context = context
         self.llm = None
         self._readers: Readers | None = None
@@ -327,6 +329,9 @@ class GgufEngine(Engine):
         index = group.first_index
         while True:
             if job.cancelled.is_set() or self._stopping:
+                return False
+            if job.stalled(self.stall_s):
+                job.abandon()
                 return False
             if mask is not None:
                 mask.apply(llm._ctx)

@@ -75,6 +75,7 @@ class SchedulerLimits:
     serial: bool = False  # one request at a time (for comparison benchmarks)
     max_rows_per_request: int = 0  # rows one request holds at once; 0: half of max_batch
     aging_s: float = 5.0  # how long later requests may pass one that does not fit
+    stall_s: float = 30.0  # a reader that takes nothing this long is cancelled (job.py)
 
     @property
     def request_rows(self) -> int:
@@ -403,6 +404,8 @@ class Scheduler:
             self._generated += len(results)
         for job, deltas in per_job.values():
             job.post(StepOutput(tuple(deltas)))
+            if job.stalled(self.limits.stall_s):
+                job.abandon()
         for progress in finished:
             progress.job.post(GroupDone(progress.completion_tokens, progress.cached_tokens,
                                         progress.recorder))
