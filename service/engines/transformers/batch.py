@@ -13,6 +13,7 @@ matcher) is marked failed and leaves; the other rows of the step go on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -137,17 +138,22 @@ class Row:
 
     def accept(self, token: int, eos: frozenset[int], score=None) -> tuple[ChoiceDelta, bool]:
         """Take the sampled token; return its delta and whether the row is done.
-        `score` (its log-probability) is reported unless the token is the
-        end-of-sequence one, which adds no text."""
+        `score` is its log-probability. The end-of-sequence token is counted in
+        completion_tokens, so it has a log-probability entry too, with empty
+        text (it adds none): the entries and the count always agree."""
         self.generated += 1
-        scores = (score,) if score is not None and token not in eos else ()
+        if score is not None and token in eos:
+            score = dataclasses.replace(score, token=dataclasses.replace(
+                score.token, text="", bytes=b""))
+        scores = (score,) if score is not None else ()
         self.progress.completion_tokens += 1
         if self.matcher is not None and not self.matcher.accept_token(token):
             # The mask allowed only tokens the grammar accepts; this is a bug,
             # and the document check after the row ends will refuse the output.
             log.error("grammar refused a token its own mask allowed")
         if token in eos:
-            return ChoiceDelta(self.index, self._final_text(), (token,), FinishReason.STOP), True
+            return (ChoiceDelta(self.index, self._final_text(), (token,), FinishReason.STOP,
+                                scores), True)
         text, hit = self.stopper.push(self.detokenizer.push(token))
         if hit:
             return ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores), True
