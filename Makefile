@@ -141,6 +141,8 @@ bench: setup proto model
 	$(PY) bench/steering_effect.py
 	$(PY) bench/monitoring.py
 	$(PY) bench/gguf_peer.py
+	$(PY) bench/admission.py
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \

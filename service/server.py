@@ -31,6 +31,7 @@ from millm.v1 import (
     steering_service_pb2_grpc,
 )
 from service.config import EngineConfig
+from service.engines import model_thread
 from service.engines.transformers.scheduler import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
@@ -67,6 +68,8 @@ SERVICE_NAMES = (
 MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
 
 GRACE_SECONDS = 5.0
+# Exit status when a model thread died (EX_SOFTWARE): the supervisor restarts us.
+EXIT_MODEL_THREAD_DIED = 70
 
 
 class EngineServer:
@@ -88,6 +91,9 @@ class EngineServer:
                 limits=SchedulerLimits(
                     max_batch=config.max_batch,
                     max_queued=config.max_queued,
+                    max_rows_per_request=config.max_rows_per_request,
+                    aging_s=config.admission_aging_s,
+                    stall_s=config.stream_stall_s,
                     serial=config.batching == "serial",
                 ),
                 prefix_cache_tokens=config.prefix_cache_tokens,
@@ -195,6 +201,16 @@ class EngineServer:
                         self.drain.in_flight)
         await self.stop()
 
+    async def die(self) -> None:
+        """The model thread is gone: NOT_SERVING everywhere at once, then stop
+        without waiting out the drain (nothing left can be served)."""
+        self.drain.draining = True
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(GRACE_SECONDS)
+        self.metrics.stop()
+        self.steering.store.close()
+
     async def stop(self) -> None:
         await self._set_serving(False)
         await self.server.stop(GRACE_SECONDS)
@@ -216,17 +232,25 @@ async def serve(config: EngineConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    died = asyncio.Event()
+    model_thread.on_death(lambda: loop.call_soon_threadsafe(died.set))
     loader = asyncio.create_task(engine.load_startup_model())
     stopper = asyncio.create_task(stop.wait())
-    await asyncio.wait({loader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    dying = asyncio.create_task(died.wait())
+    await asyncio.wait({loader, stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
     if loader.done() and loader.exception() is not None:
         log.error("could not load model %r: %s", config.model, loader.exception())
         code = 1
     elif loader.done():
-        await stopper
+        await asyncio.wait({stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
     else:
         loader.cancel()
+    if died.is_set():
+        # Its requests were answered 503 already; a restart is the only cure.
+        log.critical("a model thread died: NOT_SERVING, exiting for the supervisor to restart")
+        await engine.die()
+        return EXIT_MODEL_THREAD_DIED
     log.info("engine stopping")
     await engine.drain_and_stop()
     return code

@@ -19,7 +19,8 @@ def make_engine(entry: ModelEntry, config: LifecycleConfig) -> Engine:
         from service.engines.gguf.engine import GgufEngine
 
         return GgufEngine(entry, threads=config.gguf_threads,
-                          max_queued=config.limits.max_queued, context=config.gguf_context)
+                          max_queued=config.limits.max_queued, context=config.gguf_context,
+                          stall_s=config.limits.stall_s)
     from service.engines.transformers.engine import TransformersEngine
 
     return TransformersEngine(entry, device=config.device, limits=config.limits,

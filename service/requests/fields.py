@@ -88,8 +88,9 @@ NO_DISTRIBUTION = "this engine gives no per-token distribution"
 RULES: dict[str, FieldRule] = {
     "n": FieldRule({CHAT: "several_choices", COMPLETIONS: "several_choices"},
                    frozenset({EMBEDDINGS}), (1,), why_engine="several choices are not "
-                   "served here", note="not with stream: true, which the REST bridge refuses "
-                   "(field_not_honoured): its streams carry one choice, as the reference's do"),
+                   "served here", note="not with stream: true (GenerateRequest.stream), refused "
+                   "(field_not_honoured): a relayed stream carries one choice, as the "
+                   "reference's do"),
     # GGUF: measured byte-identical over 20 runs per seed (docs/gguf.md).
     "seed": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
     "max_completion_tokens": FieldRule(GENERATING, frozenset({EMBEDDINGS})),

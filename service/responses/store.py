@@ -23,6 +23,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from service.errors import store_unavailable
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
   id TEXT PRIMARY KEY, owner TEXT NOT NULL, stored_at REAL NOT NULL, document TEXT NOT NULL);
@@ -70,10 +72,14 @@ class ResponseStore:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 result = work(self._db)
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                # Inside the try: a failed COMMIT (disk full) is rolled back too.
+                self._db.execute("COMMIT")
+            except BaseException as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise store_unavailable(exc) from exc
                 raise
-            self._db.execute("COMMIT")
             return result
 
     def exists(self, response_id: str) -> bool:

@@ -1,7 +1,10 @@
 """Steering state that survives a restart, in SQLite in the data dir.
 
 One table per kind of thing an operator manages. Every write is one
-transaction; reads go to the in-memory snapshot the manager keeps, so the
+transaction, awaited off the event loop (a write and its fsync must not stall
+every stream), and a write that fails (disk full, I/O error) is rolled back
+whole and answered state_store_unavailable; the next write works once the
+disk does. Reads go to the in-memory snapshot the manager keeps, so the
 database is read once at start.
 """
 
@@ -13,6 +16,8 @@ import pathlib
 import sqlite3
 import threading
 import time
+
+from service.errors import store_unavailable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -47,10 +52,19 @@ class SteeringStore:
             try:
                 for sql, args in statements:
                     self._db.execute(sql, args)
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                # COMMIT is inside the try: a commit that fails (disk full, I/O
+                # error) is rolled back too, or every later write would fail
+                # with "cannot start a transaction within a transaction".
+                self._db.execute("COMMIT")
+            except BaseException as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise store_unavailable(exc) from exc
                 raise
-            self._db.execute("COMMIT")
+
+    async def _write_off_loop(self, *statements: tuple[str, tuple]) -> None:
+        await asyncio.to_thread(self._write, *statements)
 
     def _rows(self, sql: str) -> list[tuple]:
         with self._lock:
@@ -61,22 +75,22 @@ class SteeringStore:
     def settings(self) -> dict:
         return {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM settings")}
 
-    def put_settings(self, **values) -> None:
-        self._write(*(("INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO "
-                       "UPDATE SET value = excluded.value", (k, json.dumps(v)))
-                      for k, v in values.items()))
+    async def put_settings(self, **values) -> None:
+        await self._write_off_loop(*(
+            ("INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO "
+             "UPDATE SET value = excluded.value", (k, json.dumps(v))) for k, v in values.items()))
 
     # -- SAEs attached at start -----------------------------------------------------
 
     def attached_saes(self) -> list[str]:
         return [r[0] for r in self._rows("SELECT sae_id FROM attached_saes ORDER BY attached_at")]
 
-    def set_attached(self, sae_id: str, attached: bool) -> None:
+    async def set_attached(self, sae_id: str, attached: bool) -> None:
         if attached:
-            self._write(("INSERT OR REPLACE INTO attached_saes VALUES (?, ?)",
-                         (sae_id, time.time_ns())))
+            await self._write_off_loop(("INSERT OR REPLACE INTO attached_saes VALUES (?, ?)",
+                                        (sae_id, time.time_ns())))
         else:
-            self._write(("DELETE FROM attached_saes WHERE sae_id = ?", (sae_id,)))
+            await self._write_off_loop(("DELETE FROM attached_saes WHERE sae_id = ?", (sae_id,)))
 
     # -- profiles ---------------------------------------------------------------------
 
@@ -91,12 +105,8 @@ class SteeringStore:
         return (p["name"], p["description"], p["kind"], json.dumps(p["entries"]), p["target"],
                 p["created"], p["updated"])
 
-    def put_profile(self, profile: dict, *also: tuple[str, tuple]) -> None:
-        self._write(("INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     self._profile_row(profile)), *also)
-
-    def delete_profile(self, name: str, *also: tuple[str, tuple]) -> None:
-        self._write(("DELETE FROM profiles WHERE name = ?", (name,)), *also)
+    async def put_profile(self, profile: dict, *also: tuple[str, tuple]) -> None:
+        await self._write_off_loop(self.profile_sql(profile), *also)
 
     # -- clusters and circuits (their documents, dial included) -------------------------
 
@@ -125,23 +135,22 @@ class SteeringStore:
         return ("DELETE FROM profiles WHERE name = ?", (name,))
 
     # -- monitoring: probes and the per-model switch ----------------------------------
-    # Awaited off the event loop: a write and its fsync must not stall the streams.
 
     def probes(self) -> list[dict]:
         return [json.loads(r[0]) for r in self._rows("SELECT document FROM probes ORDER BY name")]
 
     async def put_probe(self, name: str, document: dict) -> None:
-        await asyncio.to_thread(self._write, ("INSERT OR REPLACE INTO probes VALUES (?, ?)",
-                                              (name, json.dumps(document))))
+        await self._write_off_loop(("INSERT OR REPLACE INTO probes VALUES (?, ?)",
+                                    (name, json.dumps(document))))
 
     async def delete_probe(self, name: str) -> None:
-        await asyncio.to_thread(self._write, ("DELETE FROM probes WHERE name = ?", (name,)))
+        await self._write_off_loop(("DELETE FROM probes WHERE name = ?", (name,)))
 
     async def set_monitoring(self, models: dict[str, bool]) -> None:
-        await asyncio.to_thread(self._write, (
+        await self._write_off_loop((
             "INSERT INTO settings(key, value) VALUES ('monitoring', ?) ON CONFLICT(key) DO "
             "UPDATE SET value = excluded.value", (json.dumps(models),)))
 
-    def write(self, *statements: tuple[str, tuple]) -> None:
+    async def write(self, *statements: tuple[str, tuple]) -> None:
         """Several changes in one transaction (say, a cluster and its profile)."""
-        self._write(*statements)
+        await self._write_off_loop(*statements)

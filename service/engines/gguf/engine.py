@@ -26,10 +26,11 @@ from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.constraint import GrammarMask
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
-from service.engines.model_thread import ModelCall, answer_unrun
+from service.engines.model_thread import ModelCall, answer_unrun, report_death
 from service.engines.scores import TokenTable, score_logits
 from service.errors import (
     EngineError,
+    engine_failure,
     internal_error,
     invalid_parameter,
     queue_full,
@@ -71,10 +72,12 @@ def token_piece(vocab, token: int, special: bool) -> bytes:
 class GgufEngine(Engine):
     kind = GGUF
 
-    def __init__(self, entry, threads: int = 1, max_queued: int = 256, context: int = 0):
+    def __init__(self, entry, threads: int = 1, max_queued: int = 256, context: int = 0,
+                 stall_s: float = 30.0):
         super().__init__(entry)
         self.threads = threads
         self.max_queued = max_queued
+        self.stall_s = stall_s
         self.requested_context = context
         self.llm = None
         self._readers: Readers | None = None
@@ -96,6 +99,7 @@ class GgufEngine(Engine):
         self._cache_hits = 0
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._dead = False
 
     # -- loading and tokenization -------------------------------------------------
 
@@ -197,6 +201,8 @@ class GgufEngine(Engine):
 
     def submit(self, job: GenerationJob) -> None:
         with self._lock:
+            if self._dead:
+                raise engine_failure("The engine's model thread stopped; it is restarting.")
             if self._waiting >= self.max_queued:
                 raise queue_full(self.max_queued)
             self._waiting += 1
@@ -210,13 +216,24 @@ class GgufEngine(Engine):
         return future
 
     def _run(self) -> None:
+        try:
+            self._serve_inbox()
+        except BaseException:
+            # Each job's own failures are caught in _run_job; this is the thread itself.
+            log.critical("GGUF model thread died; the engine stops serving", exc_info=True)
+            self._dead = True
+            answer_unrun(self._inbox, engine_failure(
+                "The engine's model thread stopped; it is restarting. Retry shortly."))
+            report_death()
+
+    def _serve_inbox(self) -> None:
         while not self._stopping:
             item = self._inbox.get()
             if item is None:
                 break
             if isinstance(item, ModelCall):
-                if not item.future.cancelled():
-                    item.run(self)
+                if not item.abandoned:
+                    item.run_to_end(self)
                 continue
             with self._lock:
                 self._waiting -= 1
@@ -313,6 +330,9 @@ class GgufEngine(Engine):
         while True:
             if job.cancelled.is_set() or self._stopping:
                 return False
+            if job.stalled(self.stall_s):
+                job.abandon()
+                return False
             if mask is not None:
                 mask.apply(llm._ctx)
             token = sampler.sample(llm._ctx, -1)
@@ -351,17 +371,20 @@ class GgufEngine(Engine):
         import torch
 
         def run(engine: GgufEngine):
-            return [score_logits(engine._tokens, ids,
-                                 torch.from_numpy(engine._readers.prompt_logits(ids)),
-                                 temperature=temperature, allowed=allowed, top=top, echo=echo,
-                                 next_token=next_token)
-                    for ids in prompts]
+            scored = []
+            for ids in prompts:  # one prompt a chunk (engines/model_thread.py)
+                scored.append(score_logits(
+                    engine._tokens, ids, torch.from_numpy(engine._readers.prompt_logits(ids)),
+                    temperature=temperature, allowed=allowed, top=top, echo=echo,
+                    next_token=next_token))
+                yield
+            return scored
 
         return self._call(run)
 
     def embed(self, inputs: list[list[int]]):
         """One mean-pooled vector per tokenized input; await the result."""
-        return self._call(lambda engine: engine._readers.embed(inputs))
+        return self._call(lambda engine: engine._readers.embed_chunks(inputs))
 
     # -- status and shutdown ----------------------------------------------------------
 
