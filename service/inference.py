@@ -28,7 +28,7 @@ from service.engines.base import (
     EngineStatus,
     LoadedModel,
 )
-from service.engines.transformers.scheduler import SchedulerLimits
+from service.engines.transformers.admission import SchedulerLimits
 from service.errors import EngineError, model_not_found, model_not_loaded
 from service.generation.run import Generation
 from service.models.lifecycle import Lease, LifecycleConfig, ModelLifecycle, ModelState, ModelView
