@@ -77,6 +77,12 @@ def _error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | No
     return None
 
 
+def engine_lost(error: grpc.aio.AioRpcError) -> bool:
+    """UNAVAILABLE without ErrorInfo: the engine vanished (killed, connection
+    dropped) rather than refused; the call may be tried on another engine."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and _error_info(error) is None
+
+
 def from_rpc_error(error: grpc.aio.AioRpcError) -> OpenAIError:
     code = error.code()
     info = _error_info(error)

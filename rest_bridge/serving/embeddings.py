@@ -55,8 +55,9 @@ class EmbeddingsHandler:
         encoding = request.encoding_format or "float"
         pb = self.request_pb(request, http_request)
         try:
-            reply = await self.engine.embeddings.Embed(pb, timeout=600,
-                                                       metadata=call_metadata.get())
+            reply = await self.engine.embeddings.Embed(
+                pb, timeout=http_request.app.state.config.engine_deadline_max_s,
+                metadata=call_metadata.get())
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         body = {
