@@ -176,6 +176,46 @@ def json_depth(value) -> int:
     return depth
 
 
+def unpaired_surrogate(value) -> str | None:
+    """Where the first string holding an unpaired surrogate is ("messages[0].content"),
+    or None. JSON may spell one ("\\ud800"), but it is not text: protobuf cannot
+    encode it and the engine could not tokenize it. Level by level, like json_depth."""
+    level = [("", value)]
+    while level:
+        below = []
+        for location, item in level:
+            if isinstance(item, str):
+                if not _is_text(item):
+                    return location
+            elif isinstance(item, dict):
+                for key, child in item.items():
+                    where = f"{location}.{key}" if location else key
+                    if not _is_text(key):
+                        return location or "(a key)"
+                    below.append((where, child))
+            elif isinstance(item, list):
+                below.extend((f"{location}[{i}]", child) for i, child in enumerate(item))
+        level = below
+    return None
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def refuse_surrogates(data) -> None:
+    """A 400 naming the field when a string of the body is not valid Unicode."""
+    location = unpaired_surrogate(data)
+    if location is not None:
+        param = location[:256]
+        raise OpenAIError(400, f"'{param}' holds an unpaired UTF-16 surrogate, which is not "
+                          "valid Unicode text.", param=param, code="invalid_parameter")
+
+
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
@@ -201,6 +241,7 @@ def parse_body(raw: bytes, model: type[Model]) -> Model:
         raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
     if json_depth(data) > MAX_BODY_DEPTH:
         raise _invalid_json(too_deep)
+    refuse_surrogates(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
