@@ -66,7 +66,11 @@ class AccessMiddleware:
         self.max_header_bytes = max_header_bytes
 
     def _refusal(self, path: str, presented: str | None,
-                 header_bytes: int) -> tuple[OpenAIError | None, str]:
+                 header_bytes: int, url_bytes: int) -> tuple[OpenAIError | None, str]:
+        if url_bytes > self.max_header_bytes:
+            # (HTTP's parser refuses request lines past about 64 KiB itself.)
+            return OpenAIError(414, f"The URL is longer than {self.max_header_bytes} bytes.",
+                               code="url_too_long"), "-"
         if header_bytes > self.max_header_bytes:
             return OpenAIError(431, f"The request headers are larger than "
                                f"{self.max_header_bytes} bytes.",
@@ -117,7 +121,8 @@ class AccessMiddleware:
             await send(message)
 
         header_bytes = sum(len(k) + len(v) for k, v in headers)
-        refusal, who = self._refusal(path, presented, header_bytes)
+        url_bytes = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+        refusal, who = self._refusal(path, presented, header_bytes, url_bytes)
         code = None
         state = scope.setdefault("state", {})  # shared with the app's Request.state
         if refusal is not None:

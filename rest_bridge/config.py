@@ -28,7 +28,7 @@ class BridgeConfig:
     shutdown_grace_seconds: float = 5.0
     # More simultaneous connections than this get uvicorn's 503.
     max_connections: int = 1024
-    # Requests whose headers together are larger get 431.
+    # Requests whose headers together are larger get 431, a longer URL 414.
     max_header_bytes: int = 32 * 1024
     # Deadlines of engine calls: a generation gets base + per-token × its
     # max_tokens, never more than the cap (which also bounds calls without one).
@@ -91,7 +91,7 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
     _number(parser, "--max-connections", "MILLM_HTTP_MAX_CONNECTIONS", 1024,
             "simultaneous HTTP connections; more get 503", int)
     _number(parser, "--max-header-bytes", "MILLM_MAX_HEADER_BYTES", 32 * 1024,
-            "larger request headers (all together) get 431", int)
+            "larger request headers (all together) get 431, a longer URL 414", int)
     _number(parser, "--engine-deadline-base-s", "MILLM_ENGINE_DEADLINE_BASE_S", 60.0,
             "a generation's deadline: this plus per-token seconds times max_tokens")
     _number(parser, "--engine-deadline-per-token-s", "MILLM_ENGINE_DEADLINE_PER_TOKEN_S", 0.5,

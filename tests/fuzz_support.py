@@ -135,7 +135,7 @@ def _struct_safe(value) -> bool:
     try:
         import json
 
-        json.dumps(value).encode("utf-8")
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
         return not _has_big_int(value)
     except (ValueError, UnicodeEncodeError):
         return False
@@ -162,16 +162,20 @@ def _field(field: FieldDescriptor, depth: int) -> st.SearchStrategy:
             value = _field(field.message_type.fields_by_name["value"], depth + 1)
             return st.dictionaries(key, value, max_size=4)
         one = message_values(field.message_type, depth + 1)
-    else:
-        one = _scalar(field)
+        if field.is_repeated:
+            return st.lists(one, max_size=4)
+        return one
+    one = _scalar(field)
     if field.is_repeated:
+        # Now and then hundreds of entries (scalars only: drawing hundreds of
+        # nested messages would take the fuzzer longer than the engine).
         return st.one_of(st.lists(one, max_size=4), st.lists(one, min_size=100, max_size=300))
     return one
 
 
 def message_values(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy:
     """Field values for a message of this type, as nested dicts (see build())."""
-    if depth > 3:
+    if depth > 2:
         return st.just({})
     return st.fixed_dictionaries(
         {}, optional={f.name: st.deferred(lambda f=f: _field(f, depth))
