@@ -124,6 +124,7 @@ bench: setup proto model
 	$(PY) bench/steering.py
 	$(PY) bench/gguf_peer.py
 	$(PY) bench/failover.py
+	$(PY) bench/abuse.py
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \

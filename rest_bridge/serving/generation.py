@@ -22,7 +22,7 @@ from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.access import request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
-from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth, wire_int64
+from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
 from rest_bridge.serving import failover, ignored_fields, sse, steering_fields, tool_calls
 from rest_bridge.serving.disconnect import unless_disconnected
 from rest_bridge.serving.failover import RESTARTED, GenerateCall
@@ -53,8 +53,6 @@ def sampling_to_pb(request) -> generation_pb2.SamplingParams:
         value = getattr(request, name)
         if value is None:
             continue
-        if isinstance(value, int) and not isinstance(value, bool):
-            wire_int64(value, name)
         setattr(sampling, name, value)
     stop = request.stop
     if stop is not None:
