@@ -162,13 +162,13 @@ async def _send(host, port, method, path, headers, body) -> int | str:
         if body is not None and "Content-Length" not in headers:
             lines.append(f"Content-Length: {len(body)}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogatepass")
-        writer.write(head)
-        # The body goes in pieces while the answer is awaited: a server may
+        body = body or b""
+        writer.write(head + body[:65_536])
+        # The rest goes in pieces while the answer is awaited: a server may
         # answer (a 404, a 413) without reading the body and close, and writing
         # on after that would reset the connection and lose its answer.
         answer = asyncio.ensure_future(reader.readline())
-        body = body or b""
-        for start in range(0, len(body), 65_536):
+        for start in range(65_536, len(body), 65_536):
             await asyncio.sleep(0)
             if answer.done():
                 break
