@@ -22,6 +22,7 @@ from millm.v1 import (
     model_pb2,
     model_service_pb2,
     model_service_pb2_grpc,
+    monitoring_service_pb2,
     scoring_service_pb2,
     server_service_pb2,
     steering_service_pb2,
@@ -32,7 +33,7 @@ from tests.fuzz_support import build, fuzz, message_values
 SERVER_FAULTS = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS,
                  grpc.StatusCode.DEADLINE_EXCEEDED}
 MODULES = (generation_service_pb2, scoring_service_pb2, embedding_service_pb2,
-           model_service_pb2, server_service_pb2, steering_service_pb2)
+           model_service_pb2, server_service_pb2, steering_service_pb2, monitoring_service_pb2)
 METHODS = [(service, method) for module in MODULES
            for service in module.DESCRIPTOR.services_by_name.values()
            for method in service.methods]

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from rest_bridge.serving import monitoring_api
 from rest_bridge.serving.steering_api import ROUTES
 from tests.conftest import MODEL
 from tests.fuzz_support import ANY_JSON, KEY, LONG_TEXT, ODD_TEXT, fuzz
@@ -45,7 +46,12 @@ DOCUMENT = st.fixed_dictionaries({}, optional={
     "members": sometimes(ENTRIES), "edges": sometimes(st.lists(ANY_JSON, max_size=3)),
     "entries": sometimes(ENTRIES), "values": sometimes(ENTRIES),
     "enabled": sometimes(st.booleans()), "replace_values": sometimes(st.booleans()),
-    "intensity_only": sometimes(NUMBER)})
+    "intensity_only": sometimes(NUMBER),
+    # probes and monitoring
+    "sae_id": sometimes(NAME), "feature": sometimes(NUMBER), "threshold": sometimes(NUMBER),
+    "layer": sometimes(NUMBER), "model": sometimes(NAME),
+    "features": sometimes(st.lists(st.fixed_dictionaries({}, optional={
+        "index": sometimes(NUMBER), "weight": sometimes(NUMBER)}), max_size=70))})
 BODY = st.one_of(
     st.tuples(DOCUMENT, st.dictionaries(KEY, ANY_JSON, max_size=2)).map(
         lambda pair: json.dumps({**pair[1], **pair[0]}).encode()),
@@ -53,7 +59,12 @@ BODY = st.one_of(
     st.binary(max_size=64),
     st.just(b""),
 )
-ROUTE_TABLE = [(r.method, r.path) for r in ROUTES] + [
+ROUTE_TABLE = [(r.method, r.path) for r in ROUTES + monitoring_api.ROUTES] + [
+    # One fuzzed value per URL: two of the longest would pass the HTTP parser's limit.
+    ("GET", "/api/saes/sae_millm-tiny-res-l1/features?query={name}"),
+    ("GET", "/api/saes/sae_millm-tiny-res-l1/features?limit={name}&offset=3"),
+    ("GET", "/api/saes/sae_millm-tiny-res-l1/features?offset={name}"),
+    ("GET", "/api/monitoring?model={name}"),
     ("GET", "/api/models"), ("GET", "/api/models/{model_id}"),
     ("POST", "/api/models/{model_id}/load"), ("POST", "/api/models/{model_id}/unload"),
     ("GET", "/api/health/inference"), ("GET", "/api/capabilities"),
