@@ -7,10 +7,11 @@ reads nothing (GetMonitoring says so). Probes and the switch live in the state
 store beside the rest of the steering state. Every generation validated while
 its model is monitored carries a MonitorSpec (the probes compiled against the
 attached SAEs, rebuilt only when probes or attachments change); scoring and
-embeddings never do. When a monitored generation ends, its verdicts and the
-features its tokens activated are recorded here: totals since start (the
-Prometheus counters) and a window of the last WINDOW generations (hit rates,
-feature frequencies).
+embeddings never do. When a monitored generation ends, its verdicts are
+recorded here: totals since start (the Prometheus counters) and a window of
+the last WINDOW generations (hit rates). Feature activity is counted per SAE
+as the batch reads it (probes.FeatureTally, once per forward pass rather than
+per row), over the tokens of the last one to two windows.
 """
 
 from __future__ import annotations
@@ -20,10 +21,19 @@ import collections
 import time
 from dataclasses import dataclass
 
+import torch
+
 from service.errors import EngineError, invalid_parameter
 from service.steering import probes as probe_rules
 from service.steering.manager import SteeringManager
-from service.steering.probes import LayerProbes, MonitorSpec, Probe, ProbeReader, Verdict
+from service.steering.probes import (
+    FeatureTally,
+    LayerProbes,
+    MonitorSpec,
+    Probe,
+    ProbeReader,
+    Verdict,
+)
 
 WINDOW = 256
 TOP_FEATURES = 16  # feature frequencies reported per SAE
@@ -71,14 +81,6 @@ class MonitoringState:
     feature_frequencies: tuple[FeatureFrequency, ...]
 
 
-@dataclass(frozen=True)
-class _Seen:
-    """One monitored generation, as the window keeps it."""
-
-    verdicts: tuple[Verdict, ...]
-    features: tuple  # ReaderFeatures: (sae id, layer, tokens, {feature: tokens})
-
-
 class MonitoringManager:
     def __init__(self, steering: SteeringManager):
         self.steering = steering
@@ -88,7 +90,10 @@ class MonitoringManager:
         self.enabled: dict[str, bool] = {
             str(k): bool(v) for k, v in self.store.settings().get("monitoring", {}).items()}
         self._compiled: tuple[tuple, MonitorSpec | None] = ((), None)
-        self._window: collections.deque[_Seen] = collections.deque(maxlen=WINDOW)
+        self._window: collections.deque[tuple[Verdict, ...]] = collections.deque(maxlen=WINDOW)
+        # Per SAE: feature activity over the monitored tokens of the last one
+        # to two windows (rotated every WINDOW generations).
+        self._tallies: dict[str, FeatureTally] = {}
         self.total_requests = 0
         # probe -> (read, fired) since start; replaced whole on each change, so
         # the metrics thread never iterates a dict the event loop is changing.
@@ -151,17 +156,27 @@ class MonitoringManager:
             for _, p in sorted(self.probes.items()):
                 if p.sae_id in attached:
                     by_sae.setdefault(p.sae_id, []).append(p)
-            layers = tuple(LayerProbes(attached[s], ps) for s, ps in sorted(by_sae.items()))
+            layers = tuple(LayerProbes(attached[s], ps, self._tally(attached[s]))
+                           for s, ps in sorted(by_sae.items()))
             self._compiled = (key, MonitorSpec(layers) if layers else None)
         return self._compiled[1]
+
+    def _tally(self, sae) -> FeatureTally:
+        tally = self._tallies.get(sae.info.id)
+        if tally is None or tally.d_sae != sae.info.d_sae:
+            tally = self._tallies[sae.info.id] = FeatureTally(sae.info.d_sae, sae.W_enc.device)
+        return tally
 
     # -- what monitored traffic reported ---------------------------------------------------
 
     def record(self, reader: ProbeReader) -> tuple[Verdict, ...]:
         """A monitored generation ended; returns its verdicts."""
         verdicts = reader.verdicts()
-        self._window.append(_Seen(verdicts, tuple(reader.feature_tokens())))
+        self._window.append(verdicts)
         self.total_requests += 1
+        if self.total_requests % WINDOW == 0:
+            for tally in self._tallies.values():
+                tally.rotate()
         totals = dict(self.totals)
         for v in verdicts:
             read, fired = totals.get(v.probe, (0, 0))
@@ -185,23 +200,23 @@ class MonitoringManager:
         window = list(self._window)
         stats = []
         for name in sorted(self.probes):
-            seen = [v for s in window for v in s.verdicts if v.probe == name]
+            seen = [v for verdicts in window for v in verdicts if v.probe == name]
             total = self.totals.get(name, (0, 0))
             stats.append(ProbeStats(name, len(seen), sum(v.fired for v in seen), *total))
         return MonitoringState(model, enabled, not reason, reason, self.list_probes(),
                                len(window), self.total_requests, tuple(stats),
-                               _frequencies(window))
+                               self._frequencies())
 
-
-def _frequencies(window: list[_Seen]) -> tuple[FeatureFrequency, ...]:
-    tokens: dict[tuple[str, int], int] = {}
-    active: dict[tuple[str, int], collections.Counter] = {}
-    for seen in window:
-        for sae_id, layer, read, counts in seen.features:
-            tokens[(sae_id, layer)] = tokens.get((sae_id, layer), 0) + read
-            active.setdefault((sae_id, layer), collections.Counter()).update(counts)
-    out = []
-    for key in sorted(active):
-        for index, n in active[key].most_common(TOP_FEATURES):
-            out.append(FeatureFrequency(key[0], key[1], index, n, n / max(tokens[key], 1)))
-    return tuple(out)
+    def _frequencies(self) -> tuple[FeatureFrequency, ...]:
+        """The most active features of each SAE read (attached ones only)."""
+        out = []
+        for sae_id, tally in sorted(self._tallies.items()):
+            sae = self.steering.attached.get(sae_id)
+            counts, tokens = tally.snapshot()
+            if sae is None or not tokens:
+                continue
+            top = torch.topk(counts, min(TOP_FEATURES, counts.numel()))
+            for n, index in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+                if n > 0:
+                    out.append(FeatureFrequency(sae_id, sae.info.layer, index, n, n / tokens))
+        return tuple(out)

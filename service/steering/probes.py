@@ -19,6 +19,7 @@ fields.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -99,12 +100,45 @@ def check_probe(name: str, description: str, info: SaeInfo, layer: int | None,
                  float(threshold), description, created)
 
 
+class FeatureTally:
+    """How many monitored tokens each feature of one SAE was active on: the
+    current span and the one before (monitoring.py rotates them), so the
+    frequencies cover recent traffic. Added to on the model thread once per
+    forward pass, read on the event loop; the lock keeps a read whole."""
+
+    def __init__(self, d_sae: int, device: torch.device):
+        self.d_sae = d_sae
+        self._lock = threading.Lock()
+        self._counts = torch.zeros(d_sae, dtype=torch.int64, device=device)
+        self._tokens = 0
+        self._previous = (torch.zeros(d_sae, dtype=torch.int64), 0)
+
+    def add(self, active: torch.Tensor) -> None:
+        """active [tokens, d_sae] bool."""
+        counts = active.sum(dim=0)
+        with self._lock:
+            self._counts += counts
+            self._tokens += active.shape[0]
+
+    def rotate(self) -> None:
+        with self._lock:
+            self._previous = (self._counts.cpu(), self._tokens)
+            self._counts = torch.zeros_like(self._counts)
+            self._tokens = 0
+
+    def snapshot(self) -> tuple[torch.Tensor, int]:
+        """(tokens each feature was active on, tokens read), both spans."""
+        with self._lock:
+            return self._counts.cpu() + self._previous[0], self._tokens + self._previous[1]
+
+
 class LayerProbes:
     """The probes reading one attached SAE, as tensors: the features they
-    need and a [features, probes] weight matrix."""
+    need and a [features, probes] weight matrix; and the SAE's FeatureTally."""
 
-    def __init__(self, sae: SaeWeights, probes: list[Probe]):
+    def __init__(self, sae: SaeWeights, probes: list[Probe], tally: FeatureTally):
         self.sae = sae
+        self.tally = tally
         self.layer = sae.info.layer
         self.probes = tuple(probes)
         columns = sorted({i for p in probes for i, _ in p.features})
@@ -118,11 +152,12 @@ class LayerProbes:
         self.weights = weights.to(device)
         self.threshold_list = [p.threshold for p in probes]
 
-    def read(self, hidden: torch.Tensor) -> tuple[torch.Tensor, list[list[float]]]:
-        """Residual vectors [n, d] -> (activity [n, d_sae] bool, scores as
-        lists [n][probes]): one encode and one transfer for all of them."""
+    def read(self, hidden: torch.Tensor) -> list[list[float]]:
+        """Residual vectors [n, d] -> scores [n][probes], counting each
+        feature's activity on the way: one encode and one transfer for all."""
         acts = self.sae.encode(hidden.float()).float()
-        return acts > 0, (acts[:, self.columns] @ self.weights).tolist()
+        self.tally.add(acts > 0)
+        return (acts[:, self.columns] @ self.weights).tolist()
 
 
 @dataclass(frozen=True)
@@ -137,7 +172,6 @@ class _Tally:
     peak: list[float]
     first: list[int]
     positions: int = 0
-    active: torch.Tensor | None = None  # tokens each feature was active on
 
 
 @dataclass(frozen=True)
@@ -160,17 +194,13 @@ class ProbeReader:
     spec: MonitorSpec
     tallies: dict[int, _Tally] = field(default_factory=dict)
 
-    def read(self, layer: LayerProbes, positions: list[int], scores: list[list[float]],
-             active: torch.Tensor) -> None:
-        """Scores [position][probe] at `layer` and, per feature, how many of
-        these positions it was active on."""
+    def read(self, layer: LayerProbes, positions: list[int], scores: list[list[float]]) -> None:
+        """Scores [position][probe] at `layer` (plain Python: no tensor work per row)."""
         tally = self.tallies.get(id(layer))
         if tally is None:
             count = len(layer.probes)
             tally = self.tallies[id(layer)] = _Tally([-math.inf] * count, [-1] * count)
-            tally.active = torch.zeros(active.shape, dtype=torch.int32, device=active.device)
         tally.positions += len(positions)
-        tally.active += active
         peak, first, thresholds = tally.peak, tally.first, layer.threshold_list
         for position, row in zip(positions, scores, strict=True):
             for j, value in enumerate(row):
@@ -192,19 +222,6 @@ class ProbeReader:
                 out.append(Verdict(p.name, p.sae_id, p.layer, first >= 0, tally.peak[j],
                                    first if first >= 0 else None, tally.positions, p.threshold))
         return tuple(out)
-
-    def feature_tokens(self) -> list[tuple[str, int, int, dict[int, int]]]:
-        """(sae id, layer, tokens read, {feature: tokens active}) per layer read."""
-        out = []
-        for layer in self.spec.layers:
-            tally = self.tallies.get(id(layer))
-            if tally is None or tally.active is None:
-                continue
-            nonzero = torch.nonzero(tally.active).flatten().tolist()
-            counts = tally.active[nonzero].tolist()
-            out.append((layer.sae.info.id, layer.layer, tally.positions,
-                        dict(zip(nonzero, counts, strict=True))))
-        return out
 
 
 @dataclass
@@ -228,13 +245,12 @@ def read_layer(hidden: torch.Tensor, reads: list[MonitorRead]) -> None:
         if len(r.positions) == 1 and hidden.shape[1] - r.column == 1:
             batched.setdefault(id(r.layer), []).append(r)
         else:
-            active, scores = r.layer.read(hidden[r.row, r.column:])
-            r.reader.read(r.layer, r.positions, scores, active.sum(dim=0))
+            r.reader.read(r.layer, r.positions, r.layer.read(hidden[r.row, r.column:]))
     for group in batched.values():
         rows = torch.tensor([r.row for r in group], dtype=torch.long, device=hidden.device)
-        active, scores = group[0].layer.read(hidden[rows, -1])
+        scores = group[0].layer.read(hidden[rows, -1])
         for k, r in enumerate(group):
-            r.reader.read(r.layer, r.positions, scores[k:k + 1], active[k])
+            r.reader.read(r.layer, r.positions, scores[k:k + 1])
 
 
 def add_reads(monitors: dict[int, list[MonitorRead]], reader: ProbeReader | None, row: int,
