@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 
-from service.chat_template import CHATML
+from service.chat_template import CHATML, render_folding_system
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.constraint import GrammarMask
 from service.engines.gguf.reading import Readers
@@ -169,7 +169,8 @@ class GgufEngine(Engine):
         from jinja2 import TemplateError
 
         try:
-            rendered = self._formatter(messages=messages, tools=tools).prompt
+            rendered = render_folding_system(
+                lambda turns: self._formatter(messages=turns, tools=tools).prompt, messages)
         except TemplateError as exc:
             raise invalid_parameter("messages", f"The chat template refused the "
                                     f"conversation: {exc}") from None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from service.engines.scores import TokenTable
-from service.engines.transformers import reading
+from service.engines.transformers import kv, reading
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
 from service.requests.generation import PromptGroup
 from service.sampling import SamplingOptions, apply_penalties, choose_tokens
@@ -58,6 +58,8 @@ class ModelContext:
     batch_matcher: object = None
     # The steering hooks; rows hand them their own deltas for each forward pass.
     steering: SteeringRuntime | None = None
+    # False when a layer keeps a recurrent state (kv.py): no prefix cache.
+    reuses_prefixes: bool = True
 
     @functools.cached_property
     def tokens(self) -> TokenTable:
@@ -226,12 +228,12 @@ def prefill(
     A lone group may start from cached prefix blocks (`read_cache`); groups
     prefilled together never do, so they share one starting column.
     """
-    from transformers import DynamicCache
-
     device = ctx.device
+    config = ctx.model.config
     prompts = [p.group.prompt_ids for p in progresses]
     cached, layers = (0, [])
-    if read_cache and len(progresses) == 1 and not progresses[0].steered_or_reading:
+    if (read_cache and ctx.reuses_prefixes and len(progresses) == 1
+            and not progresses[0].steered_or_reading):
         cached, layers = prefix_cache.lookup(prompts[0])
         progresses[0].cached_tokens = cached
     width = max(len(p) for p in prompts)
@@ -243,7 +245,7 @@ def prefill(
         ids[i, start:] = torch.tensor(prompt, dtype=torch.long, device=device)
         mask[i, start:] = 1
         positions[i, start:] = torch.arange(len(prompt), device=device)
-    cache = DynamicCache(ddp_cache_data=layers) if cached else DynamicCache()
+    cache = kv.from_prefix(config, layers) if cached else kv.new_cache(config)
     steering = _prefill_steering(ctx, progresses, width, ids)
     with _steered(ctx, steering):
         out = ctx.model(
@@ -254,16 +256,18 @@ def prefill(
             use_cache=True,
             logits_to_keep=1,
         )
-    for i, prompt in enumerate(prompts):
-        if not progresses[i].steered_or_reading:
-            prefix_cache.store(prompt, cache, row=i, start=width - len(prompt))
+    if ctx.reuses_prefixes:
+        computed = kv.attention_kv(cache)
+        for i, prompt in enumerate(prompts):
+            if not progresses[i].steered_or_reading:
+                prefix_cache.store(prompt, computed, row=i, start=width - len(prompt))
 
     # One row per choice: group i's KV is repeated for its n rows.
     owner = [i for i, p in enumerate(progresses) for _ in range(p.group.n)]
     rows = [Row(ctx, p, j) for p in progresses for j in range(p.group.n)]
     index = torch.tensor(owner, dtype=torch.long, device=device)
     if owner != list(range(len(prompts))):
-        cache.batch_select_indices(index)
+        kv.select_rows(cache, index)
     logits = out.logits[:, -1, :].float()[index]
     mask = mask[index]
     counts = torch.zeros((len(rows), ctx.vocab_width), dtype=torch.float32, device=device)
@@ -274,7 +278,7 @@ def prefill(
     keep = [r for r, (_, _, done) in enumerate(results) if not done]
     if len(keep) < len(rows) and keep:
         index = torch.tensor(keep, dtype=torch.long, device=device)
-        cache.batch_select_indices(index)
+        kv.select_rows(cache, index)
         mask, counts, seen = mask[index], counts[index], seen[index]
     return Prefilled([rows[r] for r in keep], cache, mask, counts, seen, results)
 
@@ -298,14 +302,6 @@ def _prefill_steering(ctx: ModelContext, progresses: list[GroupProgress], width:
             captures.setdefault(p.recorder.spec.layer, []).append(
                 Capture(i, width - len(prompt), list(range(len(prompt))), prompt, p.recorder))
     return ForwardSteering(deltas, captures)
-
-
-def _pad_left(tensor: torch.Tensor, amount: int, dim: int) -> torch.Tensor:
-    if amount == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = amount
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 class Lane:
@@ -343,14 +339,9 @@ class Lane:
             return
         width = max(self.kv_columns, new.mask.shape[1])
         grow_old, grow_new = width - self.kv_columns, width - new.mask.shape[1]
-        for old_layer, new_layer in zip(self.cache.layers, new.cache.layers, strict=True):
-            old_layer.keys = torch.cat(
-                [_pad_left(old_layer.keys, grow_old, 2), _pad_left(new_layer.keys, grow_new, 2)]
-            )
-            old_layer.values = torch.cat(
-                [_pad_left(old_layer.values, grow_old, 2), _pad_left(new_layer.values, grow_new, 2)]
-            )
-        self.mask = torch.cat([_pad_left(self.mask, grow_old, 1), _pad_left(new.mask, grow_new, 1)])
+        kv.append_rows(self.cache, new.cache, grow_old, grow_new)
+        self.mask = torch.cat([kv.pad_left(self.mask, grow_old, 1),
+                               kv.pad_left(new.mask, grow_new, 1)])
         self.positions = torch.cat([self.positions, positions])
         self.counts = torch.cat([self.counts, new.counts])
         self.seen = torch.cat([self.seen, new.seen])
@@ -365,7 +356,7 @@ class Lane:
             self.positions = self.counts = self.seen = None
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.ctx.device)
-        self.cache.batch_select_indices(index)
+        kv.select_rows(self.cache, index)
         self.mask, self.positions = self.mask[index], self.positions[index]
         self.counts, self.seen = self.counts[index], self.seen[index]
         self.rows = [self.rows[i] for i in keep]
@@ -373,9 +364,7 @@ class Lane:
         first = int(torch.nonzero(self.mask.any(dim=0))[0])
         if first > 0:
             self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
-                layer.keys = layer.keys[:, :, first:, :]
-                layer.values = layer.values[:, :, first:, :]
+            kv.trim_columns(self.cache, first)
 
     def _steering(self) -> ForwardSteering | None:
         """The rows' own deltas (stacked once per set of rows) and captures."""
