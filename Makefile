@@ -123,6 +123,7 @@ bench: setup proto model
 	$(PY) bench/tool_calls.py
 	$(PY) bench/steering.py
 	$(PY) bench/gguf_peer.py
+	$(PY) bench/hardware_limit.py
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \
