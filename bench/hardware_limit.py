@@ -21,7 +21,12 @@ Every generation runs to its max_tokens (ignore_eos). With two or more cores
 the engines get the first core and this process (the clients) the rest; only
 one engine is busy at a time. Takes a few minutes on two cores.
 
+On a machine with CUDA, `bench/gpu.sh` runs the same measurement on the card
+(`--device cuda --size 1b --no-gguf`): a ~1B-parameter Llama in bfloat16, the
+card's own copy bandwidth, batch 1 and 64.
+
 Usage: python bench/hardware_limit.py [--tokens 32] [--clients 1,4,16,64] [--layers 16]
+       [--size 100m|1b] [--device cpu|cuda] [--no-gguf]
 """
 
 from __future__ import annotations
@@ -53,14 +58,22 @@ from tests.grpc_helpers import prompt_request  # noqa: E402
 
 MODEL, GGUF_REPO = "hl-100m", "hl-100m-gguf"
 QUANTS = ("F32", "F16", "Q8_0")
-CONFIG = {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 16,
-          "num_attention_heads": 12, "num_key_value_heads": 4, "max_position_embeddings": 2048}
+SIZES = {
+    "100m": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 16,
+             "num_attention_heads": 12, "num_key_value_heads": 4,
+             "max_position_embeddings": 2048},
+    # Llama 3.2 1B's shape, with the demo tokenizer's 768 tokens.
+    "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 2048},
+}
+CONFIG = dict(SIZES["100m"])
 PROMPTS = ["The river ran", "In the morning the market", "The lighthouse keeper",
            "Gardens need patience", "The train left the station", "Cats sleep"]
 
 
-def build(models: pathlib.Path) -> int:
-    """The checkpoint and its GGUF files; returns its parameter count."""
+def build(models: pathlib.Path, dtype: str, gguf: bool) -> int:
+    """The checkpoint (stored in `dtype`) and its GGUF files; returns its
+    parameter count."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -71,11 +84,13 @@ def build(models: pathlib.Path) -> int:
     model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
     target = models / MODEL
-    model.save_pretrained(target)
+    model.to(getattr(torch, dtype)).save_pretrained(target)
     for name in (*TOKENIZER_FILES, "chat_template.jinja"):
         if (demo / name).exists():
             shutil.copy(demo / name, target / name)
     (target / gguf_export.METADATA_FILE).write_text(json.dumps({"id": MODEL, "created": 0}))
+    if not gguf:
+        return sum(p.numel() for p in model.parameters())
     (models / GGUF_REPO).mkdir()
     for quant in QUANTS:
         gguf_export.write_file(target, models / GGUF_REPO / f"{GGUF_REPO}-{quant}.gguf", quant,
@@ -83,31 +98,36 @@ def build(models: pathlib.Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def copy_bandwidth(mib: int = 256, repeats: int = 7) -> float:
-    """Bytes/s of a one-thread copy (read + write counted, as STREAM does)."""
+def copy_bandwidth(device: str, mib: int = 256, repeats: int = 7) -> float:
+    """Bytes/s of a copy (read + write counted, as STREAM does): one thread on
+    a CPU, the whole card on CUDA (1 GiB there, past any cache)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     try:
-        source = torch.ones(mib * 2**20 // 4)
+        source = torch.ones((mib if device == "cpu" else 1024) * 2**20 // 4, device=device)
         target = torch.empty_like(source)
         best = float("inf")
         for _ in range(repeats):
+            sync()
             started = time.perf_counter()
             target.copy_(source)
+            sync()
             best = min(best, time.perf_counter() - started)
         return 2 * source.numel() * 4 / best
     finally:
         torch.set_num_threads(threads)
 
 
-def bytes_per_token(models: pathlib.Path, model: str, params: int) -> int:
+def bytes_per_token(models: pathlib.Path, model: str, params: int, width: int) -> int:
     """Weight bytes one decode step reads: every tensor, but only one row of the
     input embedding. The checkpoint's output head is the (tied) embedding,
-    read whole; the GGUF export writes the head as a tensor of its own."""
+    read whole; the GGUF export writes the head as a tensor of its own.
+    `width`: bytes per parameter as the transformers engine computes."""
     if ":" not in model:
-        return 4 * params + 4 * CONFIG["hidden_size"]
+        return width * (params + CONFIG["hidden_size"])
     import gguf
 
     quant = model.split(":")[1]
@@ -152,21 +172,23 @@ async def aggregate(stub, model: str, clients: int, requests: int, tokens: int) 
     return generated / (time.perf_counter() - started)
 
 
-async def measure(port: int, serial_port: int, args) -> dict:
+async def measure(port: int, serial_port: int | None, args) -> dict:
     out: dict = {"decode": {}, "batched": {}}
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel, \
-            grpc.aio.insecure_channel(f"127.0.0.1:{serial_port}") as serial_channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
-        serial = generation_service_pb2_grpc.GenerationServiceStub(serial_channel)
         await decode_rate(stub, MODEL, 4)  # warm-up
         out["decode"][MODEL] = await decode_rate(stub, MODEL, args.decode_tokens)
-        await aggregate(serial, MODEL, 1, 1, 4)
-        out["serial"] = await aggregate(serial, MODEL, 1, args.serial_requests, args.tokens)
+        if serial_port is not None:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{serial_port}") as serial_channel:
+                serial = generation_service_pb2_grpc.GenerationServiceStub(serial_channel)
+                await aggregate(serial, MODEL, 1, 1, 4)
+                out["serial"] = await aggregate(serial, MODEL, 1, args.serial_requests,
+                                                args.tokens)
         for clients in args.clients:
             out["batched"][clients] = await aggregate(stub, MODEL, clients, max(clients, 4),
                                                       args.tokens)
         models = model_service_pb2_grpc.ModelServiceStub(channel)
-        for quant in QUANTS:
+        for quant in QUANTS if args.gguf else ():
             name = f"{GGUF_REPO}:{quant}"
             await models.LoadModel(model_service_pb2.LoadModelRequest(id=name), timeout=600)
             await decode_rate(stub, name, 4)
@@ -174,22 +196,27 @@ async def measure(port: int, serial_port: int, args) -> dict:
     return out
 
 
-def report(results: dict, bandwidth: float, params: int, per_token: dict) -> None:
+def report(results: dict, bandwidth: float, params: int, per_token: dict, args) -> None:
+    where = "one-thread copy, engine core" if args.device == "cpu" else "device copy"
     print(f"\nmodel: Llama, {params / 1e6:.1f}M parameters ({json.dumps(CONFIG)})")
-    print(f"memory bandwidth (one-thread copy, engine core): {bandwidth / 1e9:.2f} GB/s\n")
+    print(f"memory bandwidth ({where}): {bandwidth / 1e9:.2f} GB/s\n")
     print("decode at batch 1 against the bandwidth limit (bandwidth / weight bytes per token)")
     print(f"{'engine / file':<24}{'MB/token':>10}{'limit tok/s':>13}{'tok/s':>9}{'ratio':>8}")
     for name, rate in results["decode"].items():
         limit = bandwidth / per_token[name]
-        engine = "gguf " + name.split(":")[1] if ":" in name else "transformers F32"
+        engine = "gguf " + name.split(":")[1] if ":" in name else f"transformers {args.dtype}"
         print(f"{engine:<24}{per_token[name] / 1e6:>10.1f}{limit:>13.1f}{rate:>9.1f}"
               f"{rate / limit:>8.0%}")
-    serial = results["serial"]
-    print(f"\ntransformers engine, {'aggregate tok/s':>16}: serial {serial:.1f} "
-          "(one request at a time, any number of clients)")
-    print(f"{'clients':>8}{'batched tok/s':>15}{'batched/serial':>16}")
+    serial = results.get("serial")
+    if serial:
+        print(f"\ntransformers engine, serial: {serial:.1f} tok/s (one request at a time, "
+              "any number of clients)")
+    # N rows share each read of the weights: N x the batch-1 limit, if memory were all.
+    limit = bandwidth / per_token[MODEL]
+    print(f"{'clients':>8}{'batched tok/s':>15}{'batched/serial':>16}{'of N x limit':>14}")
     for clients, rate in results["batched"].items():
-        print(f"{clients:>8}{rate:>15.1f}{rate / serial:>15.1f}x")
+        ratio = f"{rate / serial:>15.1f}x" if serial else f"{'-':>16}"
+        print(f"{clients:>8}{rate:>15.1f}{ratio}{rate / (clients * limit):>14.0%}")
 
 
 def main() -> int:
@@ -198,10 +225,20 @@ def main() -> int:
     parser.add_argument("--decode-tokens", type=int, default=48)
     parser.add_argument("--serial-requests", type=int, default=6)
     parser.add_argument("--clients", default="1,4,16,64")
-    parser.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"],
-                        help="fewer for a quick dry run of the script itself")
+    parser.add_argument("--size", choices=sorted(SIZES), default="100m")
+    parser.add_argument("--layers", type=int, help="fewer for a quick dry run of the script")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--no-gguf", dest="gguf", action="store_false",
+                        help="skip the GGUF files (llama.cpp runs on the CPU here)")
+    parser.add_argument("--no-serial", dest="serial", action="store_false",
+                        help="skip the one-request-at-a-time engine")
     args = parser.parse_args()
-    CONFIG["num_hidden_layers"] = args.layers
+    CONFIG.clear()
+    CONFIG.update(SIZES[args.size])
+    if args.layers:
+        CONFIG["num_hidden_layers"] = args.layers
+    # The transformers engine computes in float32 on a CPU, in the stored dtype on CUDA.
+    args.dtype = "float32" if args.device == "cpu" else "bfloat16"
     args.clients = [int(c) for c in args.clients.split(",")]
     cpus = sorted(os.sched_getaffinity(0))
     engine_cpus, client_cpus = ({cpus[0]}, set(cpus[1:])) if len(cpus) > 1 else (None, None)
@@ -210,30 +247,33 @@ def main() -> int:
         models = tmp / "models"
         models.mkdir()
         started = time.perf_counter()
-        params = build(models)
-        print(f"built {MODEL} and its GGUF files in {time.perf_counter() - started:.0f}s",
-              file=sys.stderr)
-        per_token = {name: bytes_per_token(models, name, params)
-                     for name in (MODEL, *(f"{GGUF_REPO}:{q}" for q in QUANTS))}
+        params = build(models, args.dtype, args.gguf)
+        print(f"built {MODEL} in {time.perf_counter() - started:.0f}s", file=sys.stderr)
+        width = 4 if args.dtype == "float32" else 2
+        names = (MODEL, *(f"{GGUF_REPO}:{q}" for q in (QUANTS if args.gguf else ())))
+        per_token = {name: bytes_per_token(models, name, params, width) for name in names}
         if engine_cpus:
             os.sched_setaffinity(0, engine_cpus)
-        bandwidth = copy_bandwidth()
+        bandwidth = copy_bandwidth(args.device)
         if client_cpus:
             os.sched_setaffinity(0, client_cpus)
-        env = {"MILLM_MODELS_DIR": str(models), "MILLM_MODEL": MODEL}
+        env = {"MILLM_MODELS_DIR": str(models), "MILLM_MODEL": MODEL,
+               "MILLM_DEVICE": args.device}
         for name in ("batched", "serial"):
             (tmp / name).mkdir()
-        engine, port = harness.start_engine(tmp / "batched", engine_cpus, **env)
-        serial, serial_port = harness.start_engine(tmp / "serial", engine_cpus,
-                                                   MILLM_BATCHING="serial", **env)
+        engines = [harness.start_engine(tmp / "batched", engine_cpus, **env)]
+        if args.serial:
+            engines.append(harness.start_engine(tmp / "serial", engine_cpus,
+                                                MILLM_BATCHING="serial", **env))
         try:
-            for process, p in ((engine, port), (serial, serial_port)):
-                harness.wait_serving(process, p, timeout=300)
-            results = asyncio.run(measure(port, serial_port, args))
+            for process, port in engines:
+                harness.wait_serving(process, port, timeout=600)
+            serial_port = engines[1][1] if args.serial else None
+            results = asyncio.run(measure(engines[0][1], serial_port, args))
         finally:
-            engine.stop()
-            serial.stop()
-    report(results, bandwidth, params, per_token)
+            for process, _ in engines:
+                process.stop()
+    report(results, bandwidth, params, per_token, args)
     return 0
 
 
