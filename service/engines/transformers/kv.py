@@ -53,7 +53,7 @@ def _kind(layer) -> str:
     if recurrent and isinstance(layer, DynamicLayer):
         return BOTH
     if recurrent:
-        return RECURRENT if isinstance(layer, LinearAttentionLayer) else ""
+        return RECURRENT if type(layer) is LinearAttentionLayer else ""
     if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer):
         return ATTENTION
     return ""
