@@ -126,6 +126,7 @@ class LifecycleConfig:
     memory_headroom_bytes: int = 256 * MIB
     gguf_threads: int = 1
     gguf_context: int = 0  # 0: the file's trained context
+    gguf_slots: int = 8  # sequences decoded together, each with a window of KV cells
 
 
 class Lease:
@@ -299,7 +300,8 @@ class ModelLifecycle:
 
     def memory_needed(self, entry: ModelEntry, device: str) -> tuple[int, int]:
         """(weights, KV cache allocated at load) in bytes, as the engine will hold them."""
-        return kinds.memory_needed(entry, device, self.config.gguf_context)
+        return kinds.memory_needed(entry, device, self.config.gguf_context,
+                                   self.config.gguf_slots)
 
     async def switch(self, entry: ModelEntry) -> LoadedModel:
         """Make `entry` the loaded model (steps 1-4 of the module docstring).
