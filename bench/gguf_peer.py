@@ -144,7 +144,7 @@ def main() -> int:
                        "llama_cpp.server": (peer_port, PEER_NEUTRAL, False)}
             if native is not None:
                 harness.wait_http(native, f"http://127.0.0.1:{native_port}/health")
-                servers["llama-server -np 8"] = (native_port, PEER_NEUTRAL, False)
+                servers["llama-server -np 8"] = (native_port, PEER_NEUTRAL, True)
             for name, (port, extra, counts_end) in servers.items():
                 tokens = completion_tokens(port, args.model, extra, args.max_tokens, counts_end)
                 lengths[name] = statistics.mean(tokens.values())
