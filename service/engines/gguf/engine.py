@@ -219,22 +219,15 @@ class GgufEngine(Engine):
         self._inbox.put(ModelCall(fn, future, loop))
         return future
 
+    _COUNTERS = {"waiting": "_waiting", "running": "_running", "generated": "_generated",
+                 "cache_hits": "_cache_hits", "done": "_completed", "cancelled": "_cancelled",
+                 "failed": "_failed"}
+
     def _count(self, what: str, amount: int) -> None:
+        """Move one of the counters status() reports (the runner's only way in)."""
+        attribute = self._COUNTERS[what]
         with self._lock:
-            if what == "waiting":
-                self._waiting += amount
-            elif what == "running":
-                self._running += amount
-            elif what == "generated":
-                self._generated += amount
-            elif what == "cache_hits":
-                self._cache_hits += amount
-            elif what == "done":
-                self._completed += amount
-            elif what == "cancelled":
-                self._cancelled += amount
-            else:
-                self._failed += amount
+            setattr(self, attribute, getattr(self, attribute) + amount)
 
     def _run(self) -> None:
         runner = self._runner
