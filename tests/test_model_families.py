@@ -264,3 +264,21 @@ def test_a_checkpoint_that_cannot_be_served_is_refused_when_named(engine):
     listed = engine.models.ListModels(model_service_pb2.ListModelsRequest()).models
     assert "(t5)" in next(m for m in listed if m.id == NOT_SERVED).error
 
+
+
+def test_the_cache_each_layout_needs_is_known_before_the_weights_load():
+    """kv.check_servable reads only the config: True for a recurrent state
+    (no prefix cache), False for attention alone, and a refusal naming the
+    layer kind for a cache the lanes cannot hold (DeepSeek V3.2's indexer)."""
+    from transformers import AutoConfig
+
+    from service.engines.transformers import kv
+    from service.errors import EngineError
+
+    lfm2, gemma2 = families.by_name("lfm2"), families.by_name("gemma2")
+    assert kv.check_servable(AutoConfig.for_model("lfm2", **lfm2.config)) is True
+    assert kv.check_servable(AutoConfig.for_model("gemma2", **gemma2.config)) is False
+    with pytest.raises(EngineError) as caught:
+        kv.check_servable(AutoConfig.for_model("deepseek_v32", num_hidden_layers=2))
+    assert caught.value.code == "unsupported_architecture"
+    assert "DynamicIndexedLayer" in caught.value.message
