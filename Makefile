@@ -83,7 +83,8 @@ clients: $(TS_INSTALLED) $(BUF) go-toolchain
 # of their own, pinned by tests/ecosystem/requirements*.txt: LangChain,
 # pydantic-ai and the OpenAI Agents SDK on openai 3.x, instructor and
 # LlamaIndex on openai<3. Rebuilt from nothing when a pin changes: about 30 s
-# and 40 s on two cores with a cold pip cache.
+# and 40 s on two cores with a cold pip cache. The OpenAI Node SDK goes into
+# tests/ecosystem/node/node_modules.
 ECO_VENV := .venv-eco
 ECO_LEGACY_VENV := .venv-eco-legacy
 
@@ -99,7 +100,13 @@ $(ECO_LEGACY_VENV)/.installed: tests/ecosystem/requirements-legacy.txt
 	$(ECO_LEGACY_VENV)/bin/python -m pip install --quiet -r $<
 	touch $@
 
-eco-venvs: $(ECO_VENV)/.installed $(ECO_LEGACY_VENV)/.installed
+# The OpenAI Node SDK for the Responses API tests (pinned by its package-lock.json).
+ECO_NODE := tests/ecosystem/node
+$(ECO_NODE)/node_modules/.installed: $(ECO_NODE)/package.json $(ECO_NODE)/package-lock.json
+	cd $(ECO_NODE) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+eco-venvs: $(ECO_VENV)/.installed $(ECO_LEGACY_VENV)/.installed $(ECO_NODE)/node_modules/.installed
 
 test: setup proto model clients eco-venvs
 	$(PY) -m pytest
@@ -131,7 +138,10 @@ bench: setup proto model llama-server
 	$(PY) bench/steering.py
 	$(PY) bench/gguf_peer.py
 	$(PY) bench/hardware_limit.py
+	$(PY) bench/admission.py
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \
-	  $(TS_CLIENT)/dist $(TS_CLIENT)/src/gen clients/go/.gopath $(ECO_VENV) $(ECO_LEGACY_VENV)
+	  $(TS_CLIENT)/dist $(TS_CLIENT)/src/gen clients/go/.gopath $(ECO_VENV) $(ECO_LEGACY_VENV) \
+	  $(ECO_NODE)/node_modules

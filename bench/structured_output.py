@@ -88,7 +88,7 @@ def compile_times() -> tuple[float, float, int]:
     from service.structured_output import JSON_SCHEMA, Constraint, GrammarCache, check_schema
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(harness.models_dir() / "millm-tiny")
-    cache = GrammarCache.for_huggingface(tokenizer, 768, [tokenizer.eos_token_id])
+    cache = GrammarCache.for_huggingface(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
     constraints = [Constraint(JSON_SCHEMA, "s", check_schema(json.dumps(s)))
                    for s in SCHEMAS.values()]
     shuffled = [Constraint(JSON_SCHEMA, "s", dict(reversed(list(c.schema.items()))))

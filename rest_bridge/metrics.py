@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+          "/v1/responses",
           "/healthz", "/readyz", "/metrics", "/api/health/inference", "/api/prefix-cache/clear",
           "/api/capabilities")
 
@@ -18,6 +19,10 @@ def route_label(path: str) -> str:
         return path
     if path.startswith("/v1/models/"):
         return "/v1/models/{id}"
+    if path.startswith("/v1/responses/"):
+        # Response ids stay out of the labels, like model ids.
+        return ("/v1/responses/{id}/input_items" if path.endswith("/input_items")
+                else "/v1/responses/{id}")
     return "other"
 
 

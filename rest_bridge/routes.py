@@ -15,6 +15,7 @@ from rest_bridge.protocol.base import parse_body
 from rest_bridge.protocol.chat import ChatCompletionRequest
 from rest_bridge.protocol.completions import CompletionRequest
 from rest_bridge.protocol.embeddings import EmbeddingRequest
+from rest_bridge.protocol.responses import ResponsesRequest
 from rest_bridge.unserved import is_openai_endpoint
 
 router = APIRouter()
@@ -54,6 +55,27 @@ async def completions(request: Request):
 async def embeddings(request: Request):
     body = parse_body(await read_body(request), EmbeddingRequest)
     return await request.app.state.embeddings.handle(body, request)
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request):
+    body = parse_body(await read_body(request), ResponsesRequest)
+    return await request.app.state.responses.create(body, request)
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request):
+    return await request.app.state.responses.retrieve(response_id, request.query_params)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request):
+    return await request.app.state.responses.delete(response_id)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(response_id: str, request: Request):
+    return await request.app.state.responses.input_items(response_id, request.query_params)
 
 
 @router.get("/v1/models")

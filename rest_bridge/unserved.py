@@ -10,15 +10,18 @@ import re
 
 # Path families of the public OpenAI API (see docs/openai-compatibility.md).
 OPENAI_FAMILIES = (
-    "responses", "embeddings", "audio", "images", "files", "uploads", "vector_stores",
+    "embeddings", "audio", "images", "files", "uploads", "vector_stores",
     "assistants", "threads", "batches", "fine_tuning", "moderations", "realtime",
     "organization", "evals", "containers", "conversations", "chatkit", "videos",
 )
 _FAMILY = re.compile(r"^/v1/(" + "|".join(OPENAI_FAMILIES) + r")(/.*)?$")
+# /v1/responses is served (POST, GET and DELETE of one, its input_items); its
+# other OpenAI routes (cancel, compact, input_tokens) are not.
+_RESPONSES_UNSERVED = re.compile(r"^/v1/responses/(input_tokens|compact|[^/]+/cancel)$")
 
 
 def is_openai_endpoint(method: str, path: str) -> bool:
-    if _FAMILY.match(path):
+    if _FAMILY.match(path) or _RESPONSES_UNSERVED.match(path):
         return True
     # Deleting a fine-tuned model is part of the Models API.
     return method == "DELETE" and re.match(r"^/v1/models/[^/]+$", path) is not None

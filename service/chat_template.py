@@ -1,18 +1,111 @@
 """ChatML: the demo model's chat template, and the fallback for checkpoints
 that ship none (so both render a conversation the same way); and the one rule
 for templates without a system role (`render_folding_system`), which both
-engines follow."""
+engines follow.
 
-CHATML = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+A plain conversation renders as `<|im_start|>{role}\\n{content}<|im_end|>\\n`
+per message, then `<|im_start|>assistant\\n` when a generation prompt is asked
+for. Tools follow Hugging Face's `apply_chat_template(messages, tools=...)`
+convention, as Qwen2.5's template renders them (the Hermes style that
+xgrammar's "qwen_3" structural tag constrains):
+
+- with `tools`, a system turn (the first system message's content, then a
+  blank line, when there is one) lists them inside `<tools></tools>`, one
+  JSON object a line, and says how to call one;
+- an assistant message's `tool_calls` follow its content (if any), each as
+  `<tool_call>\\n{"name": "NAME", "arguments": {...}}\\n</tool_call>`, one
+  line apart;
+- `tool` messages are a user turn of `<tool_response>\\n...\\n</tool_response>`
+  blocks, one turn for consecutive tool messages.
+
+The template uses only plain Jinja and `tojson`, so Hugging Face's renderer
+and llama-cpp-python's Jinja2ChatFormatter (the GGUF engine's) agree; render()
+renders it the same way without either, for the demo model's training text.
+"""
+
+from __future__ import annotations
+
+import json
+
+CHATML = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages and messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' }}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' + tool | tojson }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name' }}
+    {{- ' and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n' }}
+    {{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'system' and loop.first and tools %}
+        {#- Already in the tools' system turn. #}
+    {%- elif message.role == 'assistant' and message.tool_calls %}
+        {{- '<|im_start|>assistant\n' }}
+        {%- if message.content %}
+            {{- message.content + '\n' }}
+        {%- endif %}
+        {%- for call in message.tool_calls %}
+            {%- set function = call.function if call.function is defined else call %}
+            {%- if not loop.first %}
+                {{- '\n' }}
+            {%- endif %}
+            {{- '<tool_call>\n{"name": "' + function.name + '", "arguments": ' }}
+            {%- if function.arguments is string %}
+                {{- function.arguments }}
+            {%- else %}
+                {{- function.arguments | tojson }}
+            {%- endif %}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or loop.previtem.role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or loop.nextitem.role != 'tool' %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
 
 
-def render_folding_system(render, messages: list[dict]):
-    """`render(messages)` with the model's own template; when the template
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    # As Hugging Face's and llama-cpp-python's: no HTML escaping, non-ASCII kept.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def render(messages: list[dict], tools: list[dict] | None = None,
+           add_generation_prompt: bool = False, template: str = CHATML) -> str:
+    """Render a conversation with a sandboxed Jinja environment configured as
+    Hugging Face's and llama-cpp-python's are (trim_blocks, lstrip_blocks,
+    loop controls, their `tojson`)."""
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    return env.from_string(template).render(messages=messages, tools=tools,
+                                            add_generation_prompt=add_generation_prompt)
+
+
+def render_folding_system(render_with, messages: list[dict]):
+    """`render_with(messages)`: the model's own template; when the template
     refuses the conversation and it opens with a system turn, the system
     text goes at the head of the first user turn instead (what Gemma 3's own
     template does, and what Gemma 2's, which refuses system turns, needs) and
@@ -20,13 +113,13 @@ def render_folding_system(render, messages: list[dict]):
     from jinja2 import TemplateError
 
     try:
-        return render(messages)
+        return render_with(messages)
     except TemplateError:
         folded = _fold_system(messages)
         if folded is None:
             raise
         try:
-            return render(folded)
+            return render_with(folded)
         except TemplateError:
             pass
         raise

@@ -20,6 +20,12 @@ class EngineConfig:
     log_level: str = "INFO"
     max_batch: int = 64
     max_queued: int = 256
+    # Rows one request holds at once (0: half of max_batch); a larger n runs in parts.
+    max_rows_per_request: int = 0
+    # A request that cannot start lets later ones pass for this long, then blocks them.
+    admission_aging_s: float = 5.0
+    # A stream whose reader takes nothing for this long is cancelled, its row and lease freed.
+    stream_stall_s: float = 30.0
     prefix_cache_tokens: int = 32768
     batching: str = "continuous"
     # Prometheus metrics on this port (0: off).
@@ -47,6 +53,9 @@ class EngineConfig:
     gguf_threads: int = 1
     gguf_context: int = 0
     gguf_slots: int = 8
+    # Stored Responses API responses: most kept, and how long (docs/responses.md).
+    responses_max_count: int = 10_000
+    responses_max_age_days: float = 30.0
 
     @property
     def grpc_address(self) -> str:
@@ -92,6 +101,22 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument(
         "--max-batch", type=int, default=int(_env("MILLM_MAX_BATCH", "64")),
         help="MILLM_MAX_BATCH: most rows (choices) decoded together",
+    )
+    parser.add_argument(
+        "--max-rows-per-request", type=int,
+        default=int(_env("MILLM_MAX_ROWS_PER_REQUEST", "0")),
+        help="MILLM_MAX_ROWS_PER_REQUEST: rows one request holds at once (0: half of "
+             "--max-batch); a larger n or many prompts run in parts as rows free up",
+    )
+    parser.add_argument(
+        "--admission-aging-s", type=float, default=float(_env("MILLM_ADMISSION_AGING_S", "5")),
+        help="MILLM_ADMISSION_AGING_S: how long later requests may pass one that does not "
+             "fit yet, before it is admitted next",
+    )
+    parser.add_argument(
+        "--stream-stall-s", type=float, default=float(_env("MILLM_STREAM_STALL_S", "30")),
+        help="MILLM_STREAM_STALL_S: a stream whose reader takes nothing for this long is "
+             "cancelled, freeing its row and model lease",
     )
     parser.add_argument(
         "--max-queued", type=int, default=int(_env("MILLM_MAX_QUEUED", "256")),
@@ -144,6 +169,14 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument("--gguf-slots", type=int, default=int(_env("MILLM_GGUF_SLOTS", "8")),
                         help="MILLM_GGUF_SLOTS: GGUF sequences decoded together (each with "
                              "its own context window of KV cache)")
+    parser.add_argument(
+        "--responses-max-count", type=int,
+        default=int(_env("MILLM_RESPONSES_MAX_COUNT", "10000")),
+        help="MILLM_RESPONSES_MAX_COUNT: most stored responses kept; the oldest go first")
+    parser.add_argument(
+        "--responses-max-age-days", type=float,
+        default=float(_env("MILLM_RESPONSES_MAX_AGE_DAYS", "30")),
+        help="MILLM_RESPONSES_MAX_AGE_DAYS: stored responses older than this are removed")
     args = parser.parse_args(argv)
     for low, high in (("cluster_intensity_min", "cluster_intensity_max"),
                       ("circuit_intensity_min", "circuit_intensity_max")):
@@ -162,6 +195,13 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
     for name in ("max_batch", "max_queued"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.responses_max_count < 1 or not args.responses_max_age_days > 0:
+        parser.error("--responses-max-count must be at least 1 and --responses-max-age-days "
+                     "above 0")
+    if args.stream_stall_s <= 0:
+        parser.error("--stream-stall-s must be above 0")
+    if args.max_rows_per_request < 0 or args.admission_aging_s < 0:
+        parser.error("--max-rows-per-request and --admission-aging-s must not be negative")
     if args.prefix_cache_tokens < 0:
         parser.error("--prefix-cache-tokens must not be negative")
     data_dir = pathlib.Path(args.data_dir)
@@ -180,6 +220,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         log_level=args.log_level.upper(),
         max_batch=args.max_batch,
         max_queued=args.max_queued,
+        max_rows_per_request=args.max_rows_per_request,
+        admission_aging_s=args.admission_aging_s,
+        stream_stall_s=args.stream_stall_s,
         prefix_cache_tokens=args.prefix_cache_tokens,
         batching=args.batching,
         metrics_port=args.metrics_port,
@@ -198,4 +241,6 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         gguf_threads=args.gguf_threads,
         gguf_context=args.gguf_context,
         gguf_slots=args.gguf_slots,
+        responses_max_count=args.responses_max_count,
+        responses_max_age_days=args.responses_max_age_days,
     )

@@ -75,6 +75,8 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "steering_unavailable": ErrorCode(_S.FAILED_PRECONDITION, 400),
     "invalid_document": ErrorCode(_S.INVALID_ARGUMENT, 400),
     "already_exists": ErrorCode(_S.ALREADY_EXISTS, 409),
+    # stored responses (ResponseService): unknown, expired, deleted or another key's
+    "response_not_found": ErrorCode(_S.NOT_FOUND, 404),
     # access
     "invalid_api_key": ErrorCode(_S.UNAUTHENTICATED, 401),
     "permission_error": ErrorCode(_S.PERMISSION_DENIED, 403, "permission_error"),
@@ -82,6 +84,11 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "draining": ErrorCode(_S.UNAVAILABLE, 503, SERVER_ERROR),
     # failures
     "internal_error": ErrorCode(_S.INTERNAL, 500, SERVER_ERROR),
+    # the model thread failed in shared batch state (a reset follows) or died
+    # (the engine stops serving and exits for its supervisor to restart it)
+    "engine_failure": ErrorCode(_S.UNAVAILABLE, 503, SERVER_ERROR),
+    # a durable write failed (disk full, I/O error); nothing changed, retry later
+    "state_store_unavailable": ErrorCode(_S.UNAVAILABLE, 503, SERVER_ERROR),
 }
 
 
@@ -195,3 +202,13 @@ def internal_error() -> EngineError:
     return EngineError(
         "internal_error", "The engine failed while processing the request; see the engine log."
     )
+
+
+def engine_failure(message: str) -> EngineError:
+    return EngineError("engine_failure", message)
+
+
+def store_unavailable(exc: BaseException) -> EngineError:
+    # The class only: SQLite's text can quote paths.
+    return EngineError("state_store_unavailable", "The engine could not save this change "
+                       f"({type(exc).__name__}); nothing was changed. Retry later.")

@@ -19,6 +19,8 @@ from millm.v1 import (
     generation_service_pb2_grpc,
     model_service_pb2,
     model_service_pb2_grpc,
+    response_service_pb2,
+    response_service_pb2_grpc,
     scoring_service_pb2,
     scoring_service_pb2_grpc,
     server_service_pb2,
@@ -27,15 +29,18 @@ from millm.v1 import (
     steering_service_pb2_grpc,
 )
 from service.config import EngineConfig
+from service.engines import model_thread
 from service.engines.transformers.scheduler import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
 from service.models.lifecycle import LifecycleConfig
 from service.models.registry import ModelRegistry
+from service.responses.store import ResponseStore, Retention
 from service.servicers.access import AccessInterceptor, DrainState
 from service.servicers.embeddings import EmbeddingServicer
 from service.servicers.generation import GenerationServicer
 from service.servicers.models import ModelServicer
+from service.servicers.responses import ResponseServicer
 from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
 from service.servicers.steering import SteeringServicer
@@ -52,19 +57,23 @@ SERVICE_NAMES = (
     scoring_service_pb2.DESCRIPTOR.services_by_name["ScoringService"].full_name,
     embedding_service_pb2.DESCRIPTOR.services_by_name["EmbeddingService"].full_name,
     steering_service_pb2.DESCRIPTOR.services_by_name["SteeringService"].full_name,
+    response_service_pb2.DESCRIPTOR.services_by_name["ResponseService"].full_name,
 )
 # These need the model; model listing and status answer while it loads.
 MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
 
 GRACE_SECONDS = 5.0
+# Exit status when a model thread died (EX_SOFTWARE): the supervisor restarts us.
+EXIT_MODEL_THREAD_DIED = 70
 
 
 class EngineServer:
     def __init__(self, config: EngineConfig, keys: api_keys.KeyRing | None = None):
         self.config = config
         self.keys = keys
+        state_db = config.data_dir / "steering.sqlite3"  # the engine's one state database
         self.steering = SteeringManager(
-            SteeringStore(config.data_dir / "steering.sqlite3"),
+            SteeringStore(state_db),
             config.saes_dir or config.models_dir / "saes",
             IntensityLimits(config.cluster_intensity_min, config.cluster_intensity_max,
                             config.circuit_intensity_min, config.circuit_intensity_max),
@@ -76,6 +85,9 @@ class EngineServer:
                 limits=SchedulerLimits(
                     max_batch=config.max_batch,
                     max_queued=config.max_queued,
+                    max_rows_per_request=config.max_rows_per_request,
+                    aging_s=config.admission_aging_s,
+                    stall_s=config.stream_stall_s,
                     serial=config.batching == "serial",
                 ),
                 prefix_cache_tokens=config.prefix_cache_tokens,
@@ -88,6 +100,8 @@ class EngineServer:
             ),
             steering=self.steering,
         )
+        self.responses = ResponseStore(state_db, Retention(
+            config.responses_max_count, config.responses_max_age_days * 86_400))
         self.health = health.aio.HealthServicer()
         self.drain = DrainState()
         self.metrics = EngineMetrics(self.inference)
@@ -110,6 +124,9 @@ class EngineServer:
         )
         steering_service_pb2_grpc.add_SteeringServiceServicer_to_server(
             SteeringServicer(self.steering), self.server
+        )
+        response_service_pb2_grpc.add_ResponseServiceServicer_to_server(
+            ResponseServicer(self.responses), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -175,12 +192,23 @@ class EngineServer:
                         self.drain.in_flight)
         await self.stop()
 
+    async def die(self) -> None:
+        """The model thread is gone: NOT_SERVING everywhere at once, then stop
+        without waiting out the drain (nothing left can be served)."""
+        self.drain.draining = True
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(GRACE_SECONDS)
+        self.metrics.stop()
+        self.steering.store.close()
+
     async def stop(self) -> None:
         await self._set_serving(False)
         await self.server.stop(GRACE_SECONDS)
         self.metrics.stop()
         self.inference.shutdown()
         self.steering.store.close()
+        self.responses.close()
 
 
 async def serve(config: EngineConfig) -> int:
@@ -195,17 +223,25 @@ async def serve(config: EngineConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    died = asyncio.Event()
+    model_thread.on_death(lambda: loop.call_soon_threadsafe(died.set))
     loader = asyncio.create_task(engine.load_startup_model())
     stopper = asyncio.create_task(stop.wait())
-    await asyncio.wait({loader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    dying = asyncio.create_task(died.wait())
+    await asyncio.wait({loader, stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
     if loader.done() and loader.exception() is not None:
         log.error("could not load model %r: %s", config.model, loader.exception())
         code = 1
     elif loader.done():
-        await stopper
+        await asyncio.wait({stopper, dying}, return_when=asyncio.FIRST_COMPLETED)
     else:
         loader.cancel()
+    if died.is_set():
+        # Its requests were answered 503 already; a restart is the only cure.
+        log.critical("a model thread died: NOT_SERVING, exiting for the supervisor to restart")
+        await engine.die()
+        return EXIT_MODEL_THREAD_DIED
     log.info("engine stopping")
     await engine.drain_and_stop()
     return code

@@ -13,7 +13,7 @@ from tests.http_helpers import request
 def test_grpc_capabilities(server_stub):
     reply = server_stub.GetCapabilities(server_service_pb2.GetCapabilitiesRequest(), timeout=10)
     assert (reply.model, reply.engine, reply.context_window) == (MODEL, "transformers", 1024)
-    assert reply.vocab_size == 768 and reply.system_fingerprint.startswith("millm:millm-tiny@")
+    assert reply.vocab_size == 1024 and reply.system_fingerprint.startswith("millm:millm-tiny@")
     assert reply.versions["torch"].startswith("2.") and reply.versions["millm"] == "0.1.0"
     f = reply.features
     assert f.scoring and f.logprobs and f.structured_output and f.embeddings

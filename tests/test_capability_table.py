@@ -87,6 +87,11 @@ VALUES: dict[str, dict[str, dict]] = {
     "suffix": {"*": {"suffix": " the end"}},
     "audio": {"*": {"audio": {"voice": "alloy", "format": "wav"}}},
     "modalities": {"*": {"modalities": ["text", "audio"]}},
+    "background": {"*": {"background": True}},
+    "truncation": {"*": {"truncation": "auto"}},
+    "conversation": {"*": {"conversation": "conv_1"}},
+    "max_tool_calls": {"*": {"max_tool_calls": 2}},
+    "include": {"*": {"include": ["message.output_text.logprobs"]}},
 }
 
 

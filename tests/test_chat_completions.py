@@ -94,7 +94,11 @@ def test_streaming_chunks(client):
     assert len({c.id for c in chunks}) == 1
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
     assert len(finishes) == 1 and chunks[-1].choices[0].finish_reason == finishes[0]
-    assert all(c.usage is None for c in chunks)
+    # The final chunk carries the finish and the usage (the miLLM reference's shape).
+    usage = chunks[-1].usage
+    assert 0 < usage.completion_tokens <= 15
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
 
 
 def test_streaming_matches_non_streaming(client):

@@ -51,3 +51,28 @@ def test_several_refused_fields_name_the_first_in_table_order():
 def test_reported_and_unknown_fields_come_back_in_a_fixed_order():
     sent = {"zeta": 1, "seed": 3, "alpha": None, "n": 2}
     assert fields.check(sent, fields.EMBEDDINGS, KIND) == ["n", "seed", "alpha", "zeta"]
+
+
+def test_a_field_the_route_honours_but_the_caller_could_not_map_is_refused():
+    """/v1/responses has no `n`: sent there it arrives as an extra field, and
+    the chat route's honoured `n` must not swallow it."""
+    assert fields.check({"n": 2}, fields.CHAT, KIND) == []  # mapped: honoured
+    with pytest.raises(EngineError) as caught:
+        fields.check({"n": 2}, fields.CHAT, KIND, unmapped={"n"})
+    assert (caught.value.code, caught.value.param) == ("field_not_honoured", "n")
+    assert fields.check({"n": 1}, fields.CHAT, KIND, unmapped={"n"}) == []  # no change
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("background", True), ("truncation", "auto"), ("conversation", "conv_1"),
+    ("max_tool_calls", 3), ("include", ["message.output_text.logprobs"])])
+def test_responses_fields_that_would_change_the_output_are_refused(name, value):
+    with pytest.raises(EngineError) as caught:
+        fields.check({name: value}, fields.CHAT, KIND)
+    assert (caught.value.code, caught.value.param) == ("field_not_honoured", name)
+
+
+def test_responses_fields_that_ask_for_nothing_pass():
+    sent = {"background": False, "truncation": "disabled",
+            "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low"}}
+    assert fields.check(sent, fields.CHAT, KIND) == ["reasoning"]

@@ -46,3 +46,13 @@ def test_a_deeply_nested_management_body_is_400(stack):
     raw = '{"name": "deep", "entries": ' + "[" * 5_000 + "]" * 5_000 + "}"
     reply = call(stack.http_port, "POST", "/api/profiles", raw=raw.encode())
     assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"extra_messages": [[{"role": "user", "content": "Hi"}]] * 2048}, "extra_messages"),
+    ({"n": 128, "extra_messages": [[{"role": "user", "content": "Hi"}]] * 16}, "n"),
+], ids=["conversations", "choices"])
+def test_requests_asking_for_too_many_rows_are_400_naming_the_field(stack, fields, param):
+    reply, content = post(stack.http_port, CHAT, chat(**fields))
+    error = json.loads(content)["error"]
+    assert (reply.status, error["code"], error["param"]) == (400, "invalid_parameter", param)

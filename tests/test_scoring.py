@@ -215,6 +215,19 @@ def test_streamed_logprobs_cover_the_text(client):
     assert all(len(e.top_logprobs) == 2 for e in entries)
 
 
+def test_a_choice_ended_by_the_end_token_counts_it_once_everywhere(client):
+    # Greedy chat on the demo model ends its turn well before 200 tokens.
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=200,
+                                           temperature=0, logprobs=True)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop"
+    entries = choice.logprobs.content
+    assert len(entries) == reply.usage.completion_tokens
+    # The end token adds no text, so its entry has none: the entries still spell the content.
+    assert entries[-1].token == "" and entries[-1].bytes == []
+    assert "".join(e.token for e in entries) == choice.message.content
+
+
 def test_echo_prompt_logprobs(client, direct):
     ids = ids_of(direct, PROMPT)
     expected = torch.log_softmax(logits_of(direct, ids), dim=-1)

@@ -34,6 +34,10 @@ def test_chat_stream_framing(stack):
     last = chunks[-1]
     assert last["choices"][0]["delta"] == {}
     assert last["choices"][0]["finish_reason"] in ("stop", "length")
+    # Without stream_options the final chunk carries the usage, and only it.
+    assert last["usage"]["total_tokens"] == (last["usage"]["prompt_tokens"]
+                                             + last["usage"]["completion_tokens"])
+    assert all("usage" not in c for c in chunks[:-1])
     assert len({c["id"] for c in chunks}) == 1 and len({c["created"] for c in chunks}) == 1
 
 
@@ -66,3 +70,14 @@ def test_error_before_stream_is_plain_http(stack):
     assert reply.status == 404
     assert reply.getheader("content-type") == "application/json"
     assert json.loads(content)["error"]["code"] == "model_not_found"
+
+
+def test_with_several_choices_only_the_final_chunk_carries_the_usage(stack):
+    body = {"model": CHAT["model"], "prompt": ["One", "Two", "Three"], "max_tokens": 5,
+            "stream": True, "temperature": 0}
+    _, content = post(stack.http_port, "/v1/completions", body)
+    chunks = [json.loads(p) for p in sse_events(content)[:-1]]
+    finished = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert sorted(c["choices"][0]["index"] for c in finished) == [0, 1, 2]
+    assert chunks[-1] is finished[-1] and chunks[-1]["usage"]["completion_tokens"] > 0
+    assert all("usage" not in c for c in chunks[:-1])

@@ -3,6 +3,8 @@ a row, plus the edges around them (service/steering/intensity.py)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from service.errors import EngineError
@@ -100,8 +102,8 @@ def test_stored_dials_are_clamped_when_the_configured_maximum_drops(tmp_path):
     from service.steering.store import SteeringStore
 
     store = SteeringStore(tmp_path / "steering.sqlite3")
-    store.write(SteeringStore.put_document_sql("clusters", {
-        "name": "c", "intensity": 1.8, "members": [{"layer": 0, "feature": 1, "strength": 1.0}]}))
+    asyncio.run(store.write(SteeringStore.put_document_sql("clusters", {
+        "name": "c", "intensity": 1.8, "members": [{"layer": 0, "feature": 1, "strength": 1.0}]})))
     store.close()
     manager = SteeringManager(SteeringStore(tmp_path / "steering.sqlite3"), tmp_path,
                               IntensityLimits(cluster_max=1.5))

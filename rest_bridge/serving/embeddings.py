@@ -15,6 +15,7 @@ from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.embeddings import EmbeddingRequest
 from rest_bridge.serving import ignored_fields
+from rest_bridge.serving.disconnect import unless_disconnected
 from rest_bridge.serving.generation import forward_unmapped, strict_mode
 
 ENCODINGS = ("float", "base64")
@@ -55,8 +56,10 @@ class EmbeddingsHandler:
         encoding = request.encoding_format or "float"
         pb = self.request_pb(request, http_request)
         try:
-            reply = await self.engine.embeddings.Embed(pb, timeout=600,
-                                                       metadata=call_metadata.get())
+            # A client that leaves cancels the call; the engine stops the read
+            # at its next chunk (engines/model_thread.py).
+            reply = await unless_disconnected(http_request, self.engine.embeddings.Embed(
+                pb, timeout=600, metadata=call_metadata.get()))
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         body = {

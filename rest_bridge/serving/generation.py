@@ -166,12 +166,9 @@ class GenerationHandler(abc.ABC):
         the fields this schema does not map (the engine judges them) and the
         user id (which the engine reports as unused)."""
         strict = strict_mode(http_request)
-        if request.stream and (request.n or 1) > 1:
-            raise OpenAIError(400, "'n' above 1 is not served with 'stream': true; stream one "
-                              "choice per request, or drop 'stream'.", param="n",
-                              code="field_not_honoured")
         pb = self.to_pb(request)
         pb.strict = strict
+        pb.stream = bool(request.stream)
         pb.request_id = request_id.get()
         steering_fields.add_to_request(request, pb)
         forward_unmapped(request, pb)
@@ -201,7 +198,8 @@ class GenerationHandler(abc.ABC):
         result = await unless_disconnected(http_request, self.collect(call, reply))
         return JSONResponse(self.response_body(meta, reply, result), headers=headers)
 
-    def response_headers(self, meta: generation_pb2.ResponseMetadata) -> dict[str, str]:
+    @staticmethod
+    def response_headers(meta: generation_pb2.ResponseMetadata) -> dict[str, str]:
         headers = {}
         if meta.HasField("seed"):
             scope = SEED_SCOPES.get(meta.seed_scope, "best-effort")
@@ -277,6 +275,10 @@ class GenerationHandler(abc.ABC):
 
     async def stream(self, call, meta, reply: Reply, count: int,
                      include_usage: bool) -> AsyncIterator[bytes]:
+        """The SSE stream. The final chunk carries the last finish_reason and the
+        usage, as the miLLM reference has it; with stream_options.include_usage
+        the usage comes instead in OpenAI's trailing chunk with no choices, and
+        every other chunk says `usage: null`."""
         base = {**self._base(meta), "object": self.chunk_object_name}
 
         def chunk(choices: list[dict], **extra) -> bytes:
@@ -285,6 +287,8 @@ class GenerationHandler(abc.ABC):
                 payload["usage"] = None
             return sse.event(payload)
 
+        finished: set[int] = set()
+        held = None  # the final finish chunk, waiting for the usage
         try:
             # The opening goes out at once, unless it carries an echoed prompt
             # that the engine sends first.
@@ -313,18 +317,31 @@ class GenerationHandler(abc.ABC):
                         events.append(chunk([self.tool_call_choice(reply, delta.index,
                                                                    delta.tool_calls)]))
                     if finish:
-                        events.append(chunk([self.delta_choice(reply, delta.index, "", finish,
-                                                               [])]))
-                if message.HasField("usage") and include_usage:
-                    events.append(chunk([], usage=self.usage_json(message.usage)))
+                        finished.add(delta.index)
+                        closing = [self.delta_choice(reply, delta.index, "", finish, [])]
+                        if include_usage or len(finished) < count:
+                            events.append(chunk(closing))
+                        else:
+                            held = closing
+                if message.HasField("usage"):
+                    usage = self.usage_json(message.usage)
+                    if include_usage:
+                        events.append(chunk([], usage=usage))
+                    elif held is not None:
+                        events.append(chunk(held, usage=usage))
+                        held = None
                 if message.HasField("sae_activations"):
                     # Its own last chunk, after usage and before [DONE].
                     events.append(chunk([], millm=steering_fields.millm_object(
                         message.sae_activations)))
                 if events:
                     yield b"".join(events)
+            if held is not None:  # no usage came: the finish goes out without it
+                yield chunk(held)
         except grpc.aio.AioRpcError as exc:
             # The 200 is already sent: report the failure in-stream, then end.
+            if held is not None:
+                yield chunk(held)
             yield sse.event(self.relabel(from_rpc_error(exc)).body())
         finally:
             # A client that went away lands here too (Starlette cancels the

@@ -45,7 +45,7 @@ def add_to_request(request, pb) -> None:
         pb.steering_intensity.symbol = dial
     elif dial is not None:
         pb.steering_intensity.level = dial
-    spec = request.return_sae_activations
+    spec = getattr(request, "return_sae_activations", None)  # /v1/responses has none
     if spec is None:
         return
     out = pb.return_sae_activations

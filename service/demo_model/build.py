@@ -5,7 +5,13 @@ ships (corpus.txt). The build is deterministic: a fixed seed, one torch thread
 and deterministic algorithms, so the same code gives the same weights. The
 model is trained for a few hundred steps, enough to learn the ChatML shape and
 end its turns with <|im_end|>, which makes the demo answer like a chat model
-instead of emitting noise. It takes well under a minute on two CPU cores.
+instead of emitting noise. A dozen tool conversations, rendered by the same
+template with their tools, teach it the shape of a call: offered get_weather
+and asked about the weather, it answers with a <tool_call> block that calls
+it, and without tools it answers in text. It is far too small to read the
+arguments from the question: the city it passes is one from its training
+conversations, seldom the one asked about. The build takes about half a
+minute (torch on one thread).
 """
 
 from __future__ import annotations
@@ -19,29 +25,39 @@ import shutil
 import sys
 import time
 
-from service.chat_template import CHATML
+from service.chat_template import CHATML, render
 from service.demo_model import gguf_export
 from service.demo_model import sae as demo_sae
 
 MODEL_ID = "millm-tiny"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-VOCAB_SIZE = 768
+# Room for the tool conversations' JSON without taking merges from the prose.
+VOCAB_SIZE = 1024
 CONTEXT_WINDOW = 1024
 SEED = 1234
-TRAIN_STEPS = 150
+TRAIN_STEPS = 250
+LR_DECAY = 0.8
 TRAIN_BATCH = 16
 TRAIN_SEQ = 96
+# Tool conversations in every step: whole ones, and windows (see build_model).
+TOOL_BATCH = 6
+TOOL_WINDOWS = 2
+TOOL_SEQ = 256
 # Marker written last: a directory without it is an interrupted build.
 METADATA_FILE = "millm_model.json"
 # Bumped when the build's output changes, so an older build is rebuilt.
 # 2: <|endoftext|> is an end token too (generation_config), as llama.cpp reads it.
-BUILD_VERSION = 2
+# 3: the template renders tools, and the model is trained to call them.
+BUILD_VERSION = 3
 
 CORPUS = pathlib.Path(__file__).with_name("corpus.txt")
 
-def parse_corpus(text: str) -> tuple[list[str], list[list[tuple[str, str]]]]:
-    """Split the corpus into prose paragraphs and conversations."""
-    prose, chats = [], []
+ROLES = ("system", "user", "assistant", "tool", "call", "tools", "function")
+
+def parse_corpus(text: str) -> tuple[list[str], list[tuple[list[dict] | None, list[dict]]]]:
+    """Split the corpus into prose paragraphs and conversations: (tools or
+    None, messages), in Hugging Face's shape for apply_chat_template."""
+    prose, blocks, functions = [], [], {}
     for block in text.split("\n\n"):
         lines = [ln for ln in block.strip().splitlines() if not ln.startswith("#")]
         if not lines:
@@ -49,20 +65,44 @@ def parse_corpus(text: str) -> tuple[list[str], list[list[tuple[str, str]]]]:
         turns = []
         for line in lines:
             role, sep, content = line.partition(": ")
-            if sep and role in ("system", "user", "assistant"):
+            if sep and role in ROLES:
                 turns.append((role, content))
-        if turns and len(turns) == len(lines):
-            chats.append(turns)
-        else:
+        if not turns or len(turns) != len(lines):
             prose.append(" ".join(lines))
-    return prose, chats
+        elif all(role == "function" for role, _ in turns):
+            for _, content in turns:
+                function = json.loads(content)
+                functions[function["name"]] = function
+        else:
+            blocks.append(turns)
+    return prose, [conversation(turns, functions) for turns in blocks]
 
-def render_chatml(turns: list[tuple[str, str]]) -> str:
-    return "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in turns)
+def conversation(turns: list[tuple[str, str]],
+                 functions: dict[str, dict]) -> tuple[list[dict] | None, list[dict]]:
+    tools, messages = None, []
+    for role, content in turns:
+        if role == "tools":
+            tools = [{"type": "function", "function": functions[name.strip()]}
+                     for name in content.split(",")]
+        elif role == "call":
+            name, _, arguments = content.partition(" ")
+            call = {"type": "function",
+                    "function": {"name": name, "arguments": json.loads(arguments)}}
+            if messages and messages[-1].get("tool_calls"):
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            messages.append({"role": role, "content": content})
+    return tools, messages
 
-def training_documents() -> list[str]:
+def training_documents() -> tuple[list[str], list[str]]:
+    """Prose and plain chats, then the tool conversations, each conversation
+    rendered by the model's own template."""
     prose, chats = parse_corpus(CORPUS.read_text(encoding="utf-8"))
-    return prose + [render_chatml(turns) for turns in chats]
+    plain = [render(messages) for tools, messages in chats if not tools]
+    with_tools = [render(messages, tools) for tools, messages in chats if tools]
+    return prose + plain, with_tools
 
 def build_tokenizer(documents: list[str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -90,7 +130,39 @@ def build_tokenizer(documents: list[str]):
     fast.model_max_length = CONTEXT_WINDOW
     return fast
 
-def build_model(tokenizer, documents: list[str]):
+def token_stream(tokenizer, documents: list[str], end_id: int):
+    import torch
+
+    ids: list[int] = []
+    for doc in documents:
+        ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
+        ids.append(end_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+def tools_offered_at(ids: list[int], turn_end: int, doc_end: int):
+    """For each token of a stream of tool conversations, where its
+    conversation's first turn (the tools' system turn) ends."""
+    import torch
+
+    ends, doc_start = [], 0
+    for i, token in enumerate(ids):
+        if token == doc_end:
+            first = ids.index(turn_end, doc_start, i + 1)
+            ends.extend([first] * (i + 1 - doc_start))
+            doc_start = i + 1
+    return torch.tensor(ends)
+
+def padded(sequences: list[list[int]], pad_id: int) -> dict:
+    """A batch padded on the right; the padding is masked out of attention
+    and of the loss."""
+    import torch
+
+    width = max(map(len, sequences))
+    ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in sequences])
+    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -113,28 +185,49 @@ def build_model(tokenizer, documents: list[str]):
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)
 
-    # One long stream of documents, each ended by <|endoftext|>, cut into windows.
-    ids: list[int] = []
-    for doc in documents:
-        ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
-        ids.append(pad_id)
-    stream = torch.tensor(ids, dtype=torch.long)
+    # One long stream of the prose and chats, each ended by <|endoftext|>, cut
+    # into windows (drawn by a generator of their own).
+    stream = token_stream(tokenizer, documents, pad_id)
     generator = torch.Generator().manual_seed(SEED)
+    # The tool conversations: whole ones, from their start as a prompt is,
+    # so that a call is learned with the tools' system turn at the start of
+    # the context; and windows cut anywhere from a stream of them, so that it
+    # does not depend on where the call falls. A window only trains on the
+    # conversations whose system turn ends inside it: a call learned without
+    # the tools in view would be made whether or not any tool is offered.
+    conversations = [tokenizer(doc, add_special_tokens=False)["input_ids"] + [pad_id]
+                     for doc in tool_documents]
+    tool_stream = torch.tensor([token for ids in conversations for token in ids])
+    offered = tools_offered_at(tool_stream.tolist(), eos_id, pad_id)
+    tool_generator = torch.Generator().manual_seed(SEED + 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    # The rate falls linearly to 20% by the last step: the last steps settle
+    # the weights instead of leaving them wherever the last batches pushed.
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 1 - step / TRAIN_STEPS * LR_DECAY)
     model.train()
     for _ in range(TRAIN_STEPS):
         starts = torch.randint(0, len(stream) - TRAIN_SEQ - 1, (TRAIN_BATCH,), generator=generator)
         batch = torch.stack([stream[s : s + TRAIN_SEQ] for s in starts.tolist()])
         loss = model(input_ids=batch, labels=batch).loss
+        starts = torch.randint(0, len(tool_stream) - TOOL_SEQ - 1, (TOOL_WINDOWS,),
+                               generator=tool_generator).tolist()
+        batch = torch.stack([tool_stream[s : s + TOOL_SEQ] for s in starts])
+        seen = torch.stack([offered[s : s + TOOL_SEQ] >= s for s in starts])
+        loss = loss + model(input_ids=batch, labels=batch.masked_fill(~seen, -100)).loss
+        picks = torch.randint(0, len(conversations), (TOOL_BATCH,), generator=tool_generator)
+        loss = loss + model(**padded([conversations[i] for i in picks.tolist()], pad_id)).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
     model.eval()
     # Training ends every document with <|endoftext|>, and llama.cpp stops on
     # it by name in any GGUF file, so it ends a generation here too: raw
     # completions stop where the model ends its text, on both engines.
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id],
                                                pad_token_id=pad_id)
+    # The last step's loss, prose and chats plus tool conversations.
     return model, float(loss.detach())
 
 def weights_revision(model_dir: pathlib.Path) -> str:
@@ -160,9 +253,9 @@ def build(models_dir: pathlib.Path) -> pathlib.Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
 
-    documents = training_documents()
-    tokenizer = build_tokenizer(documents)
-    model, final_loss = build_model(tokenizer, documents)
+    documents, tool_documents = training_documents()
+    tokenizer = build_tokenizer(documents + tool_documents)
+    model, final_loss = build_model(tokenizer, documents, tool_documents)
     tokenizer.save_pretrained(staging)
     model.save_pretrained(staging)
     metadata = {

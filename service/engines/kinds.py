@@ -20,7 +20,7 @@ def make_engine(entry: ModelEntry, config: LifecycleConfig) -> Engine:
 
         return GgufEngine(entry, threads=config.gguf_threads,
                           max_queued=config.limits.max_queued, context=config.gguf_context,
-                          slots=config.gguf_slots)
+                          slots=config.gguf_slots, stall_s=config.limits.stall_s)
     from service.engines.transformers.engine import TransformersEngine
 
     return TransformersEngine(entry, device=config.device, limits=config.limits,

@@ -1,6 +1,7 @@
 """What both engines' model threads share: a read of the model handed to the
-thread (ModelCall) and the answer to whatever is still queued when a thread
-stops (answer_unrun).
+thread (ModelCall), the answer to whatever is still queued when a thread
+stops (answer_unrun), and the news that a thread died (report_death, heard by
+the server, which stops serving and exits for its supervisor to restart it).
 
 Each engine owns exactly one model thread, because neither torch's caches nor
 llama.cpp's contexts may be touched from two threads; everything that reads
@@ -11,27 +12,72 @@ there, and its result comes back to the caller's event loop.
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 import queue
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from service.errors import EngineError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class ModelCall:
     """Work that reads the model without generating (scoring, embeddings): run
     on the model thread between decode steps, its result handed back to the
-    caller's event loop."""
+    caller's event loop.
 
-    fn: object  # fn(ctx) -> result
+    A long read is a generator function: each `yield` ends one chunk (a
+    prompt scored, a forward pass of embeddings) and its `return` value is the
+    result. The thread runs one chunk per turn, between decode steps, so a
+    2,048-input read never stalls the running streams for more than a chunk,
+    and a caller that leaves (its future cancelled) stops it at the next one.
+    """
+
+    fn: object  # fn(ctx) -> result, or a generator function returning it
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    steps: Iterator | None = None  # a chunked read under way
+    chunks: int = 0
 
-    def run(self, ctx) -> None:
+    @property
+    def abandoned(self) -> bool:
+        return self.future.cancelled()
+
+    def run(self, ctx) -> bool:
+        """Run the call, or its next chunk; True once it is settled."""
         try:
-            result, error = self.fn(ctx), None
+            if self.steps is None:
+                result = self.fn(ctx)
+                if not inspect.isgenerator(result):
+                    self._hand_back(result, None)
+                    return True
+                self.steps = result
+            next(self.steps)
+            self.chunks += 1
+            return False
+        except StopIteration as done:
+            self._hand_back(done.value, None)
         except BaseException as exc:  # handed to the caller, who decides what it means
-            result, error = None, exc
+            self._hand_back(None, exc)
+        return True
+
+    def run_to_end(self, ctx) -> None:
+        """All its chunks at once (a serial engine), stopping if the caller left."""
+        while not self.run(ctx):
+            if self.abandoned:
+                self.drop()
+                return
+
+    def drop(self) -> None:
+        """The caller left: stop a chunked read where it is."""
+        if self.steps is not None:
+            self.steps.close()
+            log.info("a read was cancelled by its caller after %d chunks", self.chunks)
+
+    def _hand_back(self, result, error) -> None:
         self.loop.call_soon_threadsafe(self._settle, result, error)
 
     def _settle(self, result, error) -> None:
@@ -43,18 +89,32 @@ class ModelCall:
             self.future.set_result(result)
 
 
-def answer_unrun(inbox: queue.Queue) -> None:
-    """When a model thread stops (an unload that ran out of patience), what is
-    still queued is answered rather than left waiting forever: reads get
-    model_busy, jobs are cancelled."""
+def answer_unrun(inbox: queue.Queue, error: EngineError | None = None) -> None:
+    """When a model thread stops (an unload that ran out of patience, or its
+    death), what is still queued is answered rather than left waiting forever:
+    reads get `error` (model_busy by default), jobs fail with it."""
+    error = error or EngineError(
+        "model_busy", "The model was unloaded before this request ran; retry.", "model")
     while True:
         try:
             item = inbox.get_nowait()
         except queue.Empty:
             return
         if isinstance(item, ModelCall):
-            item.loop.call_soon_threadsafe(item._settle, None, EngineError(
-                "model_busy", "The model was unloaded before this request ran; retry.",
-                "model"))
+            item.drop()
+            item._hand_back(None, error)
         elif item is not None:
-            item.cancelled.set()
+            item.fail_from_thread(error)
+
+
+_death_listeners: list = []
+
+
+def on_death(callback) -> None:
+    """Call `callback()` (from the dying thread) when a model thread dies."""
+    _death_listeners.append(callback)
+
+
+def report_death() -> None:
+    for callback in list(_death_listeners):
+        callback()

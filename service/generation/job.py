@@ -4,17 +4,31 @@ The asyncio side (the servicer) and the model thread meet here: the model
 thread posts events onto the job's asyncio queue with call_soon_threadsafe,
 and the asyncio side sets `cancelled` when the caller goes away, which the
 model thread checks before every step.
+
+A caller that stops reading (a client that no longer reads its stream, so
+gRPC's flow control blocks the servicer) would keep its row generating into
+this queue and hold its model lease. The model thread asks `stalled()` as it
+posts: once events have waited untaken for the stall time (MILLM_STREAM_STALL_S)
+or too many have piled up, `abandon()` cancels the row and the servicer's task,
+which frees the lease.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from service.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+# Events a job may hold that its caller has not taken (a token's delta is one).
+MAX_PENDING_EVENTS = 4096
 
 if TYPE_CHECKING:
     from service.requests.generation import ValidatedGeneration
@@ -92,10 +106,40 @@ class GenerationJob:
     # Set once by the model thread when the job ends: done, cancelled or failed.
     outcome: str | None = None
     recorder: ActivationRecorder | None = None  # return_sae_activations: what was read
+    # How many GroupDone events end the job: its groups, or the parts the
+    # scheduler split them into (set before the job is queued).
+    parts: int = 0
+    # The servicer's task (cancelled to free its lease when its reader stalls).
+    owner: asyncio.Task | None = None
+    # Written by the model thread only / by the event loop only.
+    posted: int = 0
+    first_posted: float = 0.0
+    taken: int = 0
+    last_taken: float = 0.0
 
     def post(self, event) -> None:
         """Called from the model thread."""
+        if not self.posted:
+            self.first_posted = time.monotonic()
+        self.posted += 1
         self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+    def stalled(self, stall_s: float) -> bool:
+        """Model thread: has the caller left events untaken too long, or too many?"""
+        pending = self.posted - self.taken
+        if pending > MAX_PENDING_EVENTS:
+            return True
+        idle = time.monotonic() - max(self.last_taken, self.first_posted)
+        return pending > 0 and idle > stall_s
+
+    def abandon(self) -> None:
+        """Model thread: stop generating for a reader that stopped reading, and
+        end its servicer's call (its lease goes with it)."""
+        log.warning("stream_stalled request_id=%s: its reader took nothing for too long; "
+                    "cancelled", self.spec.request_id)
+        self.cancelled.set()
+        if self.owner is not None:
+            self.loop.call_soon_threadsafe(self.owner.cancel)
 
     def fail(self, error: EngineError) -> None:
         """End the job with `error`; called on the event loop's thread (a forced
@@ -103,6 +147,21 @@ class GenerationJob:
         raises the error."""
         self.cancelled.set()
         self.queue.put_nowait(GroupFailed(error))
+
+    def fail_from_thread(self, error: EngineError) -> None:
+        """fail(), from a thread other than the event loop's."""
+        self.cancelled.set()
+        self.post(GroupFailed(error))
+
+    async def _take(self):
+        event = await self.queue.get()
+        self.taken, self.last_taken = self.taken + 1, time.monotonic()
+        return event
+
+    def _take_now(self):
+        event = self.queue.get_nowait()
+        self.taken, self.last_taken = self.taken + 1, time.monotonic()
+        return event
 
     async def events(self) -> AsyncIterator[StepOutput]:
         """Step outputs until every group is done. Leaving early (the caller
@@ -113,15 +172,15 @@ class GenerationJob:
         output, so a slow reader (a loaded bridge) gets fewer, larger messages
         instead of falling further behind.
         """
-        remaining = len(self.spec.groups)
+        remaining = self.parts or len(self.spec.groups)
         held = None
         try:
             while remaining:
-                event = held if held is not None else await self.queue.get()
+                event = held if held is not None else await self._take()
                 held = None
                 if isinstance(event, StepOutput):
                     while not self.queue.empty():
-                        following = self.queue.get_nowait()
+                        following = self._take_now()
                         if not isinstance(following, StepOutput):
                             held = following
                             break

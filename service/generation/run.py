@@ -65,7 +65,8 @@ class Generation:
                 return
         if self.lease.released:  # a forced unload ended it: its engine is gone
             raise model_busy("The model was unloaded before this request ran; retry.")
-        job = GenerationJob(spec=spec, loop=asyncio.get_running_loop())
+        job = GenerationJob(spec=spec, loop=asyncio.get_running_loop(),
+                            owner=asyncio.current_task())
         self.lease.jobs.append(job)  # ended by a forced unload (models/lifecycle.py)
         # Submitting first means a full queue is refused before the stream opens.
         self.lease.engine.submit(job)

@@ -100,6 +100,10 @@ def check_input(params: GenerateParams) -> None:
     if params.messages is None and params.prompts is None:
         raise invalid_parameter("messages", "The request has neither 'messages' nor 'prompt'.")
     if params.messages is not None:
+        if len(params.extra_chats) >= MAX_PROMPTS:
+            raise invalid_parameter(
+                "extra_messages", f"'extra_messages' takes at most {MAX_PROMPTS - 1} "
+                f"conversations; got {len(params.extra_chats)}.")
         for where, turns in params.conversations():
             if not turns:
                 raise invalid_parameter(where, f"'{where}' must contain at least one message.")
@@ -126,7 +130,8 @@ def check_fields(params: GenerateParams, kind: EngineCapabilities,
     return the locations of fields that go unused (strict mode refuses them
     later, once every unused field is known). Runs before any load with the
     engine kind's capabilities, and again with the loaded model's."""
-    unused = fields.check(params.sent_fields(), params.route, kind, model)
+    unused = fields.check(params.sent_fields(), params.route, kind, model,
+                          unmapped=params.extra_fields.keys())
     check_generation_logprobs(params, model or kind)
     unused.extend(params.unused_fields)
     if params.user is not None:
@@ -219,6 +224,9 @@ def check_params(params: GenerateParams) -> CheckedParams:
     n = params.n if params.n is not None else 1
     if not 1 <= n <= MAX_N:
         raise invalid_parameter("n", f"'n' must be between 1 and {MAX_N}; got {n}.")
+    if params.stream and n > 1:
+        raise field_not_honoured("n", "'n' above 1 is not served with 'stream': true; stream "
+                                 "one choice per request, or drop 'stream'.")
     if params.echo and params.max_tokens == 0:
         max_tokens = 0  # echo alone: the prompt back, nothing generated
     else:
@@ -254,6 +262,8 @@ def check_params(params: GenerateParams) -> CheckedParams:
     if scoring and 0 < options.temperature < MIN_SCORING_TEMPERATURE:
         raise invalid_parameter("temperature", f"A scoring temperature must be 0 or at least "
                                 f"{MIN_SCORING_TEMPERATURE}; smaller ones overflow the logits.")
+    if scoring and params.stream:
+        raise invalid_scoring_request("stream", "Scoring answers in one piece; drop 'stream'.")
     if scoring:
         # A judge's probability must not depend on steering left on the model.
         for name in ("profile", "steering_intensity"):

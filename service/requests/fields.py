@@ -88,8 +88,9 @@ NO_DISTRIBUTION = "this engine gives no per-token distribution"
 RULES: dict[str, FieldRule] = {
     "n": FieldRule({CHAT: "several_choices", COMPLETIONS: "several_choices"},
                    frozenset({EMBEDDINGS}), (1,), why_engine="several choices are not "
-                   "served here", note="not with stream: true, which the REST bridge refuses "
-                   "(field_not_honoured): its streams carry one choice, as the reference's do"),
+                   "served here", note="not with stream: true (GenerateRequest.stream), refused "
+                   "(field_not_honoured): a relayed stream carries one choice, as the "
+                   "reference's do"),
     # GGUF: measured byte-identical over 20 runs per seed (docs/gguf.md).
     "seed": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
     "max_completion_tokens": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
@@ -146,6 +147,19 @@ RULES: dict[str, FieldRule] = {
     "suffix": FieldRule(no_change=("",), why="insertion (suffix) is not supported"),
     "audio": FieldRule(why="audio output is not supported"),
     "modalities": FieldRule(no_change=(["text"],), why="only text output is supported"),
+    # The Responses API's own fields (POST /v1/responses is a chat generation
+    # here); its store, metadata and previous_response_id are the bridge's.
+    "background": FieldRule(no_change=(False,), why="background responses are not served; "
+                            "wait for the response or stream it"),
+    "truncation": FieldRule(no_change=("disabled",), why="the input is never truncated: it must "
+                            "fit the context window"),
+    "conversation": FieldRule(why="the Conversations API is not served; chain responses with "
+                              "previous_response_id"),
+    "max_tool_calls": FieldRule(why="a cap on tool calls is " + NOT_YET),
+    # Encrypted reasoning asks for nothing from a model that shows no reasoning.
+    "include": FieldRule(no_change=([], ["reasoning.encrypted_content"]),
+                         why="no extra output (log-probabilities, sources) is included in "
+                         "responses"),
 }
 
 
@@ -165,12 +179,15 @@ def asks_for_change(name: str, value) -> bool:
 
 
 def check(sent: dict, route: str, kind: EngineCapabilities,
-          model: EngineCapabilities | None = None) -> list[str]:
+          model: EngineCapabilities | None = None, unmapped=frozenset()) -> list[str]:
     """Refuse the first field (in table order) that asks for a change this
     route and engine cannot honour; return the names of the sent fields that
     are reported (table order, then unknown names sorted). `kind` is what the
     engine kind offers, `model` what the loaded model does (None: not loaded
-    yet, assume the kind's)."""
+    yet, assume the kind's). `unmapped` names the fields that came only as
+    extra fields: the caller found no place for them in the request, so one
+    the route would honour cannot act either (say `n` on /v1/responses,
+    whose request has no field for it) and is refused, never dropped."""
     model = model or kind
     reported = []
     for name, rule in RULES.items():
@@ -181,6 +198,9 @@ def check(sent: dict, route: str, kind: EngineCapabilities,
             reported.append(name)  # whatever its value: nothing here reads it
         elif cell.treatment is Treatment.REFUSED and asks_for_change(name, sent[name]):
             raise EngineError(cell.code, f"'{name}' is not honoured: {cell.reason}.", name)
+        elif name in unmapped and asks_for_change(name, sent[name]):
+            raise EngineError("field_not_honoured", f"'{name}' is not honoured: this endpoint's "
+                              "request has no place for it.", name)
     reported.extend(sorted(name for name in sent if name not in RULES))
     return reported
 

@@ -93,6 +93,11 @@ def row_seeds(seed: int | None, n: int) -> tuple[int, ...]:
     return tuple(seeds)
 
 
+# Choices one request may ask to generate (n x prompts or conversations): a
+# request holds at most MILLM_MAX_ROWS_PER_REQUEST of them at once and runs the
+# rest in parts (engines/transformers/scheduler.py); past this it is refused.
+MAX_REQUEST_ROWS = 2048
+
 # OpenAI's legacy completions stop after 16 tokens unless told otherwise; chat
 # completions run until the model ends its turn or the context is full.
 RAW_PROMPT_DEFAULT_MAX_TOKENS = 16
@@ -137,6 +142,13 @@ def fit_groups(params: GenerateParams, checked: CheckedParams,
                 row_seeds=row_seeds(checked.seed, checked.n),
             )
         )
+    rows = checked.n * len(groups)
+    if rows > MAX_REQUEST_ROWS and not checked.scoring and groups[0].max_tokens > 0:
+        param = ("n" if checked.n > 1 else "extra_messages" if params.messages is not None
+                 else "prompt")
+        raise invalid_parameter(param, f"This request asks for {rows} choices ({checked.n} "
+                                f"per prompt x {len(groups)}); one request may generate at "
+                                f"most {MAX_REQUEST_ROWS}. Lower 'n' or split the request.")
     return tuple(groups)
 
 

@@ -66,6 +66,8 @@ class GenerateParams:
     unused_fields: tuple[str, ...] = ()
     user: str | None = None
     strict: bool = False
+    # The caller relays pieces as they come (REST stream: true).
+    stream: bool = False
     response_format: ResponseFormat | None = None
     # Log-probabilities: alternatives per token (None = not asked for).
     logprobs: int | None = None

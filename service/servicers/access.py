@@ -11,6 +11,7 @@ Streaming RPCs are wrapped the same way as unary ones.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import math
@@ -30,6 +31,12 @@ EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 ADMIN_METHODS = frozenset({"/millm.v1.ServerService/ClearPrefixCache",
                            "/millm.v1.ModelService/LoadModel",
                            "/millm.v1.ModelService/UnloadModel"}) | steering.ADMIN_METHODS
+
+
+# The key of the call being served (None when no keys are configured), for the
+# services whose data belongs to a key (ResponseService).
+caller: contextvars.ContextVar[api_keys.ApiKey | None] = contextvars.ContextVar(
+    "caller", default=None)
 
 
 class DrainState:
@@ -53,20 +60,21 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         self.keys, self.drain, self.metrics = keys, drain, metrics
         self.limiter = limiter or RateLimiter()
 
-    def _check(self, method: str, metadata: dict) -> tuple[EngineError | None, str]:
-        """(refusal or None, who: the key's fingerprint or "-")."""
+    def _check(self, method: str,
+               metadata: dict) -> tuple[EngineError | None, api_keys.ApiKey | None]:
+        """(refusal or None, the caller's key or None)."""
         if self.drain.draining:
             return EngineError("draining", "The engine is shutting down; retry against another "
-                               "instance.", details={"retry_after_s": 1}), "-"
+                               "instance.", details={"retry_after_s": 1}), None
         if self.keys is None:
-            return None, "-"
+            return None, None
         key = self.keys.identify(api_keys.bearer(metadata.get("authorization")))
         if key is None:
             return EngineError("invalid_api_key", "Missing or invalid API key: send "
-                               "'authorization: Bearer <key>' metadata."), "-"
+                               "'authorization: Bearer <key>' metadata."), None
         if method in ADMIN_METHODS and not key.allows(api_keys.ADMIN):
             return EngineError("permission_error", "This call needs a key with the admin "
-                               "scope."), key.fingerprint
+                               "scope."), key
         decision = self.limiter.check(key.name, key.requests_per_minute)
         if decision is not None and not decision.allowed:
             return EngineError(
@@ -74,8 +82,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
                 f"Rate limit of {decision.limit} requests per minute reached for this key.",
                 details={"retry_after_s": max(1, math.ceil(decision.retry_after_s)),
                          "limit": decision.limit, "remaining": decision.remaining,
-                         "reset_s": round(decision.reset_s, 3)}), key.fingerprint
-        return None, key.fingerprint
+                         "reset_s": round(decision.reset_s, 3)}), key
+        return None, key
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -83,12 +91,14 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or method.startswith(EXEMPT_PREFIXES):
             return handler
         metadata = {k: v for k, v in (details.invocation_metadata or ())}
-        refusal, who = self._check(method, metadata)
+        refusal, key = self._check(method, metadata)
+        who = key.fingerprint if key is not None else "-"
         request_id = metadata.get("x-request-id", "-")
         access = self
 
         def begin():
             access.drain.in_flight += 1
+            caller.set(key)  # the handler runs in this task, so it reads this key
             return time.perf_counter()
 
         def end(started: float, context) -> None:

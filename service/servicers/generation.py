@@ -204,6 +204,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         unused_fields=tuple(request.unused_fields),
         user=request.user if request.HasField("user") else None,
         strict=request.strict,
+        stream=request.stream,
         response_format=_response_format(request),
         logprobs=_opt(s, "logprobs"),
         allowed_token_ids=tuple(s.allowed_token_ids),

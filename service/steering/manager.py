@@ -206,14 +206,14 @@ class SteeringManager:
             info = self._info(sae_id)
             if sae_id not in self.attached:
                 await self._attach(info)
-                self.store.set_attached(sae_id, True)
+                await self.store.set_attached(sae_id, True)
             return self.default_live()
 
     async def detach(self, sae_id: str) -> Live:
         async with self._lock:
             if self.attached.pop(sae_id, None) is None:
                 self._info(sae_id)  # 404 when it does not exist at all
-            self.store.set_attached(sae_id, False)
+            await self.store.set_attached(sae_id, False)
             return self.default_live()
 
     def _by_layer(self) -> dict[int, SaeWeights]:
@@ -357,7 +357,8 @@ class SteeringManager:
                 self._check_entries(values, "values")
             new_values = self.values if values is None else values
             new_enabled = self.enabled if enabled is None else enabled
-            self.store.put_settings(values=[v.to_json() for v in new_values], enabled=new_enabled)
+            await self.store.put_settings(values=[v.to_json() for v in new_values],
+                                          enabled=new_enabled)
             self.values, self.enabled = new_values, new_enabled
             if self.active:
                 return Live(False, f"profile '{self.active}' is active; it steers instead of "
@@ -386,7 +387,7 @@ class SteeringManager:
             self._check_entries(entries, "entries")
             now = int(time.time())
             profile = Profile(name, FEATURES, entries, "", description, now, now)
-            self.store.put_profile(profile.row())
+            await self.store.put_profile(profile.row())
             self.profiles[name] = profile
             return profile, self._profile_live(name)
 
@@ -403,7 +404,7 @@ class SteeringManager:
             profile = replace(profile, entries=profile.entries if entries is None else entries,
                               description=profile.description if description is None
                               else description, updated=int(time.time()))
-            self.store.put_profile(profile.row())
+            await self.store.put_profile(profile.row())
             self.profiles[name] = profile
             return profile, self._profile_live(name)
 
@@ -414,15 +415,15 @@ class SteeringManager:
                 raise EngineError("invalid_parameter", f"Profile '{name}' belongs to "
                                   f"{profile.kind} '{profile.target}'; delete that instead.",
                                   "name")
-            self._delete_profiles([name])
+            await self._delete_profiles([name])
 
-    def _delete_profiles(self, names: list[str], *also) -> None:
+    async def _delete_profiles(self, names: list[str], *also) -> None:
         deactivate = self.active in names
         statements = [*(SteeringStore.delete_profile_sql(n) for n in names), *also]
         if deactivate:
             statements.append(("INSERT OR REPLACE INTO settings VALUES ('active_profile', ?)",
                                ('""',)))
-        self.store.write(*statements)
+        await self.store.write(*statements)
         for n in names:
             self.profiles.pop(n, None)
         if deactivate:
@@ -436,7 +437,7 @@ class SteeringManager:
                 base = self._base_of(profile)
                 if base is not None:
                     self._plan(base.entries, self._level(base, None), "profile")
-            self.store.put_settings(active_profile=name or "")
+            await self.store.put_settings(active_profile=name or "")
             self.active = name or ""
             return self.default_live()
 
@@ -463,7 +464,7 @@ class SteeringManager:
             return Live(False, f"{what} is not the active steering base")
         return self.default_live()
 
-    def _add_imported(self, kind: str, item, held: dict) -> Live:
+    async def _add_imported(self, kind: str, item, held: dict) -> Live:
         """Store an imported cluster or circuit with the profile that names it
         (one transaction). Lock held."""
         if item.name in held or item.name in self.profiles:
@@ -472,30 +473,30 @@ class SteeringManager:
         self._check_entries(item.members, "members")
         now = int(time.time())
         profile = Profile(item.name, kind, (), item.name, item.description, now, now)
-        self.store.write(SteeringStore.put_document_sql(f"{kind}s", item.document()),
+        await self.store.write(SteeringStore.put_document_sql(f"{kind}s", item.document()),
                          SteeringStore.profile_sql(profile.row()))
         held[item.name] = item
         self.profiles[item.name] = profile
         # Imported is not active: nothing steers with it until its profile is.
         return self._written_live(False, f"{kind} '{item.name}'")
 
-    def _store_dial(self, kind: str, item, high: float, level: float, held: dict):
+    async def _store_dial(self, kind: str, item, high: float, level: float, held: dict):
         """A cluster's or circuit's dial, within [0, high]. Lock held."""
         item = replace(item, intensity=documents.check_dial(level, high))
-        self.store.write(SteeringStore.put_document_sql(f"{kind}s", item.document()))
+        await self.store.write(SteeringStore.put_document_sql(f"{kind}s", item.document()))
         held[item.name] = item
         return item
 
     async def import_cluster(self, document) -> tuple[Cluster, Live]:
         async with self._lock:
             cluster = documents.parse_cluster(document, self.limits.cluster_max)
-            return cluster, self._add_imported(CLUSTER, cluster, self.clusters)
+            return cluster, await self._add_imported(CLUSTER, cluster, self.clusters)
 
     async def set_cluster_intensity(self, name: str, level: float) -> tuple[Cluster, Live]:
         async with self._lock:
             cluster = self.get_cluster(name)
             high = intensity.cluster_bounds(cluster.intensity_range, self.limits)[1]
-            cluster = self._store_dial(CLUSTER, cluster, high, level, self.clusters)
+            cluster = await self._store_dial(CLUSTER, cluster, high, level, self.clusters)
             return cluster, self._written_live(self._backs_default(name), f"cluster '{name}'")
 
     async def delete_cluster(self, name: str) -> None:
@@ -505,7 +506,7 @@ class SteeringManager:
             if users:
                 raise EngineError("invalid_parameter", f"Circuit(s) {', '.join(users)} fall "
                                   f"back to cluster '{name}'; delete them first.", "name")
-            self._delete_profiles(
+            await self._delete_profiles(
                 [p.name for p in self.profiles.values() if p.kind == CLUSTER and p.target == name],
                 SteeringStore.delete_document_sql("clusters", name))
             del self.clusters[name]
@@ -525,13 +526,13 @@ class SteeringManager:
                     circuit.fallback_cluster not in self.clusters:
                 raise documents.invalid_document("fallback_cluster", f"No cluster named "
                                                  f"'{circuit.fallback_cluster}' to fall back to.")
-            return circuit, self._add_imported(CIRCUIT, circuit, self.circuits)
+            return circuit, await self._add_imported(CIRCUIT, circuit, self.circuits)
 
     async def set_circuit_intensity(self, name: str, level: float) -> tuple[Circuit, Live]:
         async with self._lock:
             circuit = self.get_circuit(name)
             high = intensity.circuit_bounds(circuit.intensity_range, self.limits)[1]
-            circuit = self._store_dial(CIRCUIT, circuit, high, level, self.circuits)
+            circuit = await self._store_dial(CIRCUIT, circuit, high, level, self.circuits)
             if circuit.mode == documents.SLICE_FALLBACK:
                 return circuit, Live(False, f"circuit '{name}' is served by cluster "
                                      f"'{circuit.fallback_cluster}' (slice_fallback); its dial "
@@ -541,7 +542,7 @@ class SteeringManager:
     async def delete_circuit(self, name: str) -> None:
         async with self._lock:
             self.get_circuit(name)
-            self._delete_profiles(
+            await self._delete_profiles(
                 [p.name for p in self.profiles.values() if p.kind == CIRCUIT and p.target == name],
                 SteeringStore.delete_document_sql("circuits", name))
             del self.circuits[name]

@@ -1,17 +1,23 @@
 """Steering state that survives a restart, in SQLite in the data dir.
 
 One table per kind of thing an operator manages. Every write is one
-transaction; reads go to the in-memory snapshot the manager keeps, so the
+transaction, awaited off the event loop (a write and its fsync must not stall
+every stream), and a write that fails (disk full, I/O error) is rolled back
+whole and answered state_store_unavailable; the next write works once the
+disk does. Reads go to the in-memory snapshot the manager keeps, so the
 database is read once at start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 import sqlite3
 import threading
 import time
+
+from service.errors import store_unavailable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -45,10 +51,19 @@ class SteeringStore:
             try:
                 for sql, args in statements:
                     self._db.execute(sql, args)
-            except BaseException:
-                self._db.execute("ROLLBACK")
+                # COMMIT is inside the try: a commit that fails (disk full, I/O
+                # error) is rolled back too, or every later write would fail
+                # with "cannot start a transaction within a transaction".
+                self._db.execute("COMMIT")
+            except BaseException as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise store_unavailable(exc) from exc
                 raise
-            self._db.execute("COMMIT")
+
+    async def _write_off_loop(self, *statements: tuple[str, tuple]) -> None:
+        await asyncio.to_thread(self._write, *statements)
 
     def _rows(self, sql: str) -> list[tuple]:
         with self._lock:
@@ -59,22 +74,22 @@ class SteeringStore:
     def settings(self) -> dict:
         return {k: json.loads(v) for k, v in self._rows("SELECT key, value FROM settings")}
 
-    def put_settings(self, **values) -> None:
-        self._write(*(("INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO "
-                       "UPDATE SET value = excluded.value", (k, json.dumps(v)))
-                      for k, v in values.items()))
+    async def put_settings(self, **values) -> None:
+        await self._write_off_loop(*(
+            ("INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO "
+             "UPDATE SET value = excluded.value", (k, json.dumps(v))) for k, v in values.items()))
 
     # -- SAEs attached at start -----------------------------------------------------
 
     def attached_saes(self) -> list[str]:
         return [r[0] for r in self._rows("SELECT sae_id FROM attached_saes ORDER BY attached_at")]
 
-    def set_attached(self, sae_id: str, attached: bool) -> None:
+    async def set_attached(self, sae_id: str, attached: bool) -> None:
         if attached:
-            self._write(("INSERT OR REPLACE INTO attached_saes VALUES (?, ?)",
-                         (sae_id, time.time_ns())))
+            await self._write_off_loop(("INSERT OR REPLACE INTO attached_saes VALUES (?, ?)",
+                                        (sae_id, time.time_ns())))
         else:
-            self._write(("DELETE FROM attached_saes WHERE sae_id = ?", (sae_id,)))
+            await self._write_off_loop(("DELETE FROM attached_saes WHERE sae_id = ?", (sae_id,)))
 
     # -- profiles ---------------------------------------------------------------------
 
@@ -89,12 +104,8 @@ class SteeringStore:
         return (p["name"], p["description"], p["kind"], json.dumps(p["entries"]), p["target"],
                 p["created"], p["updated"])
 
-    def put_profile(self, profile: dict, *also: tuple[str, tuple]) -> None:
-        self._write(("INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     self._profile_row(profile)), *also)
-
-    def delete_profile(self, name: str, *also: tuple[str, tuple]) -> None:
-        self._write(("DELETE FROM profiles WHERE name = ?", (name,)), *also)
+    async def put_profile(self, profile: dict, *also: tuple[str, tuple]) -> None:
+        await self._write_off_loop(self.profile_sql(profile), *also)
 
     # -- clusters and circuits (their documents, dial included) -------------------------
 
@@ -122,6 +133,6 @@ class SteeringStore:
     def delete_profile_sql(name: str) -> tuple[str, tuple]:
         return ("DELETE FROM profiles WHERE name = ?", (name,))
 
-    def write(self, *statements: tuple[str, tuple]) -> None:
+    async def write(self, *statements: tuple[str, tuple]) -> None:
         """Several changes in one transaction (say, a cluster and its profile)."""
-        self._write(*statements)
+        await self._write_off_loop(*statements)

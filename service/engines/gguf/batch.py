@@ -24,10 +24,14 @@ import collections
 import logging
 from dataclasses import dataclass, field
 
-from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
-from service.generation.job import GroupDone as GroupDoneEvent
-from service.generation.job import GroupFailed as GroupFailedEvent
-from service.generation.job import StepOutput as StepOutputEvent
+from service.errors import engine_failure
+from service.generation.job import (
+    ChoiceDelta,
+    FinishReason,
+    GenerationJob,
+    GroupDone,
+    StepOutput,
+)
 from service.requests.generation import PromptGroup
 from service.text_output import ByteLevelDetokenizer, StopMatcher
 
@@ -174,11 +178,12 @@ class Runner:
     batched decode per step, sampling, and the events each job gets.
 
     `new_row_tools(spec, seed)` gives a row its (sampler chain, grammar mask);
-    `counts` is the engine's counters (taken under its lock)."""
+    `counts` is the engine's counters (taken under its lock); a job whose
+    reader leaves its events untaken for `stall_s` is abandoned."""
 
     def __init__(self, ctx, batch, n_batch: int, slots: Slots, eog: frozenset[int],
-                 new_row_tools, token_bytes: list[bytes], counts):
-        self.ctx, self.batch, self.n_batch = ctx, batch, n_batch
+                 new_row_tools, token_bytes: list[bytes], counts, stall_s: float = 30.0):
+        self.ctx, self.batch, self.n_batch, self.stall_s = ctx, batch, n_batch, stall_s
         self.slots, self.eog, self.new_row_tools = slots, eog, new_row_tools
         self.token_bytes, self.counts = token_bytes, counts
         self.waiting: collections.deque[Waiting] = collections.deque()
@@ -271,14 +276,8 @@ class Runner:
             self.ctx.decode(self.batch)
         except Exception:
             log.exception("llama_decode failed; failing the batch's requests")
-            from service.errors import internal_error
-
-            for row in rows:
-                row.job.post(GroupFailedEvent(internal_error()))
-                row.job.cancelled.set()
-                row.slot.row = None
-                self.forget(row.slot, 0)
-                self._end(row.job, "failed")
+            self.fail_running(engine_failure("The engine's running batch failed and was "
+                                             "reset; retry the request."))
             return
         per_job: dict[int, tuple[GenerationJob, list[ChoiceDelta]]] = {}
         finished: list[Row] = []
@@ -297,15 +296,34 @@ class Runner:
                 finished.append(row)
         self.counts("generated", len(sampling))
         for job, deltas in per_job.values():
-            job.post(StepOutputEvent(tuple(deltas)))
+            job.post(StepOutput(tuple(deltas)))
+            if job.stalled(self.stall_s):
+                job.abandon()  # its rows leave at the next turn
         for row in finished:
             row.slot.row = None
-            row.job.post(GroupDoneEvent(row.generated, row.cached))
+            row.job.post(GroupDone(row.generated, row.cached))
             key = id(row.job)
             if key in self.groups_left:
                 self.groups_left[key] -= 1
                 if self.groups_left[key] == 0:
                     self._end(row.job, "done")
+
+    def fail_running(self, error) -> None:
+        """Fail every running row's request and empty its slot (its cells may
+        hold half a step)."""
+        for row in self.slots.rows:
+            row.job.fail_from_thread(error)
+            row.slot.row = None
+            self.forget(row.slot, 0)
+            self._end(row.job, "failed")
+
+    def fail_all(self, error) -> None:
+        """The thread cannot go on: fail what runs and what waits."""
+        self.fail_running(error)
+        for waiting in self.waiting:
+            waiting.job.fail_from_thread(error)
+            self._end(waiting.job, "failed")
+        self.waiting.clear()
 
     def stop(self) -> None:
         for waiting in self.waiting:

@@ -15,6 +15,7 @@ engines/gguf/sampling.py.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
@@ -25,9 +26,9 @@ from service.engines.gguf.batch import Runner, Slots
 from service.engines.gguf.constraint import GrammarMask
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
-from service.engines.model_thread import ModelCall, answer_unrun
+from service.engines.model_thread import ModelCall, answer_unrun, report_death
 from service.engines.scores import TokenTable, score_logits
-from service.errors import invalid_parameter, queue_full
+from service.errors import engine_failure, invalid_parameter, queue_full
 from service.generation.job import GenerationJob
 from service.models.registry import GGUF
 from service.structured_output import GrammarCache
@@ -58,11 +59,12 @@ class GgufEngine(Engine):
     kind = GGUF
 
     def __init__(self, entry, threads: int = 1, max_queued: int = 256, context: int = 0,
-                 slots: int = 8):
+                 slots: int = 8, stall_s: float = 30.0):
         super().__init__(entry)
         self.threads = threads
         self.slots = slots
         self.max_queued = max_queued
+        self.stall_s = stall_s
         self.requested_context = context
         self.llm = None
         self._readers: Readers | None = None
@@ -83,9 +85,11 @@ class GgufEngine(Engine):
         self._generated = self._completed = self._cancelled = self._failed = 0
         self._cache_hits = 0
         self._runner: Runner | None = None
+        self._reads: collections.deque[ModelCall] = collections.deque()  # chunked reads
         self._ctx = self._batch = None  # the generation context and its batch
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._dead = False
 
     # -- loading and tokenization -------------------------------------------------
 
@@ -159,7 +163,8 @@ class GgufEngine(Engine):
         self._ctx = LlamaContext(model=self.llm._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         self._runner = Runner(self._ctx, self._batch, n_batch, Slots(self.slots, cells),
-                              self._eog, self._row_tools, self._token_bytes, self._count)
+                              self._eog, self._row_tools, self._token_bytes, self._count,
+                              self.stall_s)
 
     @property
     def special_tokens(self) -> tuple[str, ...]:
@@ -207,6 +212,8 @@ class GgufEngine(Engine):
 
     def submit(self, job: GenerationJob) -> None:
         with self._lock:
+            if self._dead:
+                raise engine_failure("The engine's model thread stopped; it is restarting.")
             if self._waiting >= self.max_queued:
                 raise queue_full(self.max_queued)
             self._waiting += 1
@@ -230,26 +237,57 @@ class GgufEngine(Engine):
             setattr(self, attribute, getattr(self, attribute) + amount)
 
     def _run(self) -> None:
-        runner = self._runner
+        try:
+            self._serve(self._runner)
+        except BaseException:
+            # A row's or a read's own failures are handled where they happen;
+            # this is the thread itself.
+            log.critical("GGUF model thread died; the engine stops serving", exc_info=True)
+            with self._lock:
+                self._dead = True
+            error = engine_failure("The engine's model thread stopped; it is restarting. "
+                                   "Retry shortly.")
+            self._runner.fail_all(error)
+            for call in self._reads:
+                self._inbox.put(call)
+            answer_unrun(self._inbox, error)
+            report_death()
+            return
+        # Whatever still waits or runs is cancelled; its callers see the engine go.
+        self._runner.stop()
+        for call in self._reads:
+            self._inbox.put(call)
+        answer_unrun(self._inbox)
+
+    def _serve(self, runner: Runner) -> None:
+        """Each turn: take the inbox, drop what callers left, one chunk of the
+        oldest read (reads take turns between decode steps), admit, one step."""
         while not self._stopping and self._take_inbox(runner):
             runner.drop_cancelled()
+            self._read_one_chunk()
             runner.admit()
             if runner.slots.rows:
                 runner.step()
-        # Whatever still waits or runs is cancelled; its callers see the engine go.
-        runner.stop()
-        answer_unrun(self._inbox)
+
+    def _read_one_chunk(self) -> None:
+        while self._reads:
+            call = self._reads.popleft()
+            if call.abandoned:
+                call.drop()
+                continue
+            if not call.run(self):
+                self._reads.append(call)
+            return
 
     def _take_inbox(self, runner: Runner) -> bool:
-        """Run the reads and queue the jobs the inbox holds, waiting for one
-        while there is nothing to do; False once shutdown is asked."""
-        idle = not runner.waiting and not runner.slots.rows
+        """Queue the reads and jobs the inbox holds, waiting for one while there
+        is nothing to do; False once shutdown is asked."""
+        idle = not runner.waiting and not runner.slots.rows and not self._reads
         try:
             item = self._inbox.get(block=idle)
             while item is not None:
                 if isinstance(item, ModelCall):
-                    if not item.future.cancelled():
-                        item.run(self)
+                    self._reads.append(item)
                 else:
                     runner.add(item)
                 item = self._inbox.get_nowait()
@@ -281,17 +319,20 @@ class GgufEngine(Engine):
         import torch
 
         def run(engine: GgufEngine):
-            return [score_logits(engine._tokens, ids,
-                                 torch.from_numpy(engine._readers.prompt_logits(ids)),
-                                 temperature=temperature, allowed=allowed, top=top, echo=echo,
-                                 next_token=next_token)
-                    for ids in prompts]
+            scored = []
+            for ids in prompts:  # one prompt a chunk (engines/model_thread.py)
+                scored.append(score_logits(
+                    engine._tokens, ids, torch.from_numpy(engine._readers.prompt_logits(ids)),
+                    temperature=temperature, allowed=allowed, top=top, echo=echo,
+                    next_token=next_token))
+                yield
+            return scored
 
         return self._call(run)
 
     def embed(self, inputs: list[list[int]]):
         """One mean-pooled vector per tokenized input; await the result."""
-        return self._call(lambda engine: engine._readers.embed(inputs))
+        return self._call(lambda engine: engine._readers.embed_chunks(inputs))
 
     # -- status and shutdown ----------------------------------------------------------
 

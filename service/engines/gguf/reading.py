@@ -43,8 +43,10 @@ class Readers:
         scorer.eval(ids)
         return np.array(scorer.scores[: len(ids)], dtype=np.float32)
 
-    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        """One mean-pooled last-layer vector per tokenized input."""
+    def embed_chunks(self, inputs: list[list[int]]):
+        """One mean-pooled last-layer vector per tokenized input; a generator
+        that yields after each input (a chunk, engines/model_thread.py) and
+        returns the vectors."""
         from llama_cpp import llama_cpp as lib
 
         if self._embedder is None:
@@ -64,6 +66,7 @@ class Readers:
             embedder._ctx.decode(embedder._batch)
             pooled = lib.llama_get_embeddings_seq(embedder._ctx.ctx, 0)
             vectors.append([float(x) for x in pooled[:width]])
+            yield
         embedder._batch.reset()
         embedder._ctx.kv_cache_clear()
         return vectors

@@ -1,17 +1,19 @@
-"""The running batch of the transformers engine: rows, prefill, and lanes.
+"""The running batch of the transformers engine: rows, sampling and prefill.
 
-A *row* is one choice being generated. A *lane* is a set of rows decoded
-together, one forward pass per step, over one KV cache padded on the left so
-that rows of different lengths line up: row r's real tokens occupy the last
-`length_r` columns, an attention mask hides the padding, and explicit position
-ids give each row its own positions. A row joins a lane after its own prefill
-(left-padding whichever side is shorter) and leaves it as soon as it finishes
-or its caller goes away; columns that no remaining row uses are trimmed.
+A *row* is one choice being generated; it samples with its own options and
+generator and turns tokens into deltas. `prefill` computes the prompts of
+several groups in one forward pass and samples each row's first token; the
+rows then join a lane (lane.py), where they are decoded together.
+
+A row whose own bookkeeping fails (its detokenizer, stop matcher or grammar
+matcher) is marked failed and leaves; the other rows of the step go on
+(scheduler.py fails that row's request alone).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from service.engines import faults
 from service.engines.scores import TokenTable
 from service.engines.transformers import kv, reading
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
@@ -78,6 +81,9 @@ class GroupProgress:
     # This request's own steering (layer -> delta), made on the model thread.
     deltas: dict | None = None
     recorder: ActivationRecorder | None = None
+    # A later part of a group split by the scheduler: its prompt was counted
+    # (and any cache hit reported) with the first part.
+    continuation: bool = False
 
     def __post_init__(self):
         spec = self.job.spec
@@ -126,6 +132,7 @@ class Row:
         self.logprobs = spec.logprobs  # alternatives per token; None: not asked for
         self.generated = 0
         self.last_token = -1
+        self.failed = False  # its bookkeeping raised: it left, and its request fails
 
     def _final_text(self) -> str:
         text, hit = self.stopper.push(self.detokenizer.flush())
@@ -133,17 +140,22 @@ class Row:
 
     def accept(self, token: int, eos: frozenset[int], score=None) -> tuple[ChoiceDelta, bool]:
         """Take the sampled token; return its delta and whether the row is done.
-        `score` (its log-probability) is reported unless the token is the
-        end-of-sequence one, which adds no text."""
+        `score` is its log-probability. The end-of-sequence token is counted in
+        completion_tokens, so it has a log-probability entry too, with empty
+        text (it adds none): the entries and the count always agree."""
         self.generated += 1
-        scores = (score,) if score is not None and token not in eos else ()
+        if score is not None and token in eos:
+            score = dataclasses.replace(score, token=dataclasses.replace(
+                score.token, text="", bytes=b""))
+        scores = (score,) if score is not None else ()
         self.progress.completion_tokens += 1
         if self.matcher is not None and not self.matcher.accept_token(token):
             # The mask allowed only tokens the grammar accepts; this is a bug,
             # and the document check after the row ends will refuse the output.
             log.error("grammar refused a token its own mask allowed")
         if token in eos:
-            return ChoiceDelta(self.index, self._final_text(), (token,), FinishReason.STOP), True
+            return (ChoiceDelta(self.index, self._final_text(), (token,), FinishReason.STOP,
+                                scores), True)
         text, hit = self.stopper.push(self.detokenizer.push(token))
         if hit:
             return ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores), True
@@ -182,7 +194,13 @@ def sample(
             scores[i] = score
     results = []
     for i, (row, token) in enumerate(zip(rows, tokens, strict=True)):
-        delta, done = row.accept(token, ctx.eos_set, scores[i])
+        try:
+            faults.hit("row")
+            delta, done = row.accept(token, ctx.eos_set, scores[i])
+        except Exception:
+            log.exception("a row failed to take its token; its request fails alone")
+            row.failed = True
+            delta, done = ChoiceDelta(row.index, "", ()), True
         if not done:
             counts[i, token] += 1
             seen[i, token] = True
@@ -228,6 +246,7 @@ def prefill(
     A lone group may start from cached prefix blocks (`read_cache`); groups
     prefilled together never do, so they share one starting column.
     """
+    faults.hit("prefill")
     device = ctx.device
     config = ctx.model.config
     prompts = [p.group.prompt_ids for p in progresses]
@@ -235,7 +254,8 @@ def prefill(
     if (read_cache and ctx.reuses_prefixes and len(progresses) == 1
             and not progresses[0].steered_or_reading):
         cached, layers = prefix_cache.lookup(prompts[0])
-        progresses[0].cached_tokens = cached
+        if not progresses[0].continuation:
+            progresses[0].cached_tokens = cached
     width = max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
     mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
@@ -302,107 +322,3 @@ def _prefill_steering(ctx: ModelContext, progresses: list[GroupProgress], width:
             captures.setdefault(p.recorder.spec.layer, []).append(
                 Capture(i, width - len(prompt), list(range(len(prompt))), prompt, p.recorder))
     return ForwardSteering(deltas, captures)
-
-
-class Lane:
-    """Rows decoded together over one left-padded KV cache."""
-
-    def __init__(self, ctx: ModelContext):
-        self.ctx = ctx
-        self.rows: list[Row] = []
-        self.cache = None
-        self.mask: torch.Tensor | None = None  # [rows, columns], 1 = real token
-        self.positions: torch.Tensor | None = None  # [rows] next position id
-        self.counts: torch.Tensor | None = None
-        self.seen: torch.Tensor | None = None
-        self._stacked: dict = {}
-        self._stacked_for: tuple = ()
-
-    @property
-    def kv_columns(self) -> int:
-        return 0 if self.mask is None else self.mask.shape[1]
-
-    def kv_tokens(self) -> tuple[int, int]:
-        """(token slots held, of which padding)."""
-        if self.mask is None:
-            return 0, 0
-        held = self.mask.numel()
-        return held, held - int(self.mask.sum())
-
-    def add(self, new: Prefilled) -> None:
-        if not new.rows:
-            return
-        positions = new.mask.sum(dim=1)
-        if not self.rows:
-            self.rows, self.cache, self.mask = list(new.rows), new.cache, new.mask
-            self.positions, self.counts, self.seen = positions, new.counts, new.seen
-            return
-        width = max(self.kv_columns, new.mask.shape[1])
-        grow_old, grow_new = width - self.kv_columns, width - new.mask.shape[1]
-        kv.append_rows(self.cache, new.cache, grow_old, grow_new)
-        self.mask = torch.cat([kv.pad_left(self.mask, grow_old, 1),
-                               kv.pad_left(new.mask, grow_new, 1)])
-        self.positions = torch.cat([self.positions, positions])
-        self.counts = torch.cat([self.counts, new.counts])
-        self.seen = torch.cat([self.seen, new.seen])
-        self.rows.extend(new.rows)
-
-    def keep(self, keep: list[int]) -> None:
-        """Keep only these rows; drop everything the others held."""
-        if len(keep) == len(self.rows):
-            return
-        if not keep:
-            self.rows, self.cache, self.mask = [], None, None
-            self.positions = self.counts = self.seen = None
-            return
-        index = torch.tensor(keep, dtype=torch.long, device=self.ctx.device)
-        kv.select_rows(self.cache, index)
-        self.mask, self.positions = self.mask[index], self.positions[index]
-        self.counts, self.seen = self.counts[index], self.seen[index]
-        self.rows = [self.rows[i] for i in keep]
-        # Columns that only departed rows used are padding for everyone left.
-        first = int(torch.nonzero(self.mask.any(dim=0))[0])
-        if first > 0:
-            self.mask = self.mask[:, first:]
-            kv.trim_columns(self.cache, first)
-
-    def _steering(self) -> ForwardSteering | None:
-        """The rows' own deltas (stacked once per set of rows) and captures."""
-        ctx = self.ctx
-        if ctx.steering is None or not any(r.progress.steered_or_reading for r in self.rows):
-            return None
-        key = tuple(r.serial for r in self.rows)
-        if self._stacked_for != key:
-            self._stacked = stack_deltas([r.progress.deltas for r in self.rows],
-                                         ctx.steering)
-            self._stacked_for = key
-        captures: dict[int, list[Capture]] = {}
-        recording = [i for i, row in enumerate(self.rows) if row.progress.recorder is not None]
-        if recording:
-            positions = self.positions.tolist()  # one device sync, only when reading
-            for i in recording:
-                row = self.rows[i]
-                captures.setdefault(row.progress.recorder.spec.layer, []).append(
-                    Capture(i, 0, [positions[i]], [row.last_token], row.progress.recorder))
-        return ForwardSteering(self._stacked, captures)
-
-    def step(self) -> list[tuple[Row, ChoiceDelta, bool]]:
-        """One decode step for every row; finished rows leave the lane."""
-        device = self.ctx.device
-        ids = torch.tensor([[r.last_token] for r in self.rows], dtype=torch.long, device=device)
-        self.mask = torch.cat(
-            [self.mask, torch.ones((len(self.rows), 1), dtype=torch.long, device=device)], dim=1
-        )
-        steering = self._steering()
-        with _steered(self.ctx, steering):
-            out = self.ctx.model(
-                input_ids=ids,
-                attention_mask=self.mask,
-                position_ids=self.positions.unsqueeze(1),
-                past_key_values=self.cache,
-                use_cache=True,
-            )
-        self.positions = self.positions + 1
-        results = sample(self.ctx, self.rows, out.logits[:, -1, :].float(), self.counts, self.seen)
-        self.keep([i for i, (_, _, done) in enumerate(results) if not done])
-        return results

@@ -224,15 +224,18 @@ class TransformersEngine(Engine):
     def score(self, prompts, *, temperature, allowed, top, echo, next_token, plan=None,
               recorder=None):
         def run(ctx):
-            return [reading.score_prompt(ctx, ids, temperature=temperature, allowed=allowed,
-                                         top=top, echo=echo, next_token=next_token,
-                                         recorder=recorder, plan=plan)
-                    for ids in prompts]
+            scored = []
+            for ids in prompts:  # one prompt a chunk (engines/model_thread.py)
+                scored.append(reading.score_prompt(
+                    ctx, ids, temperature=temperature, allowed=allowed, top=top, echo=echo,
+                    next_token=next_token, recorder=recorder, plan=plan))
+                yield
+            return scored
 
         return self.call(run)
 
     def embed(self, inputs):
-        return self.call(lambda ctx: reading.embed(ctx, inputs))
+        return self.call(lambda ctx: reading.embed_chunks(ctx, inputs))
 
     async def clear_prefix_cache(self) -> int:
         def clear(ctx) -> int:  # the cache belongs to the model thread

@@ -76,10 +76,13 @@ def generation_logprobs(ctx, logits: torch.Tensor, temperatures: list[float],
     return out
 
 
-def embed(ctx, inputs: list[list[int]], batch_tokens: int = 4096) -> list[list[float]]:
+def embed_chunks(ctx, inputs: list[list[int]], batch_tokens: int = 2048):
     """Mean of the last hidden layer over each input's positions. Inputs are
     right-padded into few forward passes; the mask keeps padding out of both
-    attention and the mean, so a vector does not depend on its neighbours."""
+    attention and the mean, so a vector does not depend on its neighbours.
+
+    A generator: it yields after each forward pass (a chunk, run between decode
+    steps: engines/model_thread.py) and returns the vectors."""
     device = ctx.device
     vectors: list[list[float] | None] = [None] * len(inputs)
     order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
@@ -103,4 +106,5 @@ def embed(ctx, inputs: list[list[int]], batch_tokens: int = 4096) -> list[list[f
         for row, i in enumerate(chunk):
             vectors[i] = means[row].tolist()
         start = end
+        yield
     return vectors

@@ -10,6 +10,25 @@ All unseeded rows share one lane, whatever their sampling parameters, stop
 sequences or lengths. A seeded group gets a lane of its own and never reads
 the prefix cache, so its forward passes hold nothing but its own rows: its
 text depends on the request alone, which is what SEED_SCOPE_REQUEST promises.
+
+Admission is fair rather than first-in-first-out. One request holds at most
+`max_rows_per_request` rows at once: a larger n, or many prompts, run in parts
+(a group's rows split, each part prefilled from the prefix cache the first one
+filled) as its own rows finish, so the rest of the batch stays open to others.
+A request that does not fit yet lets later ones pass it, but only for
+`aging_s`: after that nothing passes it until it has started, so a large
+request is never starved by a stream of small ones.
+
+The thread is supervised. A part whose prefill fails is retried alone when it
+was prefilled with others, so only the part that cannot run fails (503
+insufficient_memory for an out-of-memory error). A row whose bookkeeping fails
+fails its own request. A failure in shared batch state (a decode step, new rows
+joining a lane, anything else in a turn) fails the rows of that batch with 503
+engine_failure, resets it, and the thread keeps serving the waiting requests.
+If the thread dies anyway, every waiting and running request is answered 503
+engine_failure, submit() refuses new work, and model_thread.report_death()
+tells the server, which reports NOT_SERVING and exits non-zero for its
+supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -19,16 +38,20 @@ import collections
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from service.engines import faults
 from service.engines.base import EngineStatus
-from service.engines.model_thread import ModelCall, answer_unrun
-from service.engines.transformers.batch import GroupProgress, Lane, ModelContext, Row, prefill
+from service.engines.model_thread import ModelCall, answer_unrun, report_death
+from service.engines.transformers.batch import GroupProgress, ModelContext, Row, prefill
+from service.engines.transformers.lane import Lane
 from service.engines.transformers.prefix_cache import PrefixCache
-from service.errors import internal_error, queue_full
+from service.errors import EngineError, engine_failure, internal_error, queue_full
 from service.generation.job import GenerationJob, GroupDone, GroupFailed, StepOutput
+from service.requests.generation import PromptGroup
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +64,8 @@ PREFILL_TOKEN_BUDGET = 4096
 @dataclass
 class _Waiting:
     job: GenerationJob
-    groups: collections.deque = field(default_factory=collections.deque)
+    groups: collections.deque = field(default_factory=collections.deque)  # parts not yet run
+    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -49,6 +73,29 @@ class SchedulerLimits:
     max_batch: int = 64  # running rows
     max_queued: int = 256  # waiting requests
     serial: bool = False  # one request at a time (for comparison benchmarks)
+    max_rows_per_request: int = 0  # rows one request holds at once; 0: half of max_batch
+    aging_s: float = 5.0  # how long later requests may pass one that does not fit
+    stall_s: float = 30.0  # a reader that takes nothing this long is cancelled (job.py)
+
+    @property
+    def request_rows(self) -> int:
+        if self.serial:
+            return self.max_batch
+        return self.max_rows_per_request or max(1, self.max_batch // 2)
+
+
+def split_parts(groups: tuple[PromptGroup, ...], size: int) -> list[tuple[PromptGroup, bool]]:
+    """Each group as parts of at most `size` rows, with whether a part
+    continues the one before it (same prompt, later choices)."""
+    parts = []
+    for group in groups:
+        for start in range(0, group.n, size):
+            k = min(size, group.n - start)
+            part = group if k == group.n else replace(
+                group, n=k, first_index=group.first_index + start,
+                row_seeds=group.row_seeds[start:start + k])
+            parts.append((part, start > 0))
+    return parts
 
 
 class Scheduler:
@@ -57,6 +104,8 @@ class Scheduler:
         self.backend = "transformers/" + ("serial" if limits.serial else "continuous-batching")
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: collections.deque[_Waiting] = collections.deque()
+        # Reads (scoring, embeddings, attaching an SAE) under way: one chunk a turn.
+        self._reads: collections.deque[ModelCall] = collections.deque()
         self._shared = Lane(ctx)
         self._isolated: list[Lane] = []
         self._groups_left: dict[int, int] = {}  # id(job) -> groups not yet done, once admitted
@@ -64,6 +113,7 @@ class Scheduler:
         self._submitted = 0  # jobs in the inbox or waiting
         self._generated = self._completed = self._cancelled = self._failed = 0
         self._stopping = False
+        self._dead = False
         self._thread = threading.Thread(target=self._run, name="millm-model", daemon=True)
 
     # -- called from the event loop ---------------------------------------------------
@@ -78,15 +128,22 @@ class Scheduler:
 
     def submit(self, job: GenerationJob) -> None:
         with self._lock:
+            if self._dead:
+                raise _died()
             if self._submitted >= self.limits.max_queued:
                 raise queue_full(self.limits.max_queued)
             self._submitted += 1
+        # Before the job is queued: its events() counts the parts' GroupDones.
+        job.parts = len(split_parts(job.spec.groups, self.limits.request_rows))
         self._inbox.put(job)
 
     def call(self, fn) -> asyncio.Future:
         """Run fn(ctx) on the model thread; await the returned future."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        if self._dead:
+            future.set_exception(_died())
+            return future
         self._inbox.put(ModelCall(fn, future, loop))
         return future
 
@@ -115,31 +172,86 @@ class Scheduler:
     # -- the model thread -----------------------------------------------------------------
 
     def _run(self) -> None:
-        # Every tensor of every job lives on this thread, in inference mode.
-        with torch.inference_mode():
-            while not self._stopping:
-                self._take_inbox()
-                with self._lock:
-                    self._drop_cancelled()
-                self._admit()
-                self._step_lanes()
+        try:
+            # Every tensor of every job lives on this thread, in inference mode.
+            with torch.inference_mode():
+                while not self._stopping:
+                    try:
+                        self._turn()
+                    except Exception:
+                        log.exception("model thread: a turn failed in shared batch state; "
+                                      "failing the running rows and resetting the batch")
+                        self._reset()
+        except BaseException:
+            log.critical("model thread died; the engine stops serving", exc_info=True)
+            self._die()
+            return
         for waiting in self._waiting:
             waiting.job.cancelled.set()
+        for call in self._reads:
+            self._inbox.put(call)
         answer_unrun(self._inbox)
+
+    def _turn(self) -> None:
+        self._take_inbox()
+        with self._lock:
+            self._drop_cancelled()
+        self._read_one_chunk()
+        faults.hit("turn")
+        self._admit()
+        self._step_lanes()
+
+    def _running_jobs(self) -> list[GenerationJob]:
+        return list({id(r.job): r.job for lane in [self._shared, *self._isolated]
+                     for r in lane.rows}.values())
+
+    def _reset(self) -> None:
+        """Fail every running row's request and start from an empty batch; the
+        waiting requests stay queued."""
+        jobs = self._running_jobs()
+        with self._lock:
+            self._shared, self._isolated = Lane(self.ctx), []
+        for job in jobs:
+            self._fail(job, engine_failure("The engine's running batch failed and was reset; "
+                                           "retry the request."))
+
+    def _die(self) -> None:
+        """The thread cannot go on: answer everything, refuse new work, tell the server."""
+        with self._lock:
+            self._dead = True
+        error = _died()
+        for job in [*self._running_jobs(), *(w.job for w in self._waiting)]:
+            self._fail(job, error)
+        self._waiting.clear()
+        for call in self._reads:
+            self._inbox.put(call)
+        answer_unrun(self._inbox, error)
+        report_death()
 
     def _running_rows(self) -> int:
         return len(self._shared.rows) + sum(len(lane.rows) for lane in self._isolated)
 
+    def _read_one_chunk(self) -> None:
+        """One chunk of the oldest read; reads take turns, between decode steps."""
+        while self._reads:
+            call = self._reads.popleft()
+            if call.abandoned:
+                call.drop()
+                continue
+            if not call.run(self.ctx):
+                self._reads.append(call)
+            return
+
     def _take_inbox(self) -> None:
-        idle = not self._waiting and self._running_rows() == 0
+        idle = not self._waiting and not self._reads and self._running_rows() == 0
         try:
             item = self._inbox.get(block=idle)
             while item is not None:
                 if isinstance(item, ModelCall):
-                    if not item.future.cancelled():
-                        item.run(self.ctx)
+                    self._reads.append(item)
                 else:
-                    self._waiting.append(_Waiting(item, collections.deque(item.spec.groups)))
+                    parts = split_parts(item.spec.groups, self.limits.request_rows)
+                    self._waiting.append(_Waiting(item, collections.deque(parts)))
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
@@ -172,58 +284,85 @@ class Scheduler:
         self._isolated = [lane for lane in self._isolated if lane.rows]
 
     def _admit(self) -> None:
-        """Admit waiting groups while the batch has room. Unseeded groups with
-        nothing cached are prefilled together in one forward pass; a group with
-        a cached prefix, or a seeded one, is prefilled on its own."""
+        """Admit waiting parts while the batch has room (module docstring: the
+        per-request share and aging). Unseeded parts with nothing cached are
+        prefilled together in one forward pass; a part with a cached prefix,
+        or a seeded one, is prefilled on its own."""
         together: list[GroupProgress] = []
         room = self.limits.max_batch - self._running_rows()
-        while self._waiting:
-            waiting = self._waiting[0]
+        share = self.limits.request_rows
+        held = collections.Counter(id(r.job) for lane in [self._shared, *self._isolated]
+                                   for r in lane.rows)
+        now = time.monotonic()
+        for waiting in list(self._waiting):
             job = waiting.job
             if self.limits.serial and self._groups_left and id(job) not in self._groups_left:
                 break
-            group = waiting.groups[0]
-            busy = self._running_rows() > 0 or together
-            if busy and group.n > room and not self.limits.serial:
-                break
-            waiting.groups.popleft()
-            room -= group.n
-            with self._lock:
-                self._groups_left.setdefault(id(job), len(job.spec.groups))
-                if not waiting.groups:
-                    self._waiting.popleft()
-                    self._submitted -= 1
-            progress = GroupProgress(job, group, rows_left=group.n)
-            if job.spec.seed is not None:
-                self._prefill([progress], isolated=True)
-            elif not progress.steered_or_reading and self.prefix_cache.peek(group.prompt_ids):
-                self._prefill([progress], isolated=False)
-            else:
-                together.append(progress)
-                if sum(len(p.group.prompt_ids) for p in together) >= PREFILL_TOKEN_BUDGET:
-                    self._prefill(together, isolated=False)
-                    together = []
+            while waiting.groups:
+                group, continuation = waiting.groups[0]
+                busy = self._running_rows() > 0 or together
+                if not self.limits.serial and (
+                        (busy and group.n > room) or (held[id(job)] and
+                                                      held[id(job)] + group.n > share)):
+                    break
+                waiting.groups.popleft()
+                room -= group.n
+                held[id(job)] += group.n
+                with self._lock:
+                    self._groups_left.setdefault(id(job), job.parts or len(job.spec.groups))
+                    if not waiting.groups:
+                        self._waiting.remove(waiting)
+                        self._submitted -= 1
+                progress = GroupProgress(job, group, rows_left=group.n,
+                                         continuation=continuation)
+                if job.spec.seed is not None:
+                    self._prefill([progress], isolated=True)
+                elif not progress.steered_or_reading and self.prefix_cache.peek(group.prompt_ids):
+                    self._prefill([progress], isolated=False)
+                else:
+                    together.append(progress)
+                    if sum(len(p.group.prompt_ids) for p in together) >= PREFILL_TOKEN_BUDGET:
+                        self._prefill(together, isolated=False)
+                        together = []
+            if waiting.groups and not held[id(job)] and now - waiting.since >= self.limits.aging_s:
+                break  # it has waited long enough: rows now free up for it alone
         if together:
             self._prefill(together, isolated=False)
 
     def _prefill(self, progresses: list[GroupProgress], isolated: bool) -> None:
         try:
             new = prefill(self.ctx, progresses, self.prefix_cache, read_cache=not isolated)
-        except Exception:
+        except Exception as exc:
+            if len(progresses) > 1:
+                log.warning("a prefill of %d parts failed (%s); retrying each alone",
+                            len(progresses), type(exc).__name__)
+                for progress in progresses:
+                    self._prefill([progress], isolated)
+                return
             log.exception("prefill failed")
-            for job in {id(p.job): p.job for p in progresses}.values():
-                self._fail(job)
+            self._fail(progresses[0].job, _failure_of(exc))
             return
         self._deliver(new.results)
-        if isolated:
-            lane = Lane(self.ctx)
-            lane.add(new)
-            if lane.rows:
-                with self._lock:
-                    self._isolated.append(lane)
-        else:
+        lane = Lane(self.ctx) if isolated else self._shared
+        try:
             with self._lock:
-                self._shared.add(new)
+                lane.add(new)
+        except Exception:
+            # The lane's shared state is in doubt: its rows and the new ones fail.
+            log.exception("new rows could not join the running batch; resetting it")
+            jobs = {id(r.job): r.job for r in [*lane.rows, *new.rows]}
+            with self._lock:
+                if isolated:
+                    lane = Lane(self.ctx)
+                else:
+                    self._shared = Lane(self.ctx)
+            for job in jobs.values():
+                self._fail(job, engine_failure("The engine's running batch failed and was "
+                                               "reset; retry the request."))
+            return
+        if isolated and lane.rows:
+            with self._lock:
+                self._isolated.append(lane)
 
     def _step_lanes(self) -> None:
         for lane in [self._shared, *self._isolated]:
@@ -232,12 +371,16 @@ class Scheduler:
             try:
                 results = lane.step()
             except Exception:
-                log.exception("decode step failed; failing the lane's requests")
+                log.exception("decode step failed; failing the lane's requests, resetting it")
                 jobs = {id(r.job): r.job for r in lane.rows}
                 with self._lock:
-                    lane.keep([])
+                    if lane is self._shared:
+                        self._shared = Lane(self.ctx)
+                    else:
+                        lane.rows = []
                 for job in jobs.values():
-                    self._fail(job)
+                    self._fail(job, engine_failure("The engine's running batch failed and was "
+                                                   "reset; retry the request."))
                 continue
             self._deliver(results)
         with self._lock:
@@ -247,6 +390,10 @@ class Scheduler:
         """Post one StepOutput per job, then GroupDone for groups that finished."""
         per_job: dict[int, tuple[GenerationJob, list]] = {}
         finished: list[GroupProgress] = []
+        failed = {id(row.job): row.job for row, _, _ in results if row.failed}
+        for job in failed.values():
+            self._fail(job)
+        results = [r for r in results if id(r[0].job) not in failed]
         for row, delta, done in results:
             per_job.setdefault(id(row.job), (row.job, []))[1].append(delta)
             if done:
@@ -257,6 +404,8 @@ class Scheduler:
             self._generated += len(results)
         for job, deltas in per_job.values():
             job.post(StepOutput(tuple(deltas)))
+            if job.stalled(self.limits.stall_s):
+                job.abandon()
         for progress in finished:
             progress.job.post(GroupDone(progress.completion_tokens, progress.cached_tokens,
                                         progress.recorder))
@@ -267,8 +416,23 @@ class Scheduler:
                     if self._groups_left[key] == 0:
                         self._end_job(progress.job, "done")
 
-    def _fail(self, job: GenerationJob) -> None:
-        job.post(GroupFailed(internal_error()))
+    def _fail(self, job: GenerationJob, error: EngineError | None = None) -> None:
+        if job.outcome is not None:
+            return
+        job.post(GroupFailed(error or internal_error()))
         job.cancelled.set()  # its other rows and waiting groups leave at the next turn
         with self._lock:
             self._end_job(job, "failed")
+
+
+def _died() -> EngineError:
+    return engine_failure("The engine's model thread stopped; it is restarting. Retry shortly.")
+
+
+def _failure_of(exc: Exception) -> EngineError:
+    """What a part that cannot run is answered: out of memory is the server's
+    state (503, retry with less), anything else the server's fault."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return EngineError("insufficient_memory", "The engine ran out of memory for this "
+                           "request; retry, or send a shorter prompt or a smaller n.")
+    return internal_error()

@@ -47,6 +47,7 @@ from millm.v1 import (
     generation_service_pb2_grpc,
     model_service_pb2,
     model_service_pb2_grpc,
+    response_service_pb2_grpc,
     scoring_service_pb2,
     scoring_service_pb2_grpc,
     server_service_pb2,
@@ -199,6 +200,7 @@ class _Stubs:
         self.models = model_service_pb2_grpc.ModelServiceStub(channel)
         self.server = server_service_pb2_grpc.ServerServiceStub(channel)
         self.steering = steering_service_pb2_grpc.SteeringServiceStub(channel)
+        self.responses = response_service_pb2_grpc.ResponseServiceStub(channel)
 
     def options(self, timeout, request_id) -> dict:
         return {"timeout": self.timeout if timeout is None else timeout,

@@ -1,0 +1,98 @@
+"""POST /v1/responses request schema (OpenAI's Responses API).
+
+Only the JSON shape is declared here. Item and tool types stay free strings
+so that an unserved one is refused by name (`input[2].type`) by the
+translation, not lost in a union error. Fields the Responses API has and
+this schema does not declare (`background`, `truncation`, `include`,
+`reasoning`, ...) travel to the engine as extra fields, where the field
+table refuses or reports them like any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from rest_bridge.protocol.base import OpenAIBaseModel
+
+
+class ContentPart(OpenAIBaseModel):
+    type: str
+    text: str | None = None
+
+
+class InputItem(OpenAIBaseModel):
+    """Any input item: a message (type "message", or no type with a role), a
+    function_call or a function_call_output; which fields apply depends on
+    the type."""
+
+    type: str | None = None
+    id: str | None = None
+    status: str | None = None
+    # message
+    role: str | None = None
+    content: str | list[ContentPart] | None = None
+    # function_call and function_call_output
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | list[ContentPart] | None = None
+
+
+class FunctionToolSpec(OpenAIBaseModel):
+    """A tool: only type "function" is served, flat as the Responses API has it."""
+
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoiceSpec(OpenAIBaseModel):
+    type: str
+    name: str | None = None
+
+
+class TextFormat(OpenAIBaseModel):
+    type: str
+    name: str | None = None
+    # "schema" would shadow a BaseModel attribute, hence the alias.
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(OpenAIBaseModel):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(OpenAIBaseModel):
+    model: str
+    input: str | list[InputItem] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    stream: bool | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[FunctionToolSpec] | None = None
+    tool_choice: str | ToolChoiceSpec | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    user: str | None = None
+    # A stored prompt template (OpenAI's dashboard prompts): nothing to load here.
+    prompt: Any = None
+    # Extensions, as on chat completions.
+    seed: int | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None
+    profile: str | None = None
+    steering_intensity: float | str | None = None

@@ -1,0 +1,283 @@
+"""A Responses API request, translated: its input items into the contract's
+ResponseItems, the conversation (replayed items, then the new ones) into the
+GenerateRequest that GenerationService already serves, and the engine's
+refusals back to the locations the client wrote.
+
+Only the JSON shape is judged here: which item, content and tool types have
+a place in the contract. Whether a conversation, a tool or a value is valid
+is the engine's to say; `Origins` maps its `messages[k]...` back to
+`input[i]...`, `instructions` or `previous_response_id`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from millm.v1 import generation_pb2, generation_service_pb2
+from millm.v1 import response_service_pb2 as rpb
+from rest_bridge.errors import OpenAIError
+from rest_bridge.protocol.base import wire_int64
+from rest_bridge.protocol.responses import ContentPart, ResponsesRequest, TextFormat
+
+ROLES = {"user": generation_pb2.ROLE_USER, "system": generation_pb2.ROLE_SYSTEM,
+         "developer": generation_pb2.ROLE_DEVELOPER, "assistant": generation_pb2.ROLE_ASSISTANT}
+PART_TYPES = {"input_text": rpb.CONTENT_PART_TYPE_INPUT_TEXT,
+              "output_text": rpb.CONTENT_PART_TYPE_OUTPUT_TEXT}
+_MODES = {"none": generation_pb2.TOOL_CHOICE_MODE_NONE,
+          "auto": generation_pb2.TOOL_CHOICE_MODE_AUTO,
+          "required": generation_pb2.TOOL_CHOICE_MODE_REQUIRED}
+_SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "frequency_penalty",
+             "presence_penalty", "repetition_penalty")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _missing(param: str) -> OpenAIError:
+    return OpenAIError(400, f"Missing required parameter: '{param}'.", param=param,
+                       code="missing_required_parameter")
+
+
+def _text_parts(parts: str | list[ContentPart], where: str, default_type: int,
+                allowed: tuple[str, ...]) -> list[rpb.ContentPart]:
+    if isinstance(parts, str):
+        return [rpb.ContentPart(type=default_type, text=parts)]
+    out = []
+    for j, part in enumerate(parts):
+        if part.type not in allowed:
+            # The contract carries text; an image or file would answer another question.
+            raise OpenAIError(400, f"Content parts of type '{part.type}' are not supported; "
+                              f"only {' and '.join(allowed)} parts are.",
+                              param=f"{where}[{j}].type", code="unsupported_content_type")
+        if part.text is None:
+            raise _missing(f"{where}[{j}].text")
+        out.append(rpb.ContentPart(type=PART_TYPES[part.type], text=part.text))
+    return out
+
+
+def input_items(request: ResponsesRequest) -> list[rpb.ResponseItem]:
+    """The request's input as items, each with a fresh id."""
+    if request.input is None:
+        return []
+    if isinstance(request.input, str):
+        return [rpb.ResponseItem(id=new_id("msg"), message=rpb.MessageItem(
+            role=generation_pb2.ROLE_USER,
+            content=[rpb.ContentPart(type=rpb.CONTENT_PART_TYPE_INPUT_TEXT,
+                                     text=request.input)]))]
+    items = []
+    for i, item in enumerate(request.input):
+        where = f"input[{i}]"
+        kind = item.type or ("message" if item.role is not None else None)
+        if kind == "message":
+            if item.role not in ROLES:
+                raise OpenAIError(400, f"'{where}.role' must be one of {', '.join(ROLES)}.",
+                                  param=f"{where}.role", code="invalid_parameter")
+            assistant = item.role == "assistant"
+            default = (rpb.CONTENT_PART_TYPE_OUTPUT_TEXT if assistant
+                       else rpb.CONTENT_PART_TYPE_INPUT_TEXT)
+            parts = _text_parts(item.content if item.content is not None else "",
+                                f"{where}.content", default,
+                                ("output_text", "input_text") if assistant else ("input_text",))
+            items.append(rpb.ResponseItem(id=new_id("msg"), message=rpb.MessageItem(
+                role=ROLES[item.role], content=parts)))
+        elif kind == "function_call":
+            for name in ("call_id", "name", "arguments"):
+                if getattr(item, name) is None:
+                    raise _missing(f"{where}.{name}")
+            items.append(rpb.ResponseItem(id=new_id("fc"), function_call=rpb.FunctionCallItem(
+                call_id=item.call_id, name=item.name, arguments_json=item.arguments)))
+        elif kind == "function_call_output":
+            if item.call_id is None:
+                raise _missing(f"{where}.call_id")
+            if item.output is None:
+                raise _missing(f"{where}.output")
+            parts = _text_parts(item.output, f"{where}.output",
+                                rpb.CONTENT_PART_TYPE_INPUT_TEXT, ("input_text",))
+            items.append(rpb.ResponseItem(
+                id=new_id("fco"), function_call_output=rpb.FunctionCallOutputItem(
+                    call_id=item.call_id, output="".join(p.text for p in parts))))
+        elif kind is None:
+            raise _missing(f"{where}.type")
+        else:
+            raise OpenAIError(400, f"Input items of type '{kind}' are not supported; only "
+                              "message, function_call and function_call_output items are.",
+                              param=f"{where}.type", code="unsupported_item_type")
+    return items
+
+
+@dataclass
+class Origins:
+    """Where each chat message (and each of its calls) came from in the
+    client's JSON, to name it in the engine's refusals."""
+
+    messages: list[str] = field(default_factory=list)
+    calls: list[list[str]] = field(default_factory=list)
+
+    def relabel(self, error: OpenAIError) -> OpenAIError:
+        param = error.param
+        if param is None:
+            return error
+        new = _PLAIN.get(param) or _rename(param, self)
+        if new != param:
+            error.message = error.message.replace(f"'{param}'", f"'{new}'")
+            error.param = new
+        return error
+
+
+_PLAIN = {"messages": "input", "max_tokens": "max_output_tokens",
+          "max_completion_tokens": "max_output_tokens", "response_format": "text.format",
+          "tool_choice.function.name": "tool_choice.name"}
+_MESSAGE = re.compile(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\]\.function\.arguments"
+                      r"|\.tool_call_id|\.(role|content))?(.*)")
+
+
+def _rename(param: str, origins: Origins) -> str:
+    if param.startswith("response_format.json_schema."):
+        return "text.format." + param.removeprefix("response_format.json_schema.")
+    if param.startswith("response_format."):
+        return "text.format." + param.removeprefix("response_format.")
+    tool = re.fullmatch(r"tools\[(\d+)\]\.function\.(.*)", param)
+    if tool:
+        return f"tools[{tool[1]}].{tool[2]}"
+    found = _MESSAGE.fullmatch(param)
+    if not found or int(found[1]) >= len(origins.messages):
+        return param
+    k = int(found[1])
+    origin = origins.messages[k]
+    if found[2] is not None and int(found[2]) < len(origins.calls[k]):
+        return f"{origins.calls[k][int(found[2])]}.arguments"
+    if origin.startswith("input["):
+        if "tool_call_id" in param:
+            return f"{origin}.call_id"
+        if found[3]:
+            return f"{origin}.{found[3]}{found[4]}"
+    return origin
+
+
+def conversation(instructions: str | None, replayed: list[rpb.ResponseItem],
+                 new: list[rpb.ResponseItem]) -> tuple[generation_pb2.ChatInput, Origins]:
+    """Instructions as a system turn, then the replayed items, then the new
+    ones; consecutive function calls (with the assistant text before them)
+    make one assistant turn, and each call's output a tool turn."""
+    chat, origins = generation_pb2.ChatInput(), Origins()
+
+    def turn(origin: str, **fields) -> generation_pb2.ChatMessage:
+        origins.messages.append(origin)
+        origins.calls.append([])
+        return chat.messages.add(**fields)
+
+    if instructions is not None:
+        turn("instructions", role=generation_pb2.ROLE_SYSTEM, content=instructions)
+    located = [("previous_response_id", item) for item in replayed]
+    located += [(f"input[{i}]", item) for i, item in enumerate(new)]
+    calls_open = False  # the last turn is an assistant turn that may take calls
+    for origin, item in located:
+        kind = item.WhichOneof("item")
+        if kind == "message":
+            m = item.message
+            turn(origin, role=m.role, content="".join(p.text for p in m.content))
+            calls_open = m.role == generation_pb2.ROLE_ASSISTANT
+        elif kind == "function_call":
+            if not calls_open:
+                turn(origin, role=generation_pb2.ROLE_ASSISTANT, content="")
+                calls_open = True
+            c = item.function_call
+            chat.messages[-1].tool_calls.add(id=c.call_id, name=c.name,
+                                             arguments_json=c.arguments_json)
+            origins.calls[-1].append(origin)
+        elif kind == "function_call_output":
+            out = item.function_call_output
+            turn(origin, role=generation_pb2.ROLE_TOOL, content=out.output,
+                 tool_call_id=out.call_id)
+            calls_open = False
+    return chat, origins
+
+
+def _format(fmt: TextFormat) -> generation_pb2.ResponseFormat:
+    out = generation_pb2.ResponseFormat()
+    if fmt.type == "text":
+        out.text.SetInParent()
+    elif fmt.type == "json_object":
+        out.json_object.SetInParent()
+    elif fmt.type == "json_schema":
+        if fmt.name is None:
+            raise _missing("text.format.name")
+        out.json_schema.name = fmt.name
+        if fmt.strict is not None:
+            out.json_schema.strict = fmt.strict
+        if fmt.schema_ is not None:
+            out.json_schema.schema_json = json.dumps(fmt.schema_, separators=(",", ":"))
+        out.json_schema.description = fmt.description or ""
+    else:
+        raise OpenAIError(400, f"Unknown text.format type '{fmt.type}'; expected text, "
+                          "json_object or json_schema.", param="text.format.type",
+                          code="invalid_parameter")
+    return out
+
+
+def settings(request: ResponsesRequest) -> rpb.ResponseSettings:
+    """What the request asks of generation, in the contract's terms (it is
+    echoed back with the response, and stored with it)."""
+    out = rpb.ResponseSettings()
+    for name in _SAMPLING:
+        value = getattr(request, name)
+        if value is not None:
+            if isinstance(value, int) and not isinstance(value, bool):
+                wire_int64(value, name)
+            setattr(out.sampling, name, value)
+    if request.max_output_tokens is not None:
+        out.sampling.max_tokens = wire_int64(request.max_output_tokens, "max_output_tokens")
+    if request.stop is not None:
+        out.sampling.stop.extend([request.stop] if isinstance(request.stop, str)
+                                 else request.stop)
+    for i, tool in enumerate(request.tools or ()):
+        if tool.type != "function":
+            # Built-in tools (web search, file search, computer use) have no place here.
+            raise OpenAIError(400, f"Tools of type '{tool.type}' are not supported; only "
+                              "function tools are.", param=f"tools[{i}].type",
+                              code="field_not_honoured")
+        if tool.name is None:
+            raise _missing(f"tools[{i}].name")
+        spec = out.tools.add(name=tool.name, description=tool.description or "")
+        if tool.parameters is not None:
+            spec.parameters_json = json.dumps(tool.parameters, separators=(",", ":"))
+        if tool.strict is not None:
+            spec.strict = tool.strict
+    choice = request.tool_choice
+    if isinstance(choice, str):
+        if choice not in _MODES:
+            raise OpenAIError(400, "'tool_choice' must be none, auto, required or "
+                              f"{{\"type\": \"function\", \"name\": ...}}; got '{choice}'.",
+                              param="tool_choice", code="invalid_parameter")
+        out.tool_choice.mode = _MODES[choice]
+    elif choice is not None:
+        if choice.type != "function" or choice.name is None:
+            raise OpenAIError(400, "'tool_choice' must name a function: {\"type\": "
+                              "\"function\", \"name\": ...}.", param="tool_choice",
+                              code="invalid_parameter")
+        out.tool_choice.mode = generation_pb2.TOOL_CHOICE_MODE_FUNCTION
+        out.tool_choice.function_name = choice.name
+    if request.parallel_tool_calls is not None:
+        out.parallel_tool_calls = request.parallel_tool_calls
+    if request.text is not None and request.text.format is not None:
+        out.text_format.CopyFrom(_format(request.text.format))
+    if request.user is not None:
+        out.user = request.user
+    return out
+
+
+def generate_request(request: ResponsesRequest, chat: generation_pb2.ChatInput,
+                     s: rpb.ResponseSettings) -> generation_service_pb2.GenerateRequest:
+    pb = generation_service_pb2.GenerateRequest(model=request.model, chat=chat,
+                                                sampling=s.sampling, tools=s.tools)
+    if s.HasField("tool_choice"):
+        pb.tool_choice.CopyFrom(s.tool_choice)
+    if s.HasField("parallel_tool_calls"):
+        pb.parallel_tool_calls = s.parallel_tool_calls
+    if s.HasField("text_format"):
+        pb.response_format.CopyFrom(s.text_format)
+    return pb

@@ -1,0 +1,119 @@
+"""The Responses API's JSON objects, rendered from the contract's messages.
+
+One rendering for every path: a response just generated and one read back
+from the engine's store are both a StoredResponse, so `POST` and `GET
+/v1/responses/{id}` (and the streamed events' snapshots) cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+
+from millm.v1 import generation_pb2
+from millm.v1 import response_service_pb2 as rpb
+
+_ROLES = {generation_pb2.ROLE_USER: "user", generation_pb2.ROLE_SYSTEM: "system",
+          generation_pb2.ROLE_DEVELOPER: "developer", generation_pb2.ROLE_ASSISTANT: "assistant"}
+_PARTS = {rpb.CONTENT_PART_TYPE_INPUT_TEXT: "input_text",
+          rpb.CONTENT_PART_TYPE_OUTPUT_TEXT: "output_text"}
+ITEM_STATUS = {rpb.ITEM_STATUS_COMPLETED: "completed", rpb.ITEM_STATUS_INCOMPLETE: "incomplete",
+               rpb.ITEM_STATUS_UNSPECIFIED: "completed"}
+STATUS = {rpb.RESPONSE_STATUS_COMPLETED: "completed",
+          rpb.RESPONSE_STATUS_INCOMPLETE: "incomplete", rpb.RESPONSE_STATUS_FAILED: "failed",
+          rpb.RESPONSE_STATUS_UNSPECIFIED: "in_progress"}
+_MODES = {generation_pb2.TOOL_CHOICE_MODE_NONE: "none",
+          generation_pb2.TOOL_CHOICE_MODE_AUTO: "auto",
+          generation_pb2.TOOL_CHOICE_MODE_REQUIRED: "required"}
+
+
+def part_json(part: rpb.ContentPart) -> dict:
+    if part.type == rpb.CONTENT_PART_TYPE_OUTPUT_TEXT:
+        return {"type": "output_text", "text": part.text, "annotations": [], "logprobs": []}
+    return {"type": _PARTS.get(part.type, "input_text"), "text": part.text}
+
+
+def item_json(item: rpb.ResponseItem, status: str | None = None) -> dict:
+    status = status or ITEM_STATUS[item.status]
+    kind = item.WhichOneof("item")
+    if kind == "message":
+        return {"id": item.id, "type": "message", "status": status,
+                "role": _ROLES.get(item.message.role, "user"),
+                "content": [part_json(p) for p in item.message.content]}
+    if kind == "function_call":
+        c = item.function_call
+        return {"id": item.id, "type": "function_call", "status": status, "call_id": c.call_id,
+                "name": c.name, "arguments": c.arguments_json}
+    out = item.function_call_output
+    return {"id": item.id, "type": "function_call_output", "status": status,
+            "call_id": out.call_id, "output": out.output}
+
+
+def _opt(message, name: str, default=None):
+    return getattr(message, name) if message.HasField(name) else default
+
+
+def _tool_choice(s: rpb.ResponseSettings):
+    if not s.HasField("tool_choice") or s.tool_choice.mode == 0:
+        return "auto"
+    if s.tool_choice.mode == generation_pb2.TOOL_CHOICE_MODE_FUNCTION:
+        return {"type": "function", "name": s.tool_choice.function_name}
+    return _MODES[s.tool_choice.mode]
+
+
+def _format(s: rpb.ResponseSettings) -> dict:
+    which = s.text_format.WhichOneof("format") if s.HasField("text_format") else None
+    if which == "json_object":
+        return {"type": "json_object"}
+    if which == "json_schema":
+        spec = s.text_format.json_schema
+        out = {"type": "json_schema", "name": spec.name,
+               "schema": json.loads(spec.schema_json) if spec.schema_json else {},
+               "strict": _opt(spec, "strict")}
+        if spec.description:
+            out["description"] = spec.description
+        return out
+    return {"type": "text"}
+
+
+def _tool(t: generation_pb2.FunctionTool) -> dict:
+    return {"type": "function", "name": t.name, "description": t.description or None,
+            "parameters": json.loads(t.parameters_json) if t.parameters_json else None,
+            "strict": _opt(t, "strict", True)}
+
+
+def usage_json(usage: generation_pb2.Usage) -> dict:
+    return {"input_tokens": usage.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.total_tokens}
+
+
+def response_json(r: rpb.StoredResponse, *, store: bool, status: str | None = None) -> dict:
+    """The response object; `status` overrides the stored one (in_progress
+    snapshots while streaming)."""
+    s, sampling = r.settings, r.settings.sampling
+    status = status or STATUS[r.status]
+    finished = status not in ("in_progress", "queued")
+    error = None
+    if r.status == rpb.RESPONSE_STATUS_FAILED:
+        error = {"code": r.error.code, "message": r.error.message}
+    incomplete = None
+    if r.status == rpb.RESPONSE_STATUS_INCOMPLETE and finished:
+        incomplete = {"reason": "max_output_tokens"}
+    return {
+        "id": r.id, "object": "response", "created_at": r.created_at, "status": status,
+        "background": False, "error": error, "incomplete_details": incomplete,
+        "instructions": _opt(r, "instructions"),
+        "max_output_tokens": _opt(sampling, "max_tokens"), "max_tool_calls": None,
+        "model": r.model, "output": [item_json(i) for i in r.output] if finished else [],
+        "parallel_tool_calls": _opt(s, "parallel_tool_calls", True),
+        "previous_response_id": r.previous_response_id or None,
+        "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
+        "store": store, "temperature": _opt(sampling, "temperature", 1.0),
+        "text": {"format": _format(s)}, "tool_choice": _tool_choice(s),
+        "tools": [_tool(t) for t in s.tools], "top_p": _opt(sampling, "top_p", 1.0),
+        "truncation": "disabled",
+        "usage": usage_json(r.usage) if finished and r.HasField("usage") else None,
+        "user": _opt(s, "user"), "metadata": dict(r.metadata),
+    }

@@ -1,0 +1,141 @@
+"""The engine's generation stream folded into Responses API output items.
+
+One fold for both answers: `feed` takes each GenerateResponse, grows the
+response's output items (a message for text, a function_call item per call)
+and returns the events that growth is, in OpenAI's order; a streamed
+response sends those events, a whole one keeps only the items. So the two can
+never disagree about what was generated.
+
+An event is (type, payload) without its sequence number, which the stream
+adds as it writes.
+"""
+
+from __future__ import annotations
+
+from millm.v1 import generation_pb2
+from millm.v1 import response_service_pb2 as rpb
+from rest_bridge.serving.responses_input import new_id
+from rest_bridge.serving.responses_json import item_json, part_json
+
+Event = tuple[str, dict]
+MESSAGE, CALL = "message", "call"
+
+
+class OutputBuilder:
+    def __init__(self, response: rpb.StoredResponse):
+        self.response = response
+        self.finish_reason = generation_pb2.FINISH_REASON_UNSPECIFIED
+        self._open: str | None = None  # the kind of the last item, while it grows
+        self._calls: dict[int, int] = {}  # the engine's call index -> output index
+
+    @property
+    def _last(self) -> tuple[int, rpb.ResponseItem]:
+        return len(self.response.output) - 1, self.response.output[-1]
+
+    def feed(self, message) -> list[Event]:
+        events: list[Event] = []
+        for delta in message.choices:
+            # A response has one choice (n stays 1: the engine refuses it unmapped).
+            if delta.text:
+                events += self._text(delta.text)
+            for fragment in delta.tool_calls:
+                events += self._call(fragment)
+            if delta.finish_reason:
+                self.finish_reason = delta.finish_reason
+        if message.HasField("usage"):
+            self.response.usage.CopyFrom(message.usage)
+        return events
+
+    def _added(self, kind: str, item: rpb.ResponseItem) -> list[Event]:
+        self._open = kind
+        index = len(self.response.output) - 1
+        shown = item_json(item, "in_progress")
+        if kind == MESSAGE:
+            shown["content"] = []
+        else:
+            shown["arguments"] = ""
+        return [("response.output_item.added", {"output_index": index, "item": shown})]
+
+    def _text(self, text: str) -> list[Event]:
+        events = []
+        if self._open != MESSAGE:
+            events += self._close(rpb.ITEM_STATUS_COMPLETED)
+            item = self.response.output.add(id=new_id("msg"), message=rpb.MessageItem(
+                role=generation_pb2.ROLE_ASSISTANT,
+                content=[rpb.ContentPart(type=rpb.CONTENT_PART_TYPE_OUTPUT_TEXT)]))
+            events += self._added(MESSAGE, item)
+            events.append(("response.content_part.added", {
+                "item_id": item.id, "output_index": len(self.response.output) - 1,
+                "content_index": 0, "part": part_json(item.message.content[0])}))
+        index, item = self._last
+        if not text:
+            return events
+        item.message.content[0].text += text
+        events.append(("response.output_text.delta", {
+            "item_id": item.id, "output_index": index, "content_index": 0, "delta": text,
+            "logprobs": []}))
+        return events
+
+    def _call(self, fragment: generation_pb2.ToolCallDelta) -> list[Event]:
+        events = []
+        if fragment.id:
+            events += self._close(rpb.ITEM_STATUS_COMPLETED)
+            item = self.response.output.add(
+                id=new_id("fc"), function_call=rpb.FunctionCallItem(
+                    call_id=fragment.id, name=fragment.name))
+            self._calls[fragment.index] = len(self.response.output) - 1
+            events += self._added(CALL, item)
+        index = self._calls.get(fragment.index)
+        if index is None or not fragment.arguments:
+            return events
+        item = self.response.output[index]
+        item.function_call.arguments_json += fragment.arguments
+        events.append(("response.function_call_arguments.delta", {
+            "item_id": item.id, "output_index": index, "delta": fragment.arguments}))
+        return events
+
+    def _close(self, status: int) -> list[Event]:
+        if self._open is None:
+            return []
+        index, item = self._last
+        item.status = status
+        events = []
+        if self._open == MESSAGE:
+            part = item.message.content[0]
+            events += [
+                ("response.output_text.done", {"item_id": item.id, "output_index": index,
+                                               "content_index": 0, "text": part.text,
+                                               "logprobs": []}),
+                ("response.content_part.done", {"item_id": item.id, "output_index": index,
+                                                "content_index": 0, "part": part_json(part)})]
+        else:
+            call = item.function_call
+            events.append(("response.function_call_arguments.done", {
+                "item_id": item.id, "output_index": index, "name": call.name,
+                "arguments": call.arguments_json}))
+        events.append(("response.output_item.done", {"output_index": index,
+                                                     "item": item_json(item)}))
+        self._open = None
+        return events
+
+    def finish(self) -> list[Event]:
+        """The last item's closing events; sets the response's status. A
+        response that generated nothing still has its (empty) message."""
+        cut = self.finish_reason == generation_pb2.FINISH_REASON_LENGTH
+        events = []
+        if not self.response.output:
+            events += self._text("")
+        events += self._close(rpb.ITEM_STATUS_INCOMPLETE if cut else rpb.ITEM_STATUS_COMPLETED)
+        if cut:
+            self.response.status = rpb.RESPONSE_STATUS_INCOMPLETE
+            self.response.incomplete_reason = rpb.INCOMPLETE_REASON_MAX_OUTPUT_TOKENS
+        else:
+            self.response.status = rpb.RESPONSE_STATUS_COMPLETED
+        return events
+
+    def fail(self, code: str, message: str) -> list[Event]:
+        events = self._close(rpb.ITEM_STATUS_INCOMPLETE)
+        self.response.status = rpb.RESPONSE_STATUS_FAILED
+        self.response.error.code = code or "internal_error"
+        self.response.error.message = message
+        return events

@@ -1,0 +1,175 @@
+"""The supervised model thread (engines/transformers/scheduler.py), proven by
+injected faults (engines/faults.py, MILLM_FAULT_INJECTION): a failing part or
+row fails its own request only; a failure in shared batch state fails that
+batch's rows with 503 engine_failure and the engine keeps serving; a thread
+that dies answers everyone, turns NOT_SERVING and exits non-zero."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from millm.v1 import generation_service_pb2_grpc
+from service.server import EXIT_MODEL_THREAD_DIED
+from tests.grpc_helpers import error_info, prompt_request, run
+from tests.harness import start_engine, wait_serving
+
+LONG = dict(max_tokens=600, temperature=0, ignore_eos=True)
+
+
+def _when_running(pool, stub, request):
+    """Start a streamed request; return its future once its first token came."""
+    started = concurrent.futures.Future()
+
+    def go():
+        try:
+            for response in stub.Generate(request, timeout=120):
+                if response.choices and not started.done():
+                    started.set_result(True)
+            return "ok", None
+        except grpc.RpcError as exc:
+            info = error_info(exc)
+            return (exc.code(), info.reason, info.metadata["http_status"]), None
+        finally:
+            if not started.done():
+                started.set_result(False)
+
+    future = pool.submit(go)
+    assert started.result(timeout=60)
+    return future
+
+
+class _Engine:
+    def __init__(self, tmp, faults: str):
+        self.proc, port = start_engine(tmp, MILLM_FAULT_INJECTION=faults)
+        wait_serving(self.proc, port)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = generation_service_pb2_grpc.GenerationServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    def close(self):
+        self.channel.close()
+        self.proc.stop()
+
+
+@pytest.fixture
+def engine_with(tmp_path):
+    made = []
+
+    def make(faults: str) -> _Engine:
+        made.append(_Engine(tmp_path, faults))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+def _outcome(stub, request):
+    try:
+        return "ok", run(stub, request)[1]
+    except grpc.RpcError as exc:
+        info = error_info(exc)
+        return (exc.code(), info.reason, info.metadata["http_status"]), None
+
+
+def _healthy_afterwards(stub):
+    status, texts = _outcome(stub, prompt_request("The river ran", max_tokens=5,
+                                                  temperature=0))
+    assert status == "ok" and len(texts[0]) > 0
+
+
+def test_an_out_of_memory_prefill_fails_that_request_alone(engine_with):
+    engine = engine_with("prefill:oom:1")
+    assert _outcome(engine.stub, prompt_request("First", max_tokens=3))[0] == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "insufficient_memory", "503")
+    _healthy_afterwards(engine.stub)
+
+
+def test_a_prefill_shared_by_several_prompts_is_retried_one_by_one(engine_with):
+    # Three prompts are prefilled in one forward pass; it fails, each is
+    # retried alone, and the request succeeds whole.
+    engine = engine_with("prefill:oom:1")
+    status, texts = _outcome(engine.stub, prompt_request("One", "Two", "Three", max_tokens=4,
+                                                         temperature=0))
+    assert status == "ok" and sorted(texts) == [0, 1, 2]
+    assert "retrying each alone" in engine.proc.log()
+
+
+def test_a_failed_decode_step_fails_its_batch_with_503_and_serving_goes_on(engine_with):
+    engine = engine_with("decode:oom:5")
+    stub = engine.stub
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        outcomes = [f.result()[0] for f in [
+            pool.submit(_outcome, stub, prompt_request(f"Row {i}", **LONG)) for i in range(2)]]
+    assert (grpc.StatusCode.UNAVAILABLE, "engine_failure", "503") in outcomes
+    _healthy_afterwards(stub)
+
+
+def test_a_failed_lane_merge_resets_the_batch_and_serving_goes_on(engine_with):
+    # The first merge is into an empty lane; the second joins a running one.
+    engine = engine_with("merge:error:2")
+    stub = engine.stub
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = _when_running(pool, stub, prompt_request("Running", **LONG))
+        second = pool.submit(_outcome, stub, prompt_request("Joining", **LONG))
+        outcomes = [first.result()[0], second.result()[0]]
+    assert outcomes == [(grpc.StatusCode.UNAVAILABLE, "engine_failure", "503")] * 2
+    _healthy_afterwards(stub)
+
+
+def test_a_failing_row_fails_its_own_request_only(engine_with):
+    # The 40th token taken fails: by then two requests run side by side.
+    engine = engine_with("row:error:40")
+    stub = engine.stub
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(_outcome, stub, prompt_request(f"Row {i}", **LONG))
+                   for i in range(2)]
+        outcomes = [f.result()[0] for f in futures]
+    assert sorted(map(str, outcomes)) == sorted(map(str, [
+        "ok", (grpc.StatusCode.INTERNAL, "internal_error", "500")]))
+    _healthy_afterwards(stub)
+
+
+def test_a_dead_model_thread_answers_everyone_turns_not_serving_and_exits(engine_with):
+    engine = engine_with("turn:death:150")
+    stub = engine.stub
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(_outcome, stub, prompt_request(f"Row {i}", **LONG))
+                   for i in range(3)]
+        outcomes = [f.result()[0] for f in futures]
+    assert outcomes == [(grpc.StatusCode.UNAVAILABLE, "engine_failure", "503")] * 3
+    assert engine.proc.proc.wait(timeout=30) == EXIT_MODEL_THREAD_DIED
+    assert "model thread died" in engine.proc.log()
+
+
+def test_health_is_not_serving_as_soon_as_the_thread_dies(engine_with):
+    engine = engine_with("turn:death:100")
+    stub = engine.stub
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        call = pool.submit(_outcome, stub, prompt_request("Row", **LONG))
+        seen = set()
+        while not call.done():
+            try:
+                reply = engine.health.Check(health_pb2.HealthCheckRequest(service=""),
+                                            timeout=1)
+                seen.add(reply.status)
+            except grpc.RpcError:
+                seen.add("gone")
+            time.sleep(0.02)
+        outcome = call.result()[0]
+    assert outcome[0] == grpc.StatusCode.UNAVAILABLE
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and engine.proc.alive():
+        try:
+            reply = engine.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+            seen.add(reply.status)
+        except grpc.RpcError:
+            seen.add("gone")
+        time.sleep(0.02)
+    assert health_pb2.HealthCheckResponse.NOT_SERVING in seen or "gone" in seen
+    assert engine.proc.proc.wait(timeout=30) == EXIT_MODEL_THREAD_DIED
