@@ -43,7 +43,7 @@ from tests.grpc_helpers import chat_request, error_info, prompt_request, run
 
 TOL = 1e-5
 L1 = "sae_millm-tiny-res-l1"
-FEATURE, STRENGTH = 3, 12.0
+FEATURE, STRENGTH = 3, 48.0
 PROMPTS = [
     "The lighthouse keeper wrote in his journal every night, and the river ran past the "
     "old mill where the cats sleep most of the day.",
