@@ -140,6 +140,8 @@ bench: setup proto model llama-server
 	$(PY) bench/hardware_limit.py
 	$(PY) bench/admission.py
 	$(PY) bench/soak.py
+	$(PY) bench/failover.py
+	$(PY) bench/abuse.py
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \
