@@ -14,6 +14,7 @@ TS_CLIENT := clients/typescript
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
 .PHONY: setup tools proto proto-check model run test lint breaking breaking-previous bench clean clients \
+  llama-server \
   go-toolchain eco-venvs
 
 setup: $(INSTALLED)
@@ -124,12 +125,19 @@ breaking-previous: $(BUF)
 	@if git rev-parse -q --verify HEAD~1 >/dev/null; then \
 	  $(BUF) breaking --against '.git#ref=HEAD~1'; else echo "no previous commit"; fi
 
-bench: setup proto model
+# llama.cpp's own C++ server, the native peer of bench/gguf_peer.py: built once
+# from the llama.cpp source llama-cpp-python's sdist vendors, with the same
+# flags as the binding (several minutes on two cores; kept in .millm).
+llama-server: $(INSTALLED)
+	LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" tools/build_llama_server.sh
+
+bench: setup proto model llama-server
 	$(PY) bench/serving.py
 	$(PY) bench/structured_output.py
 	$(PY) bench/tool_calls.py
 	$(PY) bench/steering.py
 	$(PY) bench/gguf_peer.py
+	$(PY) bench/hardware_limit.py
 	$(PY) bench/admission.py
 	$(PY) bench/soak.py
 	$(PY) bench/failover.py

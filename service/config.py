@@ -52,6 +52,7 @@ class EngineConfig:
     # llama.cpp threads for GGUF models, and their context (0: the file's own).
     gguf_threads: int = 1
     gguf_context: int = 0
+    gguf_slots: int = 8
     # Stored Responses API responses: most kept, and how long (docs/responses.md).
     responses_max_count: int = 10_000
     responses_max_age_days: float = 30.0
@@ -165,6 +166,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                         help="MILLM_GGUF_THREADS: llama.cpp threads for GGUF models")
     parser.add_argument("--gguf-context", type=int, default=int(_env("MILLM_GGUF_CONTEXT", "0")),
                         help="MILLM_GGUF_CONTEXT: GGUF context window (0: the file's own)")
+    parser.add_argument("--gguf-slots", type=int, default=int(_env("MILLM_GGUF_SLOTS", "8")),
+                        help="MILLM_GGUF_SLOTS: GGUF sequences decoded together (each with "
+                             "its own context window of KV cache)")
     parser.add_argument(
         "--responses-max-count", type=int,
         default=int(_env("MILLM_RESPONSES_MAX_COUNT", "10000")),
@@ -181,8 +185,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                          "satisfy 0 <= min <= max <= 2")
     if args.graceful_unload_timeout < 0 or args.memory_headroom_mib < 0:
         parser.error("--graceful-unload-timeout and --memory-headroom-mib must not be negative")
-    if args.gguf_threads < 1 or args.gguf_context < 0:
-        parser.error("--gguf-threads must be at least 1 and --gguf-context not negative")
+    if args.gguf_threads < 1 or args.gguf_context < 0 or not 1 <= args.gguf_slots <= 256:
+        parser.error("--gguf-threads must be at least 1, --gguf-context not negative and "
+                     "--gguf-slots from 1 to 256")
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
@@ -235,6 +240,7 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         memory_headroom_mib=args.memory_headroom_mib,
         gguf_threads=args.gguf_threads,
         gguf_context=args.gguf_context,
+        gguf_slots=args.gguf_slots,
         responses_max_count=args.responses_max_count,
         responses_max_age_days=args.responses_max_age_days,
     )

@@ -96,6 +96,7 @@ class EngineServer:
                 memory_headroom_bytes=config.memory_headroom_mib * 1024 * 1024,
                 gguf_threads=config.gguf_threads,
                 gguf_context=config.gguf_context,
+                gguf_slots=config.gguf_slots,
             ),
             steering=self.steering,
         )
