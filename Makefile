@@ -14,7 +14,7 @@ TS_CLIENT := clients/typescript
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
 .PHONY: setup tools proto proto-check model run test lint breaking breaking-previous bench clean clients \
-  go-toolchain eco-venvs
+  go-toolchain eco-venvs postgres
 
 setup: $(INSTALLED)
 
@@ -78,6 +78,15 @@ go-toolchain:
 
 clients: $(TS_INSTALLED) $(BUF) go-toolchain
 
+# PostgreSQL, for the replica tests (tests/postgres.py starts a throwaway
+# cluster with its initdb and pg_ctl) and `make cluster`: Debian's package.
+# It creates the unprivileged `postgres` account the tests run the server as
+# when they run as root (initdb refuses root).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && getent passwd postgres >/dev/null \
+	  || { $(SUDO) apt-get update -qq && \
+	       DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql; }
+
 # The ecosystem suite (tests/test_ecosystem.py) runs client libraries in venvs
 # of their own, pinned by tests/ecosystem/requirements*.txt: LangChain,
 # pydantic-ai and the OpenAI Agents SDK on openai 3.x, instructor and
@@ -107,7 +116,7 @@ $(ECO_NODE)/node_modules/.installed: $(ECO_NODE)/package.json $(ECO_NODE)/packag
 
 eco-venvs: $(ECO_VENV)/.installed $(ECO_LEGACY_VENV)/.installed $(ECO_NODE)/node_modules/.installed
 
-test: setup proto model clients eco-venvs
+test: setup proto model clients eco-venvs postgres
 	$(PY) -m pytest
 
 lint: $(INSTALLED) $(BUF)

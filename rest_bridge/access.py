@@ -23,8 +23,8 @@ from rest_bridge.metrics import BridgeMetrics, route_label
 log = logging.getLogger("millm.access")
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-QUIET_WHEN_OK = frozenset({"/healthz", "/readyz", "/metrics"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
+QUIET_WHEN_OK = frozenset({"/healthz", "/readyz", "/health", "/metrics"})
 
 
 # Management routes need an admin key, except what a client reads to decide

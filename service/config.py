@@ -55,6 +55,9 @@ class EngineConfig:
     # Stored Responses API responses: most kept, and how long (docs/responses.md).
     responses_max_count: int = 10_000
     responses_max_age_days: float = 30.0
+    # The state database: empty for SQLite in the data dir; postgresql://… to
+    # share state between replicas (docs/deployment.md).
+    database_url: str = ""
 
     @property
     def grpc_address(self) -> str:
@@ -173,7 +176,14 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         "--responses-max-age-days", type=float,
         default=float(_env("MILLM_RESPONSES_MAX_AGE_DAYS", "30")),
         help="MILLM_RESPONSES_MAX_AGE_DAYS: stored responses older than this are removed")
+    parser.add_argument(
+        "--database-url", default=_env("MILLM_DATABASE_URL", ""),
+        help="MILLM_DATABASE_URL: postgresql://user:password@host:5432/db shares the steering "
+             "state and stored responses between replicas (default: SQLite in the data dir)")
     args = parser.parse_args(argv)
+    if args.database_url and not args.database_url.startswith(
+            ("postgresql://", "postgres://", "sqlite:")):
+        parser.error("--database-url must start with postgresql:// (or sqlite:<path>)")
     for low, high in (("cluster_intensity_min", "cluster_intensity_max"),
                       ("circuit_intensity_min", "circuit_intensity_max")):
         if not 0 <= getattr(args, low) <= getattr(args, high) <= 2:
@@ -237,4 +247,5 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         gguf_context=args.gguf_context,
         responses_max_count=args.responses_max_count,
         responses_max_age_days=args.responses_max_age_days,
+        database_url=args.database_url,
     )

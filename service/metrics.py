@@ -22,6 +22,26 @@ log = logging.getLogger(__name__)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+class _StateCollector:
+    """The state database as this replica sees it (steering/replication.py)."""
+
+    def __init__(self, follower):
+        self.follower = follower
+
+    def collect(self):
+        f = self.follower
+        up = GaugeMetricFamily("millm_engine_state_store_up", "1 while the state database is "
+                               "reachable and this replica has caught up with it",
+                               labels=["backend"])
+        up.add_metric([f.database.kind], 1 if f.available else 0)
+        yield up
+        yield GaugeMetricFamily("millm_engine_state_version", "the steering state version "
+                                "this replica applies", value=f.applied_version)
+        yield CounterMetricFamily("millm_engine_state_reloads", "times this replica reloaded "
+                                  "the steering state after another replica's write",
+                                  value=f.reloads)
+
+
 class _EngineCollector:
     def __init__(self, inference):
         self.inference = inference
@@ -61,13 +81,15 @@ class _EngineCollector:
 
 
 class EngineMetrics:
-    def __init__(self, inference):
+    def __init__(self, inference, follower=None):
         self.registry = CollectorRegistry()
         self.rpcs = Counter("millm_engine_rpcs", "RPCs by method and status code",
                             ["method", "code"], registry=self.registry)
         self.rpc_seconds = Histogram("millm_engine_rpc_duration_seconds", "RPC duration",
                                      ["method"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_EngineCollector(inference))
+        if follower is not None:
+            self.registry.register(_StateCollector(follower))
         self._server: WSGIServer | None = None
 
     def rpc_done(self, method: str, code: str, seconds: float) -> None:

@@ -44,8 +44,10 @@ from service.servicers.responses import ResponseServicer
 from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
 from service.servicers.steering import SteeringServicer
+from service.state.database import open_database
 from service.steering.intensity import IntensityLimits
 from service.steering.manager import SteeringManager
+from service.steering.replication import Follower
 from service.steering.store import SteeringStore
 
 log = logging.getLogger("millm.engine")
@@ -61,6 +63,9 @@ SERVICE_NAMES = (
 )
 # These need the model; model listing and status answer while it loads.
 MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
+# A health entry that is no service: SERVING while the state database is
+# reachable and this replica has caught up with it (docs/deployment.md).
+STATE_STORE_HEALTH = "millm.state_store"
 
 GRACE_SECONDS = 5.0
 # Exit status when a model thread died (EX_SOFTWARE): the supervisor restarts us.
@@ -71,9 +76,11 @@ class EngineServer:
     def __init__(self, config: EngineConfig, keys: api_keys.KeyRing | None = None):
         self.config = config
         self.keys = keys
-        state_db = config.data_dir / "steering.sqlite3"  # the engine's one state database
+        # The engine's one state database: SQLite in the data dir, or the
+        # PostgreSQL database its replicas share.
+        self.database = open_database(config.database_url, config.data_dir)
         self.steering = SteeringManager(
-            SteeringStore(state_db),
+            SteeringStore(self.database),
             config.saes_dir or config.models_dir / "saes",
             IntensityLimits(config.cluster_intensity_min, config.cluster_intensity_max,
                             config.circuit_intensity_min, config.circuit_intensity_max),
@@ -99,11 +106,13 @@ class EngineServer:
             ),
             steering=self.steering,
         )
-        self.responses = ResponseStore(state_db, Retention(
+        self.responses = ResponseStore(self.database, Retention(
             config.responses_max_count, config.responses_max_age_days * 86_400))
         self.health = health.aio.HealthServicer()
+        self.follower = Follower(self.steering, self.database, config.database_url,
+                                 on_availability=self._set_state_store)
         self.drain = DrainState()
-        self.metrics = EngineMetrics(self.inference)
+        self.metrics = EngineMetrics(self.inference, self.follower)
         self.server = grpc.aio.server(
             interceptors=[AccessInterceptor(keys, self.drain, self.metrics)])
         generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(
@@ -144,6 +153,10 @@ class EngineServer:
         for name in SERVICE_NAMES[1:]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
+    async def _set_state_store(self, available: bool) -> None:
+        await self.health.set(STATE_STORE_HEALTH, health_pb2.HealthCheckResponse.SERVING
+                              if available else health_pb2.HealthCheckResponse.NOT_SERVING)
+
     def _credentials(self) -> grpc.ServerCredentials | None:
         config = self.config
         if config.tls_cert is None:
@@ -163,6 +176,8 @@ class EngineServer:
         if self.port == 0:
             raise RuntimeError(f"could not listen on {self.config.grpc_address}")
         await self._set_serving(False)
+        await self._set_state_store(True)  # caught up: the snapshot was read just now
+        self.follower.start()
         await self.server.start()
         tls = ("" if credentials is None else
                ", mutual TLS" if self.config.tls_client_ca else ", TLS")
@@ -199,15 +214,16 @@ class EngineServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(GRACE_SECONDS)
         self.metrics.stop()
-        self.steering.store.close()
+        self.follower.stop()
+        self.database.close()
 
     async def stop(self) -> None:
         await self._set_serving(False)
         await self.server.stop(GRACE_SECONDS)
         self.metrics.stop()
         self.inference.shutdown()
-        self.steering.store.close()
-        self.responses.close()
+        self.follower.stop()
+        self.database.close()
 
 
 async def serve(config: EngineConfig) -> int:
