@@ -28,8 +28,9 @@ class EngineConfig:
     stream_stall_s: float = 30.0
     prefix_cache_tokens: int = 32768
     batching: str = "continuous"
-    # Prometheus metrics on this port (0: off).
+    # Prometheus metrics on this port (0: off); without a key when open.
     metrics_port: int = 0
+    metrics_open: bool = False
     # On SIGTERM: stop taking work, finish what runs for up to this long, exit.
     drain_seconds: float = 30.0
     # Server TLS (PEM files); with a client CA, callers must present a certificate it signed.
@@ -139,6 +140,12 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         help="MILLM_METRICS_PORT: Prometheus /metrics on this port (0: off)",
     )
     parser.add_argument(
+        "--metrics-open", action=argparse.BooleanOptionalAction,
+        default=_env("MILLM_METRICS_OPEN", "0").lower() in ("1", "true", "yes"),
+        help="MILLM_METRICS_OPEN=1: serve the metrics port without an API key (for scrapers "
+             "that send none, such as GIE's endpoint picker); expose that port only inside "
+             "the cluster")
+    parser.add_argument(
         "--drain-seconds", type=float, default=float(_env("MILLM_DRAIN_SECONDS", "30")),
         help="MILLM_DRAIN_SECONDS: how long in-flight work may finish after SIGTERM",
     )
@@ -231,6 +238,7 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         prefix_cache_tokens=args.prefix_cache_tokens,
         batching=args.batching,
         metrics_port=args.metrics_port,
+        metrics_open=args.metrics_open,
         drain_seconds=args.drain_seconds,
         tls_cert=pathlib.Path(args.tls_cert) if args.tls_cert else None,
         tls_key=pathlib.Path(args.tls_key) if args.tls_key else None,

@@ -184,8 +184,17 @@ class EngineServer:
         log.info("engine listening on %s:%d%s (loading %s)", self.config.host, self.port, tls,
                  self.config.model)
         if self.config.metrics_port:
-            port = self.metrics.serve(self.config.host, self.config.metrics_port, self.keys)
+            port = self.metrics.serve(self.config.host, self.config.metrics_port,
+                                      None if self.config.metrics_open else self.keys,
+                                      self._ready)
             log.info("engine metrics on http://%s:%d/metrics", self.config.host, port)
+
+    def _ready(self) -> tuple[bool, dict]:
+        """For the metrics port's /readyz (its own thread: reads, no awaits)."""
+        loaded = self.inference.loaded
+        serving = loaded is not None and not self.drain.draining
+        return serving, {"model": loaded.id if loaded else None, "state_store":
+                         "available" if self.follower.available else "unavailable"}
 
     async def load_startup_model(self) -> None:
         await self.inference.load(self.config.model)
