@@ -14,7 +14,7 @@ TS_CLIENT := clients/typescript
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
 .PHONY: setup tools proto proto-check model run test lint breaking breaking-previous bench clean clients \
-  go-toolchain eco-venvs postgres
+  go-toolchain eco-venvs postgres deploy-check kubectl
 
 setup: $(INSTALLED)
 
@@ -115,6 +115,25 @@ $(ECO_NODE)/node_modules/.installed: $(ECO_NODE)/package.json $(ECO_NODE)/packag
 	touch $@
 
 eco-venvs: $(ECO_VENV)/.installed $(ECO_LEGACY_VENV)/.installed $(ECO_NODE)/node_modules/.installed
+
+# make deploy-check: the Kubernetes manifests (deploy/k8s), rendered per overlay,
+# against the Kubernetes schemas and checkov (tools/deploy_check.sh), in a venv
+# of their own. kustomize comes with kubectl; Debian's kubernetes-client when
+# none is installed (its kustomize is older: the kustomizations keep to fields
+# it knows).
+DEPLOY_VENV := .venv-deploy
+$(DEPLOY_VENV)/.installed: deploy/requirements.txt
+	rm -rf $(DEPLOY_VENV)
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/python -m pip install --quiet -r $<
+	touch $@
+
+kubectl:
+	@command -v kubectl >/dev/null || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq kubernetes-client; }
+
+deploy-check: $(DEPLOY_VENV)/.installed kubectl
+	tools/deploy_check.sh
 
 test: setup proto model clients eco-venvs postgres
 	$(PY) -m pytest

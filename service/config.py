@@ -187,7 +187,18 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         "--database-url", default=_env("MILLM_DATABASE_URL", ""),
         help="MILLM_DATABASE_URL: postgresql://user:password@host:5432/db shares the steering "
              "state and stored responses between replicas (default: SQLite in the data dir)")
+    parser.add_argument(
+        "--database-url-file", default=_env("MILLM_DATABASE_URL_FILE", ""),
+        help="MILLM_DATABASE_URL_FILE: read the database URL from this file (a mounted "
+             "Secret) instead")
     args = parser.parse_args(argv)
+    if args.database_url_file:
+        if args.database_url:
+            parser.error("--database-url and --database-url-file are exclusive")
+        try:
+            args.database_url = pathlib.Path(args.database_url_file).read_text().strip()
+        except OSError as exc:
+            parser.error(f"--database-url-file: {exc.strerror}")
     if args.database_url and not args.database_url.startswith(
             ("postgresql://", "postgres://", "sqlite:")):
         parser.error("--database-url must start with postgresql:// (or sqlite:<path>)")
