@@ -33,7 +33,7 @@ from service.engines import model_thread
 from service.engines.transformers.scheduler import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
-from service.models.lifecycle import LifecycleConfig
+from service.models.lifecycle import LifecycleConfig, Phase
 from service.models.registry import ModelRegistry
 from service.responses.store import ResponseStore, Retention
 from service.servicers.access import AccessInterceptor, DrainState
@@ -141,8 +141,17 @@ class EngineServer:
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
         self.port = 0
+        self._health_lock = asyncio.Lock()
+        # A model change (unload, switch, load) is NOT_SERVING until it is done.
+        self.inference.lifecycle.on_phase.append(
+            lambda phase: asyncio.ensure_future(self._set_serving(
+                phase == Phase.LOADED and not self.drain.draining)))
 
     async def _set_serving(self, serving: bool) -> None:
+        async with self._health_lock:
+            await self._set_health(serving)
+
+    async def _set_health(self, serving: bool) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving
