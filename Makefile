@@ -14,7 +14,7 @@ TS_CLIENT := clients/typescript
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
 .PHONY: setup tools proto proto-check model run test lint breaking breaking-previous bench clean clients \
-  go-toolchain eco-venvs postgres deploy-check kubectl
+  go-toolchain eco-venvs postgres deploy-check kubectl cluster
 
 setup: $(INSTALLED)
 
@@ -56,6 +56,11 @@ model: $(INSTALLED)
 
 run: setup proto model
 	$(PY) tools/run_stack.py
+
+# Two engines sharing a throwaway PostgreSQL, one bridge over both (Ctrl-C stops
+# it all): tools/run_cluster.py, docs/deployment.md.
+cluster: setup proto model postgres
+	$(PY) tools/run_cluster.py
 
 # The TypeScript client's packages (pinned by its package-lock.json); the
 # client tests build it and run its node:test suite against a live engine.
