@@ -63,9 +63,14 @@ SERVICE_NAMES = (
 )
 # These need the model; model listing and status answer while it loads.
 MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
-# A health entry that is no service: SERVING while the state database is
-# reachable and this replica has caught up with it (docs/deployment.md).
+# Health entries that are no service (docs/deployment.md). state_store:
+# SERVING while the state database is reachable and this replica has caught
+# up with it. routable: SERVING while a model is loaded and no model change
+# or drain runs, which is what a balancer over several replicas should check
+# ("" stays SERVING through a model change, so that a lone engine still
+# takes the request that asks it for another model).
 STATE_STORE_HEALTH = "millm.state_store"
+ROUTABLE_HEALTH = "millm.routable"
 
 GRACE_SECONDS = 5.0
 # Exit status when a model thread died (EX_SOFTWARE): the supervisor restarts us.
@@ -141,17 +146,17 @@ class EngineServer:
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
         self.port = 0
-        self._health_lock = asyncio.Lock()
-        # A model change (unload, switch, load) is NOT_SERVING until it is done.
+        # A model change (unload, switch, load) makes the replica unroutable
+        # until it is done.
         self.inference.lifecycle.on_phase.append(
-            lambda phase: asyncio.ensure_future(self._set_serving(
-                phase == Phase.LOADED and not self.drain.draining)))
+            lambda phase: asyncio.ensure_future(self._set_routable(phase == Phase.LOADED)))
+
+    async def _set_routable(self, loaded: bool) -> None:
+        serving = loaded and not self.drain.draining
+        await self.health.set(ROUTABLE_HEALTH, health_pb2.HealthCheckResponse.SERVING
+                              if serving else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def _set_serving(self, serving: bool) -> None:
-        async with self._health_lock:
-            await self._set_health(serving)
-
-    async def _set_health(self, serving: bool) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving
@@ -185,6 +190,7 @@ class EngineServer:
         if self.port == 0:
             raise RuntimeError(f"could not listen on {self.config.grpc_address}")
         await self._set_serving(False)
+        await self._set_routable(False)
         await self._set_state_store(True)  # caught up: the snapshot was read just now
         self.follower.start()
         await self.server.start()
@@ -214,7 +220,7 @@ class EngineServer:
         """Stop taking work (UNAVAILABLE, health NOT_SERVING), let running calls
         finish for up to drain_seconds, then stop."""
         self.drain.draining = True
-        for name in ("", *SERVICE_NAMES):
+        for name in ("", *SERVICE_NAMES, ROUTABLE_HEALTH):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         deadline = asyncio.get_running_loop().time() + self.config.drain_seconds
         while self.drain.in_flight and asyncio.get_running_loop().time() < deadline:
@@ -228,7 +234,7 @@ class EngineServer:
         """The model thread is gone: NOT_SERVING everywhere at once, then stop
         without waiting out the drain (nothing left can be served)."""
         self.drain.draining = True
-        for name in ("", *SERVICE_NAMES):
+        for name in ("", *SERVICE_NAMES, ROUTABLE_HEALTH):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(GRACE_SECONDS)
         self.metrics.stop()
