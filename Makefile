@@ -165,6 +165,8 @@ bench: setup proto model
 	$(PY) bench/gguf_peer.py
 	$(PY) bench/admission.py
 	$(PY) bench/soak.py
+	$(PY) bench/failover.py
+	$(PY) bench/abuse.py
 
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \

@@ -63,6 +63,11 @@ def main() -> int:
             http="httptools",
             # The OpenAI SDKs keep connections alive between calls.
             timeout_keep_alive=30,
+            # More connections than this are answered 503 by uvicorn itself.
+            limit_concurrency=config.max_connections,
+            # The hard cap on shutdown after the drain: a stream whose reader
+            # stopped reading is cancelled rather than waited for.
+            timeout_graceful_shutdown=max(1, round(config.shutdown_grace_seconds)),
             # rest_bridge/access.py writes one JSON line per request instead.
             access_log=False,
         ),

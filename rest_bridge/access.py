@@ -17,12 +17,16 @@ import time
 import uuid
 
 from common import api_keys
+from common.log_text import clipped
 from rest_bridge.errors import SERVER_ERROR, OpenAIError
-from rest_bridge.metrics import BridgeMetrics, route_label
+from rest_bridge.metrics import BridgeMetrics, method_label, route_label
 
 log = logging.getLogger("millm.access")
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# What a key can be: the engine gets it as gRPC metadata, which must be
+# printable ASCII and fit gRPC's metadata limit.
+FORWARDABLE_KEY = re.compile(r"[\x21-\x7e]{1,1024}")
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
 QUIET_WHEN_OK = frozenset({"/healthz", "/readyz", "/health", "/metrics"})
 
@@ -57,16 +61,29 @@ def _header(headers: list, name: bytes) -> str | None:
 
 class AccessMiddleware:
     def __init__(self, app, keys: api_keys.KeyRing | None, state: BridgeState,
-                 metrics: BridgeMetrics):
+                 metrics: BridgeMetrics, max_header_bytes: int):
         self.app, self.keys, self.state, self.metrics = app, keys, state, metrics
+        self.max_header_bytes = max_header_bytes
 
-    def _refusal(self, path: str, presented: str | None) -> tuple[OpenAIError | None, str]:
+    def _refusal(self, path: str, presented: str | None,
+                 header_bytes: int, url_bytes: int) -> tuple[OpenAIError | None, str]:
+        if url_bytes > self.max_header_bytes:
+            # (HTTP's parser refuses request lines past about 64 KiB itself.)
+            return OpenAIError(414, f"The URL is longer than {self.max_header_bytes} bytes.",
+                               code="url_too_long"), "-"
+        if header_bytes > self.max_header_bytes:
+            return OpenAIError(431, f"The request headers are larger than "
+                               f"{self.max_header_bytes} bytes.",
+                               code="request_headers_too_large"), "-"
         if path in OPEN_PATHS:
             return None, "-"
         if self.state.draining:
             return OpenAIError(503, "The server is shutting down; retry against another "
                                "instance.", type=SERVER_ERROR, code="draining",
                                headers={"Retry-After": "1"}), "-"
+        if presented is not None and not FORWARDABLE_KEY.fullmatch(presented):
+            return OpenAIError(401, "Invalid API key: a key is 1 to 1,024 printable ASCII "
+                               "characters.", code="invalid_api_key"), "-"
         if self.keys is None:
             return None, "-"
         key = self.keys.identify(presented)
@@ -103,7 +120,9 @@ class AccessMiddleware:
                 seen["first"] = time.perf_counter()
             await send(message)
 
-        refusal, who = self._refusal(path, presented)
+        header_bytes = sum(len(k) + len(v) for k, v in headers)
+        url_bytes = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+        refusal, who = self._refusal(path, presented, header_bytes, url_bytes)
         code = None
         state = scope.setdefault("state", {})  # shared with the app's Request.state
         if refusal is not None:
@@ -124,21 +143,29 @@ class AccessMiddleware:
                 call_metadata.reset(tokens[0])
                 request_id.reset(tokens[1])
             code = state.get("error_code")
+        seen["failed"] = state.get("stream_failed", False)
         self._record(scope, path, method, seen, started, code, rid, who)
 
     def _record(self, scope, path, method, seen, started, code, rid, who) -> None:
         seconds = time.perf_counter() - started
         route, status = route_label(path), seen["status"]
-        self.metrics.requests.labels(route, method, str(status), code or "").inc()
+        self.metrics.requests.labels(route, method_label(method), str(status), code or "").inc()
         self.metrics.seconds.labels(route).observe(seconds)
         if seen["streaming"] and seen["first"] is not None:
             self.metrics.first_token.labels(route).observe(seen["first"] - started)
+        if seen["failed"]:
+            # A stream that ended with an error event: its status was 200, its
+            # outcome a failure.
+            self.metrics.stream_failures.labels(route, code or "").inc()
         if status == 200 and path in QUIET_WHEN_OK:
             return
         client = scope.get("client")
-        log.info(json.dumps({
-            "message": "request", "method": method, "path": path, "status": status,
-            "code": code, "duration_us": int(seconds * 1e6), "request_id": rid,
-            "client": who, "remote_addr": client[0] if client else None,
+        line = {
+            "message": "request", "method": clipped(method, 16), "path": clipped(path),
+            "status": status, "code": code, "duration_us": int(seconds * 1e6),
+            "request_id": rid, "client": who, "remote_addr": client[0] if client else None,
             "timestamp": int(time.time() * 1000),
-        }))
+        }
+        if seen["failed"]:
+            line["outcome"] = "stream_failed"
+        log.log(logging.WARNING if seen["failed"] else logging.INFO, json.dumps(line))

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common import api_keys
+from common.log_text import shown
 from rest_bridge.access import AccessMiddleware, BridgeState
 from rest_bridge.config import BridgeConfig
 from rest_bridge.engine_client import EngineClient
@@ -51,7 +52,7 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
     app.include_router(router)
     app.include_router(steering_api.router)
     app.add_middleware(AccessMiddleware, keys=keys, state=app.state.access,
-                       metrics=app.state.metrics)
+                       metrics=app.state.metrics, max_header_bytes=config.max_header_bytes)
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError):
@@ -82,7 +83,7 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.exception("unhandled error on %s %s", request.method, shown(request.url.path))
         request.state.error_code = "internal_error"
         return OpenAIError(500, "The bridge failed to handle the request.", type=SERVER_ERROR,
                            code="internal_error").response()

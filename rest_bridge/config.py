@@ -23,11 +23,28 @@ class BridgeConfig:
     engine_tls_ca: str | None = None
     engine_tls_cert: str | None = None
     engine_tls_key: str | None = None
+    # After the drain, how long uvicorn waits for open connections (a slow SSE
+    # reader) before cancelling them: the shutdown's hard cap is the sum.
+    shutdown_grace_seconds: float = 5.0
+    # More simultaneous connections than this get uvicorn's 503.
+    max_connections: int = 1024
+    # Requests whose headers together are larger get 431, a longer URL 414.
+    max_header_bytes: int = 32 * 1024
+    # Deadlines of engine calls: a generation gets base + per-token × its
+    # max_tokens, never more than the cap (which also bounds calls without one).
+    engine_deadline_base_s: float = 60.0
+    engine_deadline_per_token_s: float = 0.5
+    engine_deadline_max_s: float = 600.0
 
 
 def _env(name: str, default: str) -> str:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
+
+
+def _number(parser, flag: str, env: str, default, help_text: str, kind=float) -> None:
+    parser.add_argument(flag, type=kind, default=kind(_env(env, str(default))),
+                        help=f"{env}: {help_text}")
 
 
 def parse_config(argv: list[str] | None = None) -> BridgeConfig:
@@ -69,6 +86,18 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
                         help="MILLM_ENGINE_TLS_CERT: client certificate for mutual TLS")
     parser.add_argument("--engine-tls-key", default=_env("MILLM_ENGINE_TLS_KEY", ""),
                         help="MILLM_ENGINE_TLS_KEY: the client certificate's key")
+    _number(parser, "--shutdown-grace-seconds", "MILLM_SHUTDOWN_GRACE_SECONDS", 5.0,
+            "after the drain, how long open connections get before they are closed")
+    _number(parser, "--max-connections", "MILLM_HTTP_MAX_CONNECTIONS", 1024,
+            "simultaneous HTTP connections; more get 503", int)
+    _number(parser, "--max-header-bytes", "MILLM_MAX_HEADER_BYTES", 32 * 1024,
+            "larger request headers (all together) get 431, a longer URL 414", int)
+    _number(parser, "--engine-deadline-base-s", "MILLM_ENGINE_DEADLINE_BASE_S", 60.0,
+            "a generation's deadline: this plus per-token seconds times max_tokens")
+    _number(parser, "--engine-deadline-per-token-s", "MILLM_ENGINE_DEADLINE_PER_TOKEN_S", 0.5,
+            "a generation's deadline: seconds allowed per requested token")
+    _number(parser, "--engine-deadline-max-s", "MILLM_ENGINE_DEADLINE_MAX_S", 600.0,
+            "the longest any engine call may take")
     args = parser.parse_args(argv)
     if bool(args.engine_tls_cert) != bool(args.engine_tls_key):
         parser.error("--engine-tls-cert and --engine-tls-key go together")
@@ -87,4 +116,10 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
         engine_tls_ca=args.engine_tls_ca or None,
         engine_tls_cert=args.engine_tls_cert or None,
         engine_tls_key=args.engine_tls_key or None,
+        shutdown_grace_seconds=args.shutdown_grace_seconds,
+        max_connections=args.max_connections,
+        max_header_bytes=args.max_header_bytes,
+        engine_deadline_base_s=args.engine_deadline_base_s,
+        engine_deadline_per_token_s=args.engine_deadline_per_token_s,
+        engine_deadline_max_s=args.engine_deadline_max_s,
     )

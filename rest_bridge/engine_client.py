@@ -3,6 +3,16 @@
 With several targets, gRPC itself balances: a round_robin channel over every
 engine address with client-side health checking, so a replica that is loading
 or draining (NOT_SERVING) gets no traffic.
+
+A call that fails UNAVAILABLE before the engine sent anything back (the engine
+died, or refused while draining or loading) is retried by gRPC on the next
+engine, for the calls that change nothing: generation, scoring, embeddings and
+the Get/List reads. A call that changes state (loading a model, saving a
+profile) is not: the dead engine may have done it. gRPC stops retrying once
+the first reply message arrives, which for a Generate stream is its metadata;
+rest_bridge/serving/failover.py carries generation on from there. The channel
+pings the engines (common/grpc_limits.py), so a half-open connection is
+dropped in seconds.
 """
 
 from __future__ import annotations
@@ -14,7 +24,16 @@ import pathlib
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common import grpc_limits
 from millm.client import AsyncClient
+from millm.v1 import (
+    embedding_service_pb2,
+    generation_service_pb2,
+    model_service_pb2,
+    scoring_service_pb2,
+    server_service_pb2,
+    steering_service_pb2,
+)
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -38,10 +57,40 @@ def channel_target(targets: tuple[str, ...]) -> str:
     return f"{scheme}:{','.join(targets)}"
 
 
+# Services whose every call may run twice, and the read calls of the others.
+_RETRIED_SERVICES = (generation_service_pb2, scoring_service_pb2, embedding_service_pb2,
+                     server_service_pb2)
+_READS_OF = (model_service_pb2, steering_service_pb2)
+RETRY_POLICY = {
+    "maxAttempts": 3,
+    "initialBackoff": "0.05s",
+    "maxBackoff": "0.5s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": ["UNAVAILABLE"],
+}
+
+
+def _retried_names() -> list[dict]:
+    names = []
+    for module in _RETRIED_SERVICES:
+        names += [{"service": s.full_name} for s in module.DESCRIPTOR.services_by_name.values()]
+    for module in _READS_OF:
+        for service in module.DESCRIPTOR.services_by_name.values():
+            names += [{"service": service.full_name, "method": m.name} for m in service.methods
+                      if m.name.startswith(("Get", "List"))]
+    return names
+
+
 SERVICE_CONFIG = json.dumps(
     {
         "loadBalancingConfig": [{"round_robin": {}}],
         "healthCheckConfig": {"serviceName": ""},
+        "methodConfig": [{"name": _retried_names(), "retryPolicy": RETRY_POLICY}],
+        # gRPC's retry budget: each failed attempt costs a token, each success
+        # earns half of one, and retries pause below 50 tokens. A single dead
+        # engine (a burst of in-flight failures) stays within it; a dead fleet
+        # is not hammered three times over.
+        "retryThrottling": {"maxTokens": 100, "tokenRatio": 0.5},
     }
 )
 
@@ -65,7 +114,8 @@ class EngineClient(AsyncClient):
                 root_certificates=_read(tls_ca), private_key=_read(tls_key),
                 certificate_chain=_read(tls_cert))
         super().__init__(self.target, credentials=credentials, options=[
-            ("grpc.service_config", SERVICE_CONFIG), ("grpc.enable_retries", 1)])
+            ("grpc.service_config", SERVICE_CONFIG), ("grpc.enable_retries", 1),
+            *grpc_limits.channel_options()])
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
     async def is_serving(self, timeout: float = 2.0) -> bool:

@@ -77,6 +77,12 @@ def _error_info(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | No
     return None
 
 
+def engine_lost(error: grpc.aio.AioRpcError) -> bool:
+    """UNAVAILABLE without ErrorInfo: the engine vanished (killed, connection
+    dropped) rather than refused; the call may be tried on another engine."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and _error_info(error) is None
+
+
 def from_rpc_error(error: grpc.aio.AioRpcError) -> OpenAIError:
     code = error.code()
     info = _error_info(error)
@@ -90,6 +96,11 @@ def from_rpc_error(error: grpc.aio.AioRpcError) -> OpenAIError:
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return OpenAIError(504, "The inference engine did not answer in time.",
                                type=SERVER_ERROR, code="engine_timeout")
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            # gRPC's own size limits (common/grpc_limits.py): the request, or
+            # the answer it asked for, is larger than a message may be.
+            return OpenAIError(413, "The request or its answer is larger than the engine's "
+                               "message limit.", code="request_too_large")
         return OpenAIError(500, "The inference engine failed; see the engine log.",
                            type=SERVER_ERROR, code="internal_error")
     declared = info.metadata.get("http_status", "")

@@ -1,6 +1,7 @@
 """The bridge's Prometheus metrics (GET /metrics; an admin key when keys are
 configured): requests by route, method, status and error code, latency, and
-time to first token of streamed responses."""
+time to first token of streamed responses, streams that failed after their 200,
+and engine calls retried after failover."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ def route_label(path: str) -> str:
     return "other"
 
 
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    """A bounded label: any method a client invents counts as "other"."""
+    return method if method in METHODS else "other"
+
+
 class BridgeMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
@@ -38,6 +47,13 @@ class BridgeMetrics:
         self.first_token = Histogram("millm_bridge_time_to_first_token_seconds",
                                      "time to the first streamed event", ["route"],
                                      buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.stream_failures = Counter(
+            "millm_bridge_stream_failures", "streams that ended with an error event after "
+            "their 200 was sent", ["route", "code"], registry=self.registry)
+        self.engine_retries = Counter(
+            "millm_bridge_engine_retries", "engine calls tried again on another engine after "
+            "the first one was lost before it produced anything", ["rpc"],
+            registry=self.registry)
         self.in_flight = Gauge("millm_bridge_requests_in_flight", "requests being answered",
                                registry=self.registry)
         self.draining = Gauge("millm_bridge_draining", "1 while shutting down",

@@ -89,12 +89,20 @@ ERROR_CODES: dict[str, ErrorCode] = {
 }
 
 
-MAX_MESSAGE_CHARS = 1024
-MAX_PARAM_CHARS = 256
+# In UTF-8 bytes, not characters: gRPC percent-encodes each non-ASCII byte of
+# the message (three bytes on the wire) and sends message and param again in
+# the base64 ErrorInfo, so 1,024 emoji would outgrow the 8 KiB trailer limit.
+MAX_MESSAGE_BYTES = 1024
+MAX_PARAM_BYTES = 256
+_TRUNCATED = "… (truncated)"
 
 
 def _bounded(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 13] + "… (truncated)"
+    encoded = text.encode("utf-8", "replace")  # no unpaired surrogate survives
+    if len(encoded) <= limit:
+        return encoded.decode("utf-8")
+    room = limit - len(_TRUNCATED.encode())
+    return encoded[:room].decode("utf-8", "ignore") + _TRUNCATED
 
 
 @dataclass
@@ -113,9 +121,9 @@ class EngineError(Exception):
         # Messages and params can quote what a client sent (a model name, a
         # profile, every unused field): bounded, so the status always fits
         # gRPC's trailer and a huge input can never turn a 400 into a 500.
-        self.message = _bounded(self.message, MAX_MESSAGE_CHARS)
+        self.message = _bounded(self.message, MAX_MESSAGE_BYTES)
         if self.param is not None:
-            self.param = _bounded(self.param, MAX_PARAM_CHARS)
+            self.param = _bounded(self.param, MAX_PARAM_BYTES)
 
     def __str__(self) -> str:
         return self.message

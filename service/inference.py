@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from common.log_text import shown
 from service.engines.base import (
     KIND_CAPABILITIES,
     Engine,
@@ -29,7 +30,7 @@ from service.engines.base import (
     EngineStatus,
     LoadedModel,
 )
-from service.engines.transformers.scheduler import SchedulerLimits
+from service.engines.transformers.admission import SchedulerLimits
 from service.errors import EngineError, model_not_found, model_not_loaded
 from service.generation.run import Generation
 from service.models.lifecycle import Lease, LifecycleConfig, ModelLifecycle, ModelState, ModelView
@@ -165,7 +166,7 @@ class InferenceService:
         if ignored:
             # Locations only: values can hold anything the client typed.
             log.warning("request_fields_unused request_id=%s locations=%s",
-                        request_id, ",".join(ignored))
+                        shown(request_id), shown(",".join(ignored), 1024))
         if params.messages is not None:
             checks.check_no_special_tokens(params, engine.special_tokens)
             if checked.scoring and not engine.has_chat_template:

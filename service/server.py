@@ -11,7 +11,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from common import api_keys
+from common import api_keys, grpc_limits
 from millm.v1 import (
     embedding_service_pb2,
     embedding_service_pb2_grpc,
@@ -30,7 +30,7 @@ from millm.v1 import (
 )
 from service.config import EngineConfig
 from service.engines import model_thread
-from service.engines.transformers.scheduler import SchedulerLimits
+from service.engines.transformers.admission import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
 from service.models.lifecycle import LifecycleConfig, Phase
@@ -119,7 +119,8 @@ class EngineServer:
         self.drain = DrainState()
         self.metrics = EngineMetrics(self.inference, self.follower)
         self.server = grpc.aio.server(
-            interceptors=[AccessInterceptor(keys, self.drain, self.metrics)])
+            interceptors=[AccessInterceptor(keys, self.drain, self.metrics)],
+            options=grpc_limits.server_options())
         generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(
             GenerationServicer(self.inference), self.server
         )

@@ -33,6 +33,17 @@ def stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fuzz_stack(tmp_path_factory):
+    """A stack of the fuzzers' own: they create, change and activate steering
+    state at random, which the session stack's tests must not see."""
+    own = harness.OwnStack(tmp_path_factory.mktemp("fuzz-stack"))
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture(scope="session")
 def channel(stack):
     with grpc.insecure_channel(stack.grpc_target) as ch:
         yield ch

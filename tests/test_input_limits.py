@@ -27,12 +27,18 @@ def chat(**fields) -> dict:
     (chat(profile="p" * 30_000), {}, 404, "profile_not_found"),
     (chat(**{f"unknown_{i}": i for i in range(3_000)}), {"X-miLLM-Strict": "1"}, 400,
      "unused_fields_refused"),
-], ids=["model-name", "profile", "unused-fields"])
+    # Four UTF-8 bytes each, percent-encoded in the trailer: bounded in bytes.
+    (chat(model="\U0001f600" * 5_000), {}, 404, "model_not_found"),
+    (chat(profile="\u202e" * 8_000), {}, 404, "profile_not_found"),
+    # Not Unicode text: refused by the bridge, naming the field.
+    (chat(messages=[{"role": "user", "content": "a\ud800"}]), {}, 400, "invalid_parameter"),
+], ids=["model-name", "profile", "unused-fields", "emoji-model-name", "rtl-profile",
+        "unpaired-surrogate"])
 def test_huge_inputs_are_4xx_with_a_bounded_message(stack, body, headers, status, code):
     reply, content = post(stack.http_port, CHAT, body, headers=headers)
     error = json.loads(content)["error"]
     assert (reply.status, error["code"]) == (status, code)
-    assert len(error["message"]) <= 1024 and len(error["param"] or "") <= 256
+    assert len(error["message"].encode()) <= 1024 and len(error["param"] or "") <= 256
 
 
 def test_a_huge_model_name_over_grpc_is_not_found(generation_stub):
@@ -40,6 +46,18 @@ def test_a_huge_model_name_over_grpc_is_not_found(generation_stub):
         list(generation_stub.Generate(chat_request(model="m" * 20_000), timeout=30))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert error_info(caught.value).reason == "model_not_found"
+
+
+def test_a_surrogate_is_named_by_its_location(stack):
+    reply, content = post(stack.http_port, CHAT, chat(messages=[
+        {"role": "user", "content": "fine"}, {"role": "user", "content": "\udfff"}]))
+    assert reply.status == 400
+    assert json.loads(content)["error"]["param"] == "messages[1].content"
+
+
+def test_huge_emoji_names_in_management_paths_are_404(stack):
+    reply = call(stack.http_port, "GET", "/api/profiles/" + "%F0%9F%98%80" * 3_000)
+    assert reply.status_code == 404 and reply.json()["error"]["code"] == "profile_not_found"
 
 
 def test_a_deeply_nested_management_body_is_400(stack):

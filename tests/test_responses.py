@@ -73,7 +73,7 @@ def test_max_output_tokens_reached_is_incomplete(client):
 
 
 def test_stream_events_come_in_order(client):
-    with client.responses.stream(model=MODEL, input="Hello!", max_output_tokens=20,
+    with client.responses.stream(model=MODEL, input="Hello!", max_output_tokens=60,
                                  extra_body={"seed": 2}) as stream:
         events = list(stream)
         final = stream.get_final_response()
@@ -93,7 +93,7 @@ def test_stream_events_come_in_order(client):
     stored = client.responses.retrieve(final.id)
     assert stored.output_text == text and stored.status == "completed"
     # The same seed, not streamed: the same text.
-    whole = client.responses.create(model=MODEL, input="Hello!", max_output_tokens=20,
+    whole = client.responses.create(model=MODEL, input="Hello!", max_output_tokens=60,
                                     store=False, extra_body={"seed": 2})
     assert whole.output_text == text
 

@@ -1,18 +1,19 @@
 """Generated bodies thrown at POST /v1/responses: never a 5xx, always the
 OpenAI envelope on an error, a stream that ends with one terminal event and no
 [DONE], and the server keeps answering afterwards (as tests/test_fuzz_bodies.py
-does for chat and text completions)."""
+does for chat and text completions), drawn anew each run (tests/fuzz_support.py)."""
 
 from __future__ import annotations
 
 import json
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from tests.conftest import MODEL
+from tests.fuzz_support import JSON_VALUES, fuzz
 from tests.http_helpers import post
-from tests.test_fuzz_bodies import JSON_VALUES, STRICT, TEXT, sometimes, with_unknown_keys
+from tests.test_fuzz_bodies import STRICT, TEXT, sometimes, with_unknown_keys
 
 PART = st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text",
                                                        "input_image", "refusal"])},
@@ -68,8 +69,7 @@ BODIES = with_unknown_keys(st.fixed_dictionaries(
     optional=FIELDS))
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@fuzz(max_examples=150)
 @given(payload=BODIES, headers=STRICT)
 def test_responses_bodies(stack, payload, headers):
     reply, content = post(stack.http_port, "/v1/responses", payload, headers=headers)

@@ -9,11 +9,18 @@ validation failure becomes a 400 envelope whose `param` names the field
 from __future__ import annotations
 
 import json
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rest_bridge.errors import OpenAIError
+
+INT64_MAX = 2**63 - 1
+# Every integer of a body travels as a protobuf int64: only the wire's range is
+# checked here (a larger one is "out of range", naming it); the engine owns the
+# real ranges.
+Int64 = Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
+_RANGE_ERRORS = frozenset({"less_than_equal", "greater_than_equal"})
 
 
 class OpenAIBaseModel(BaseModel):
@@ -48,16 +55,16 @@ class StreamOptions(OpenAIBaseModel):
 
 
 class PositionRange(OpenAIBaseModel):
-    start: int
-    end: int
+    start: Int64
+    end: Int64
 
 
 class SaeActivationsSpec(OpenAIBaseModel):
     """miLLM's return_sae_activations."""
 
     sae_id: str | None = None
-    features: list[int] | None = None
-    top_k: int | None = None
+    features: list[Int64] | None = None
+    top_k: Int64 | None = None
     # last, prompt, completion, all, or {"start", "end"} (half-open).
     positions: str | PositionRange | None = None
     # post_steering or pre_steering.
@@ -72,20 +79,20 @@ class GenerationFields(OpenAIBaseModel):
     stream_options: StreamOptions | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Int64 | None = None
+    max_completion_tokens: Int64 | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
-    seed: int | None = None
+    n: Int64 | None = None
+    seed: Int64 | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool | None = None
     user: str | None = None
     # Scoring (max_tokens 1): restrict the next token to these ids.
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[Int64] | None = None
     # Key log-probabilities by "token_id:<id>" instead of the token's text.
     return_tokens_as_token_ids: bool | None = None
     # miLLM steering: a saved profile and the dial (a number in 0-2 or
@@ -137,6 +144,11 @@ def _param(loc: tuple, field_names: set[str]) -> str:
 
 
 def _describe(errors: list[dict], field_names: set[str]) -> OpenAIError:
+    out_of_range = [e for e in errors if e["type"] in _RANGE_ERRORS]
+    if out_of_range:  # the most specific complaint, even among a union's members
+        param = _param(out_of_range[0]["loc"], field_names)
+        return OpenAIError(400, f"'{param}' is out of range.", param=param,
+                           code="invalid_parameter")
     first = errors[0]
     param = _param(first["loc"], field_names)
     if first["type"] == "missing":
@@ -154,17 +166,6 @@ MAX_BODY_DEPTH = 128
 MAX_EXTRA_FIELD_DEPTH = 32
 
 
-INT64_MAX = 2**63 - 1
-
-
-def wire_int64(value: int, param: str) -> int:
-    """Only the wire's range is checked here; the engine owns the real one."""
-    if not -INT64_MAX - 1 <= value <= INT64_MAX:
-        raise OpenAIError(400, f"'{param}' is out of range.", param=param,
-                          code="invalid_parameter")
-    return value
-
-
 def json_depth(value) -> int:
     """Nesting depth of a parsed JSON value (a scalar is 0, [] and [1] are 1),
     level by level rather than by recursion."""
@@ -174,6 +175,46 @@ def json_depth(value) -> int:
         level = [c for item in containers
                  for c in (item.values() if isinstance(item, dict) else item)]
     return depth
+
+
+def unpaired_surrogate(value) -> str | None:
+    """Where the first string holding an unpaired surrogate is ("messages[0].content"),
+    or None. JSON may spell one ("\\ud800"), but it is not text: protobuf cannot
+    encode it and the engine could not tokenize it. Level by level, like json_depth."""
+    level = [("", value)]
+    while level:
+        below = []
+        for location, item in level:
+            if isinstance(item, str):
+                if not _is_text(item):
+                    return location
+            elif isinstance(item, dict):
+                for key, child in item.items():
+                    where = f"{location}.{key}" if location else key
+                    if not _is_text(key):
+                        return location or "(a key)"
+                    below.append((where, child))
+            elif isinstance(item, list):
+                below.extend((f"{location}[{i}]", child) for i, child in enumerate(item))
+        level = below
+    return None
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def refuse_surrogates(data) -> None:
+    """A 400 naming the field when a string of the body is not valid Unicode."""
+    location = unpaired_surrogate(data)
+    if location is not None:
+        param = location[:256]
+        raise OpenAIError(400, f"'{param}' holds an unpaired UTF-16 surrogate, which is not "
+                          "valid Unicode text.", param=param, code="invalid_parameter")
 
 
 def _reject_constant(name: str):
@@ -201,6 +242,7 @@ def parse_body(raw: bytes, model: type[Model]) -> Model:
         raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
     if json_depth(data) > MAX_BODY_DEPTH:
         raise _invalid_json(too_deep)
+    refuse_surrogates(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

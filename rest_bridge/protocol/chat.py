@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from rest_bridge.protocol.base import GenerationFields, OpenAIBaseModel
+from rest_bridge.protocol.base import GenerationFields, Int64, OpenAIBaseModel
 
 
 class TextContentPart(OpenAIBaseModel):
@@ -73,7 +73,7 @@ class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage]
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Int64 | None = None
     # miLLM extension: more conversations, each answered as its own choices.
     extra_messages: list[list[ChatMessage]] | None = None
     tools: list[ChatTool] | None = None

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import Field
 
-from rest_bridge.protocol.base import OpenAIBaseModel
+from rest_bridge.protocol.base import Int64, OpenAIBaseModel
 
 
 class ContentPart(OpenAIBaseModel):
@@ -76,7 +76,7 @@ class ResponsesRequest(OpenAIBaseModel):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     stream: bool | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
     tools: list[FunctionToolSpec] | None = None
@@ -87,8 +87,8 @@ class ResponsesRequest(OpenAIBaseModel):
     # A stored prompt template (OpenAI's dashboard prompts): nothing to load here.
     prompt: Any = None
     # Extensions, as on chat completions.
-    seed: int | None = None
-    top_k: int | None = None
+    seed: Int64 | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None

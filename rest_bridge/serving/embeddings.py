@@ -59,7 +59,8 @@ class EmbeddingsHandler:
             # A client that leaves cancels the call; the engine stops the read
             # at its next chunk (engines/model_thread.py).
             reply = await unless_disconnected(http_request, self.engine.embeddings.Embed(
-                pb, timeout=600, metadata=call_metadata.get()))
+                pb, timeout=http_request.app.state.config.engine_deadline_max_s,
+                metadata=call_metadata.get()))
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         body = {

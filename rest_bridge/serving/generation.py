@@ -19,12 +19,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
 from millm.v1 import generation_pb2, generation_service_pb2
-from rest_bridge.access import call_metadata, request_id
+from rest_bridge.access import request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
-from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth, wire_int64
-from rest_bridge.serving import ignored_fields, sse, steering_fields, tool_calls
+from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
+from rest_bridge.serving import failover, ignored_fields, sse, steering_fields, tool_calls
 from rest_bridge.serving.disconnect import unless_disconnected
+from rest_bridge.serving.failover import RESTARTED, GenerateCall
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,6 @@ def sampling_to_pb(request) -> generation_pb2.SamplingParams:
         value = getattr(request, name)
         if value is None:
             continue
-        if isinstance(value, int) and not isinstance(value, bool):
-            wire_int64(value, name)
         setattr(sampling, name, value)
     stop = request.stop
     if stop is not None:
@@ -92,13 +91,6 @@ def forward_unmapped(request, pb) -> None:
     pb.unused_fields.extend(request.nested_unused())
     if request.user is not None:
         pb.user = request.user
-
-
-async def _rest_of(call) -> AsyncIterator[generation_service_pb2.GenerateResponse]:
-    # grpc.aio forbids mixing read() with async iteration, and the first
-    # message was taken with read().
-    while (message := await call.read()) is not grpc.aio.EOF:
-        yield message
 
 
 @dataclass
@@ -178,25 +170,31 @@ class GenerationHandler(abc.ABC):
 
     async def handle(self, request, http_request: Request):
         pb = self.request_pb(request, http_request)
-        call = self.engine.generation.Generate(pb, metadata=call_metadata.get())
+        app = http_request.app.state
+        call = GenerateCall(self.engine, pb, failover.deadline_s(app.config, pb), app.metrics,
+                            streamed=bool(request.stream))
         try:
-            first = await call.read()
+            first = await call.open()
         except grpc.aio.AioRpcError as exc:
             raise self.relabel(from_rpc_error(exc)) from None
         if first is grpc.aio.EOF or not first.HasField("metadata"):
             call.cancel()
             raise OpenAIError(500, "The engine ended the stream without metadata.",
                               type="server_error", code="internal_error")
-        meta = first.metadata
-        headers = self.response_headers(meta)
         reply = Reply(request)
         if request.stream:
+            call.pin_seed()
+            meta = first.metadata
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            body = self.stream(call, meta, reply, self.choice_count(request), include_usage)
+            body = self.stream(call, meta, reply, self.choice_count(request), include_usage,
+                               http_request)
             return StreamingResponse(body, media_type="text/event-stream",
-                                     headers={**sse.SSE_HEADERS, **headers})
+                                     headers={**sse.SSE_HEADERS, **self.response_headers(meta)})
         result = await unless_disconnected(http_request, self.collect(call, reply))
-        return JSONResponse(self.response_body(meta, reply, result), headers=headers)
+        # A retried request is answered from the call that completed.
+        meta = call.metadata
+        return JSONResponse(self.response_body(meta, reply, result),
+                            headers=self.response_headers(meta))
 
     @staticmethod
     def response_headers(meta: generation_pb2.ResponseMetadata) -> dict[str, str]:
@@ -232,10 +230,13 @@ class GenerationHandler(abc.ABC):
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         }
 
-    async def collect(self, call, reply: Reply) -> Accumulated:
+    async def collect(self, call: GenerateCall, reply: Reply) -> Accumulated:
         acc = Accumulated()
         try:
-            async for message in _rest_of(call):
+            async for message in call.rest():
+                if message is RESTARTED:  # sent again on another engine: start over
+                    acc, reply.echoed = Accumulated(), {}
+                    continue
                 for echoed in message.echoed:
                     reply.echoed[echoed.prompt_index] = echoed
                 for delta in message.choices:
@@ -273,8 +274,8 @@ class GenerationHandler(abc.ABC):
             body["millm"] = steering_fields.millm_object(acc.activations)
         return body
 
-    async def stream(self, call, meta, reply: Reply, count: int,
-                     include_usage: bool) -> AsyncIterator[bytes]:
+    async def stream(self, call: GenerateCall, meta, reply: Reply, count: int,
+                     include_usage: bool, http_request: Request) -> AsyncIterator[bytes]:
         """The SSE stream. The final chunk carries the last finish_reason and the
         usage, as the miLLM reference has it; with stream_options.include_usage
         the usage comes instead in OpenAI's trailing chunk with no choices, and
@@ -297,7 +298,10 @@ class GenerationHandler(abc.ABC):
                 opening = self.opening_choices(reply, count)
                 if opening:
                     yield chunk(opening)
-            async for message in _rest_of(call):
+            async for message in call.rest():
+                if message is RESTARTED:
+                    # Nothing but the opening went out; the id stays the first call's.
+                    continue
                 # One write per engine message, however many events it makes.
                 events = []
                 for echoed in message.echoed:
@@ -339,10 +343,14 @@ class GenerationHandler(abc.ABC):
             if held is not None:  # no usage came: the finish goes out without it
                 yield chunk(held)
         except grpc.aio.AioRpcError as exc:
-            # The 200 is already sent: report the failure in-stream, then end.
+            # The 200 is already sent: report the failure in-stream, then end;
+            # the access log and metrics count it as a failure, not a 200.
             if held is not None:
                 yield chunk(held)
-            yield sse.event(self.relabel(from_rpc_error(exc)).body())
+            error = self.relabel(from_rpc_error(exc))
+            http_request.state.error_code = error.code
+            http_request.state.stream_failed = True
+            yield sse.event(error.body())
         finally:
             # A client that went away lands here too (Starlette cancels the
             # body iterator): cancelling the call stops the engine's work.

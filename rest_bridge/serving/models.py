@@ -16,6 +16,7 @@ _LISTED = (model_pb2.MODEL_STATE_READY, model_pb2.MODEL_STATE_LOADING, model_pb2
 # A model change waits for running requests (up to the graceful unload
 # timeout) and then for the load itself.
 CHANGE_TIMEOUT_S = 600
+READ_TIMEOUT_S = 30
 
 
 def model_json(model: model_pb2.Model) -> dict:
@@ -49,6 +50,7 @@ class ModelsHandler:
     async def _all(self) -> list[model_pb2.Model]:
         try:
             reply = await self.engine.models.ListModels(model_service_pb2.ListModelsRequest(),
+                                                        timeout=READ_TIMEOUT_S,
                                                         metadata=call_metadata.get())
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
@@ -57,8 +59,8 @@ class ModelsHandler:
     async def _one(self, model_id: str) -> model_pb2.Model:
         try:
             reply = await self.engine.models.GetModel(
-                model_service_pb2.GetModelRequest(id=model_id), metadata=call_metadata.get()
-            )
+                model_service_pb2.GetModelRequest(id=model_id), timeout=READ_TIMEOUT_S,
+                metadata=call_metadata.get())
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         return reply.model

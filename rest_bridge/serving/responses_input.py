@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from millm.v1 import generation_pb2, generation_service_pb2
 from millm.v1 import response_service_pb2 as rpb
 from rest_bridge.errors import OpenAIError
-from rest_bridge.protocol.base import wire_int64
 from rest_bridge.protocol.responses import ContentPart, ResponsesRequest, TextFormat
 
 ROLES = {"user": generation_pb2.ROLE_USER, "system": generation_pb2.ROLE_SYSTEM,
@@ -225,12 +224,10 @@ def settings(request: ResponsesRequest) -> rpb.ResponseSettings:
     out = rpb.ResponseSettings()
     for name in _SAMPLING:
         value = getattr(request, name)
-        if value is not None:
-            if isinstance(value, int) and not isinstance(value, bool):
-                wire_int64(value, name)
+        if value is not None:  # integers are within int64 (protocol/base.py's Int64)
             setattr(out.sampling, name, value)
     if request.max_output_tokens is not None:
-        out.sampling.max_tokens = wire_int64(request.max_output_tokens, "max_output_tokens")
+        out.sampling.max_tokens = request.max_output_tokens
     if request.stop is not None:
         out.sampling.stop.extend([request.stop] if isinstance(request.stop, str)
                                  else request.stop)

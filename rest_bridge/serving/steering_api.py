@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 from millm.v1 import steering_service_pb2 as pb
 from rest_bridge.access import call_metadata
 from rest_bridge.errors import OpenAIError, from_rpc_error
-from rest_bridge.protocol.base import MAX_BODY_DEPTH, json_depth
+from rest_bridge.protocol.base import MAX_BODY_DEPTH, json_depth, refuse_surrogates
 from rest_bridge.routes import read_body
 
 router = APIRouter()
@@ -69,6 +69,7 @@ def _body(raw: bytes) -> dict:
         # protobuf's own nesting limit sits well below what json.loads reaches.
         raise OpenAIError(400, f"The body is nested deeper than {MAX_BODY_DEPTH} levels.",
                           code="invalid_json")
+    refuse_surrogates(body)
     return body
 
 

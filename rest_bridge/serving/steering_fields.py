@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from millm.v1 import generation_pb2, steering_pb2
 from rest_bridge.errors import OpenAIError
-from rest_bridge.protocol.base import wire_int64
 
 INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
 RUNG_HEADER = "X-miLLM-Circuit-Rung"
@@ -55,15 +54,14 @@ def add_to_request(request, pb) -> None:
         # An empty list must reach the engine as sent (it refuses it), so it
         # travels in a message whose presence survives the wire.
         out.feature_selection.SetInParent()
-        out.feature_selection.indices.extend(wire_int64(f, f"{PARAM}.features[{i}]")
-                                             for i, f in enumerate(spec.features))
+        out.feature_selection.indices.extend(spec.features)
     if spec.top_k is not None:
-        out.top_k = wire_int64(spec.top_k, f"{PARAM}.top_k")
+        out.top_k = spec.top_k
     if isinstance(spec.positions, str):
         out.selector = _one_of(spec.positions, _SELECTORS, f"{PARAM}.positions")
     elif spec.positions is not None:
-        out.range.start = wire_int64(spec.positions.start, f"{PARAM}.positions.start")
-        out.range.end = wire_int64(spec.positions.end, f"{PARAM}.positions.end")
+        out.range.start = spec.positions.start
+        out.range.end = spec.positions.end
     if spec.read_point is not None:
         out.read_point = _one_of(spec.read_point, _READ_POINTS, f"{PARAM}.read_point")
 

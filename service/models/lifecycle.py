@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from service.engines import kinds
 from service.engines.base import Engine, LoadedModel
 from service.engines.kinds import available_memory_bytes
-from service.engines.transformers.scheduler import SchedulerLimits
+from service.engines.transformers.admission import SchedulerLimits
 from service.errors import (
     EngineError,
     internal_error,

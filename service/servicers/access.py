@@ -20,6 +20,7 @@ import time
 import grpc
 
 from common import api_keys
+from common.log_text import clipped
 from service.errors import EngineError
 from service.rate_limit import RateLimiter
 from service.servicers import steering
@@ -108,8 +109,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             if access.metrics is not None:
                 access.metrics.rpc_done(method, code, seconds)
             log.info(json.dumps({"message": "rpc", "method": method, "code": code,
-                                 "duration_us": int(seconds * 1e6), "request_id": request_id,
-                                 "client": who}))
+                                 "duration_us": int(seconds * 1e6),
+                                 "request_id": clipped(request_id), "client": who}))
 
         if handler.unary_unary is not None:
             inner = handler.unary_unary

@@ -24,9 +24,10 @@ from service.engines.base import (
     LoadedModel,
 )
 from service.engines.transformers import reading
+from service.engines.transformers.admission import SchedulerLimits
 from service.engines.transformers.batch import ModelContext
 from service.engines.transformers.prefix_cache import PrefixCache
-from service.engines.transformers.scheduler import Scheduler, SchedulerLimits
+from service.engines.transformers.scheduler import Scheduler
 from service.errors import invalid_parameter
 from service.generation.job import GenerationJob
 from service.models.registry import TRANSFORMERS

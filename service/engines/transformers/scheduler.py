@@ -39,19 +39,18 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field, replace
 
 import torch
 
 from service.engines import faults
 from service.engines.base import EngineStatus
 from service.engines.model_thread import ModelCall, answer_unrun, report_death
+from service.engines.transformers.admission import SchedulerLimits, Waiting, split_parts
 from service.engines.transformers.batch import GroupProgress, ModelContext, Row, prefill
 from service.engines.transformers.lane import Lane
 from service.engines.transformers.prefix_cache import PrefixCache
 from service.errors import EngineError, engine_failure, internal_error, queue_full
 from service.generation.job import GenerationJob, GroupDone, GroupFailed, StepOutput
-from service.requests.generation import PromptGroup
 
 log = logging.getLogger(__name__)
 
@@ -61,49 +60,12 @@ log = logging.getLogger(__name__)
 PREFILL_TOKEN_BUDGET = 4096
 
 
-@dataclass
-class _Waiting:
-    job: GenerationJob
-    groups: collections.deque = field(default_factory=collections.deque)  # parts not yet run
-    since: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class SchedulerLimits:
-    max_batch: int = 64  # running rows
-    max_queued: int = 256  # waiting requests
-    serial: bool = False  # one request at a time (for comparison benchmarks)
-    max_rows_per_request: int = 0  # rows one request holds at once; 0: half of max_batch
-    aging_s: float = 5.0  # how long later requests may pass one that does not fit
-    stall_s: float = 30.0  # a reader that takes nothing this long is cancelled (job.py)
-
-    @property
-    def request_rows(self) -> int:
-        if self.serial:
-            return self.max_batch
-        return self.max_rows_per_request or max(1, self.max_batch // 2)
-
-
-def split_parts(groups: tuple[PromptGroup, ...], size: int) -> list[tuple[PromptGroup, bool]]:
-    """Each group as parts of at most `size` rows, with whether a part
-    continues the one before it (same prompt, later choices)."""
-    parts = []
-    for group in groups:
-        for start in range(0, group.n, size):
-            k = min(size, group.n - start)
-            part = group if k == group.n else replace(
-                group, n=k, first_index=group.first_index + start,
-                row_seeds=group.row_seeds[start:start + k])
-            parts.append((part, start > 0))
-    return parts
-
-
 class Scheduler:
     def __init__(self, ctx: ModelContext, limits: SchedulerLimits, prefix_cache: PrefixCache):
         self.ctx, self.limits, self.prefix_cache = ctx, limits, prefix_cache
         self.backend = "transformers/" + ("serial" if limits.serial else "continuous-batching")
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._waiting: collections.deque[_Waiting] = collections.deque()
+        self._waiting: collections.deque[Waiting] = collections.deque()
         # Reads (scoring, embeddings, attaching an SAE) under way: one chunk a turn.
         self._reads: collections.deque[ModelCall] = collections.deque()
         self._shared = Lane(ctx)
@@ -251,7 +213,7 @@ class Scheduler:
                     self._reads.append(item)
                 else:
                     parts = split_parts(item.spec.groups, self.limits.request_rows)
-                    self._waiting.append(_Waiting(item, collections.deque(parts)))
+                    self._waiting.append(Waiting(item, collections.deque(parts)))
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass

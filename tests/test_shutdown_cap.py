@@ -1,0 +1,43 @@
+"""The bridge's shutdown has a hard cap: a client that stalls its connection
+cannot hold a SIGTERMed bridge open past MILLM_DRAIN_SECONDS +
+MILLM_SHUTDOWN_GRACE_SECONDS.
+
+The stalled client here sends half a request body and stops. A stream whose
+reader stopped reading holds the bridge the same way once the socket buffers
+are full, but on loopback those take megabytes, more than the demo model's
+context can produce, so the upload is the deterministic way to stall.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+
+from tests import harness
+
+
+def stalled_upload(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: 1000\r\n\r\n" + b'{"model": ' + b" " * 200)
+    return sock
+
+
+def test_a_stalled_client_cannot_hold_the_bridge_open(tmp_path):
+    stack = harness.OwnStack(tmp_path, bridge_env={"MILLM_DRAIN_SECONDS": "1",
+                                                   "MILLM_SHUTDOWN_GRACE_SECONDS": "1"})
+    try:
+        sock = stalled_upload(stack.http_port)
+        time.sleep(0.5)
+        started = time.monotonic()
+        stack.bridge.proc.send_signal(signal.SIGTERM)
+        code = stack.bridge.proc.wait(timeout=30)
+        took = time.monotonic() - started
+        sock.close()
+    finally:
+        stack.stop()
+    assert code == 0
+    # Drain (1 s) + grace (1 s) + the shutdown's own steps.
+    assert 1.5 < took < 5, f"the bridge took {took:.1f}s to stop"
+    assert "timeout graceful shutdown exceeded" in stack.bridge.log()
