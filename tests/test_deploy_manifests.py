@@ -15,7 +15,7 @@ import re
 import pytest
 import yaml
 
-from service.server import SERVICE_NAMES, STATE_STORE_HEALTH
+from service.server import ROUTABLE_HEALTH, SERVICE_NAMES, STATE_STORE_HEALTH
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -88,9 +88,9 @@ def test_engine_ports_and_probes_match_what_it_serves():
     assert ports["metrics"] == int(variables["MILLM_METRICS_PORT"]["value"])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == ports["grpc"], probe
-    # Readiness is the model-bound entry (""), which a model switch turns
-    # NOT_SERVING; liveness a service that stays SERVING through one.
-    assert c["readinessProbe"]["grpc"].get("service", "") == ""
+    # Readiness is the entry a model change turns NOT_SERVING; liveness a
+    # service that stays SERVING through one.
+    assert c["readinessProbe"]["grpc"]["service"] == ROUTABLE_HEALTH
     assert c["livenessProbe"]["grpc"]["service"] in SERVICE_NAMES
     assert STATE_STORE_HEALTH == "millm.state_store"
     assert c["command"] == ["python", "-m", "service"]

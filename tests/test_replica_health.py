@@ -1,5 +1,6 @@
-"""A replica that changes its model is NOT_SERVING until the change is done,
-so a health-checking bridge sends its traffic to the other replica: chats
+"""A replica that changes its model is NOT_SERVING (health entry
+millm.routable) until the change is done, and a bridge over several engines
+checks that entry, so it sends the traffic to the other replica: chats
 through the bridge during one engine's switch all answer 200, none
 model_busy. Two real engines (SQLite each: no shared state needed here) and
 one bridge over both."""
@@ -43,7 +44,8 @@ def test_a_switching_replica_gets_no_traffic_and_nothing_answers_model_busy(tmp_
             with grpc.insecure_channel(f"127.0.0.1:{port_a}") as channel:
                 stub = health_pb2_grpc.HealthStub(channel)
                 while not stop.is_set():
-                    seen.append(stub.Check(health_pb2.HealthCheckRequest(service="")).status)
+                    seen.append(stub.Check(health_pb2.HealthCheckRequest(
+                        service="millm.routable")).status)
                     time.sleep(0.01)
 
         threads += [threading.Thread(target=load) for _ in range(3)]
