@@ -14,8 +14,7 @@ TS_CLIENT := clients/typescript
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
 .PHONY: setup tools proto proto-check model run test lint breaking breaking-previous bench clean clients \
-  llama-server \
-  go-toolchain eco-venvs
+  llama-server go-toolchain eco-venvs postgres deploy-check kubectl cluster
 
 setup: $(INSTALLED)
 
@@ -58,6 +57,11 @@ model: $(INSTALLED)
 run: setup proto model
 	$(PY) tools/run_stack.py
 
+# Two engines sharing a throwaway PostgreSQL, one bridge over both (Ctrl-C stops
+# it all): tools/run_cluster.py, docs/deployment.md.
+cluster: setup proto model postgres
+	$(PY) tools/run_cluster.py
+
 # The TypeScript client's packages (pinned by its package-lock.json); the
 # client tests build it and run its node:test suite against a live engine.
 $(TS_INSTALLED): $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
@@ -78,6 +82,15 @@ go-toolchain:
 	       DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(GO_PACKAGES); }
 
 clients: $(TS_INSTALLED) $(BUF) go-toolchain
+
+# PostgreSQL, for the replica tests (tests/postgres.py starts a throwaway
+# cluster with its initdb and pg_ctl) and `make cluster`: Debian's package.
+# It creates the unprivileged `postgres` account the tests run the server as
+# when they run as root (initdb refuses root).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && getent passwd postgres >/dev/null \
+	  || { $(SUDO) apt-get update -qq && \
+	       DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql; }
 
 # The ecosystem suite (tests/test_ecosystem.py) runs client libraries in venvs
 # of their own, pinned by tests/ecosystem/requirements*.txt: LangChain,
@@ -108,7 +121,26 @@ $(ECO_NODE)/node_modules/.installed: $(ECO_NODE)/package.json $(ECO_NODE)/packag
 
 eco-venvs: $(ECO_VENV)/.installed $(ECO_LEGACY_VENV)/.installed $(ECO_NODE)/node_modules/.installed
 
-test: setup proto model clients eco-venvs
+# make deploy-check: the Kubernetes manifests (deploy/k8s), rendered per overlay,
+# against the Kubernetes schemas and checkov (tools/deploy_check.sh), in a venv
+# of their own. kustomize comes with kubectl; Debian's kubernetes-client when
+# none is installed (its kustomize is older: the kustomizations keep to fields
+# it knows).
+DEPLOY_VENV := .venv-deploy
+$(DEPLOY_VENV)/.installed: deploy/requirements.txt
+	rm -rf $(DEPLOY_VENV)
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/python -m pip install --quiet -r $<
+	touch $@
+
+kubectl:
+	@command -v kubectl >/dev/null || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq kubernetes-client; }
+
+deploy-check: $(DEPLOY_VENV)/.installed kubectl
+	tools/deploy_check.sh
+
+test: setup proto model clients eco-venvs postgres
 	$(PY) -m pytest
 
 lint: $(INSTALLED) $(BUF)

@@ -169,6 +169,10 @@ class ModelLifecycle:
         # Called with the new engine once it has started (before any request
         # can use it) and with None after an unload: steering binds here.
         self.on_engine_change: list = []
+        # Called with each new phase, synchronously (server.py: health turns
+        # NOT_SERVING while the slot is not LOADED, so a switching replica
+        # gets no traffic from a health-checking balancer).
+        self.on_phase: list = []
 
     # -- the state machine ----------------------------------------------------------
 
@@ -199,6 +203,8 @@ class ModelLifecycle:
             raise internal_error()
         self._phase, self._model, self._engine, self._info = to, model, engine, info
         log.debug("model state %s -> %s (%s)", before, to, model or "no model")
+        for callback in self.on_phase:
+            callback(to)
 
     # -- names --------------------------------------------------------------------
 
