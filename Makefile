@@ -14,7 +14,7 @@ TS_CLIENT := clients/typescript
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
 .PHONY: setup tools proto proto-check model run test lint breaking breaking-previous bench clean clients \
-  go-toolchain eco-venvs browser
+  llama-server go-toolchain eco-venvs postgres deploy-check kubectl cluster browser
 
 setup: $(INSTALLED)
 
@@ -57,6 +57,11 @@ model: $(INSTALLED)
 run: setup proto model
 	$(PY) tools/run_stack.py
 
+# Two engines sharing a throwaway PostgreSQL, one bridge over both (Ctrl-C stops
+# it all): tools/run_cluster.py, docs/deployment.md.
+cluster: setup proto model postgres
+	$(PY) tools/run_cluster.py
+
 # The TypeScript client's packages (pinned by its package-lock.json); the
 # client tests build it and run its node:test suite against a live engine.
 $(TS_INSTALLED): $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
@@ -87,6 +92,15 @@ browser:
 	  || { $(SUDO) apt-get update -qq && \
 	       DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(BROWSER_PACKAGES); }
 
+# PostgreSQL, for the replica tests (tests/postgres.py starts a throwaway
+# cluster with its initdb and pg_ctl) and `make cluster`: Debian's package.
+# It creates the unprivileged `postgres` account the tests run the server as
+# when they run as root (initdb refuses root).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && getent passwd postgres >/dev/null \
+	  || { $(SUDO) apt-get update -qq && \
+	       DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql; }
+
 # The ecosystem suite (tests/test_ecosystem.py) runs client libraries in venvs
 # of their own, pinned by tests/ecosystem/requirements*.txt: LangChain,
 # pydantic-ai and the OpenAI Agents SDK on openai 3.x, instructor and
@@ -116,7 +130,26 @@ $(ECO_NODE)/node_modules/.installed: $(ECO_NODE)/package.json $(ECO_NODE)/packag
 
 eco-venvs: $(ECO_VENV)/.installed $(ECO_LEGACY_VENV)/.installed $(ECO_NODE)/node_modules/.installed
 
-test: setup proto model clients eco-venvs browser
+# make deploy-check: the Kubernetes manifests (deploy/k8s), rendered per overlay,
+# against the Kubernetes schemas and checkov (tools/deploy_check.sh), in a venv
+# of their own. kustomize comes with kubectl; Debian's kubernetes-client when
+# none is installed (its kustomize is older: the kustomizations keep to fields
+# it knows).
+DEPLOY_VENV := .venv-deploy
+$(DEPLOY_VENV)/.installed: deploy/requirements.txt
+	rm -rf $(DEPLOY_VENV)
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/python -m pip install --quiet -r $<
+	touch $@
+
+kubectl:
+	@command -v kubectl >/dev/null || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq kubernetes-client; }
+
+deploy-check: $(DEPLOY_VENV)/.installed kubectl
+	tools/deploy_check.sh
+
+test: setup proto model clients eco-venvs browser postgres
 	$(PY) -m pytest
 
 lint: $(INSTALLED) $(BUF)
@@ -133,7 +166,13 @@ breaking-previous: $(BUF)
 	@if git rev-parse -q --verify HEAD~1 >/dev/null; then \
 	  $(BUF) breaking --against '.git#ref=HEAD~1'; else echo "no previous commit"; fi
 
-bench: setup proto model
+# llama.cpp's own C++ server, the native peer of bench/gguf_peer.py: built once
+# from the llama.cpp source llama-cpp-python's sdist vendors, with the same
+# flags as the binding (several minutes on two cores; kept in .millm).
+llama-server: $(INSTALLED)
+	LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" tools/build_llama_server.sh
+
+bench: setup proto model llama-server
 	$(PY) bench/serving.py
 	$(PY) bench/structured_output.py
 	$(PY) bench/tool_calls.py
@@ -141,6 +180,7 @@ bench: setup proto model
 	$(PY) bench/steering_effect.py
 	$(PY) bench/monitoring.py
 	$(PY) bench/gguf_peer.py
+	$(PY) bench/hardware_limit.py
 	$(PY) bench/admission.py
 	$(PY) bench/soak.py
 	$(PY) bench/failover.py

@@ -1,14 +1,20 @@
-"""GGUF peer benchmark: miLLM (bridge + GGUF engine) against llama-cpp-python's
-own OpenAI server (llama_cpp.server), serving the same GGUF file side by side.
+"""GGUF peer benchmark: miLLM (bridge + GGUF engine) against llama.cpp's own
+C++ server (llama-server, 8 parallel slots with continuous batching) and
+llama-cpp-python's OpenAI server (llama_cpp.server), serving the same GGUF
+file side by side.
 
-Each server gets the same streamed chat requests at temperature 0 (so both
-generate the same tokens: tests/test_gguf_peer.py checks the text is equal),
-first one client at a time, then 8 concurrent closed-loop clients, and the
-script prints tokens/s and time to first token (p50/p95) for each. Both run
-llama.cpp with one thread; with two or more cores the servers get the first
-core and the clients the rest. Only one server is busy at a time.
+Each server gets the same streamed chat requests at temperature 0 (so all
+generate the same tokens: tests/test_gguf_peer.py checks the text is equal
+for llama_cpp.server), with 1, 8 and 32 concurrent closed-loop clients, and
+the script prints tokens/s and time to first token (p50/p95) for each, and
+miLLM's throughput as a share of each peer's. All run llama.cpp with one
+thread; with two or more cores the servers get the first core and the
+clients the rest. Only one server is busy at a time. llama-server is built
+once by tools/build_llama_server.sh (`make llama-server`); without it, its
+rows are left out and the script says so.
 
 Usage: python bench/gguf_peer.py [--model millm-tiny-gguf:Q8_0] [--requests 24]
+       [--clients 1,8,32]
 """
 
 from __future__ import annotations
@@ -111,7 +117,9 @@ def main() -> int:
     parser.add_argument("--model", default="millm-tiny-gguf:Q8_0")
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--clients", default="1,8,32")
     args = parser.parse_args()
+    levels = [int(c) for c in args.clients.split(",")]
     cpus = sorted(os.sched_getaffinity(0))
     server_cpus, client_cpus = ({cpus[0]}, set(cpus[1:])) if len(cpus) > 1 else (None, None)
     if client_cpus:
@@ -122,6 +130,10 @@ def main() -> int:
         engine, grpc_port = harness.start_engine(tmp, server_cpus, MILLM_MODEL=args.model)
         peer, peer_port = harness.start_llama_cpp_server(tmp, harness.gguf_file(args.model),
                                                          cpus=server_cpus)
+        native = native_port = None
+        if harness.llama_server_binary() is not None:
+            native, native_port = harness.start_llama_server(
+                tmp, harness.gguf_file(args.model), parallel=8, cpus=server_cpus)
         bridge = None
         try:
             harness.wait_serving(engine, grpc_port)
@@ -130,24 +142,31 @@ def main() -> int:
             harness.wait_http(peer, f"http://127.0.0.1:{peer_port}/v1/models")
             servers = {"miLLM": (http_port, {}, True),
                        "llama_cpp.server": (peer_port, PEER_NEUTRAL, False)}
+            if native is not None:
+                harness.wait_http(native, f"http://127.0.0.1:{native_port}/health")
+                servers["llama-server -np 8"] = (native_port, PEER_NEUTRAL, True)
             for name, (port, extra, counts_end) in servers.items():
                 tokens = completion_tokens(port, args.model, extra, args.max_tokens, counts_end)
                 lengths[name] = statistics.mean(tokens.values())
-                for clients in (1, 8):
+                for clients in levels:
                     results[(name, clients)] = asyncio.run(drive(
-                        port, args.model, extra, clients, args.requests, tokens,
-                        args.max_tokens))
+                        port, args.model, extra, clients, max(args.requests, clients),
+                        tokens, args.max_tokens))
         finally:
-            for process in (bridge, peer, engine):
+            for process in (bridge, native, peer, engine):
                 if process is not None:
                     process.stop()
     print(f"GGUF peer benchmark: {args.model}, {args.requests} streamed greedy chats per "
           f"cell, max_tokens {args.max_tokens}, llama.cpp with 1 thread; answers average "
           + ", ".join(f"{n:.1f} tokens on {name}" for name, n in lengths.items()))
-    print(f"{'server':<18} {'clients':>7} {'tokens/s':>9} {'TTFT p50':>10} {'TTFT p95':>10}")
+    if harness.llama_server_binary() is None:
+        print("llama-server not built (make llama-server): its rows are left out")
+    print(f"{'server':<20} {'clients':>7} {'tokens/s':>9} {'TTFT p50':>10} {'TTFT p95':>10} "
+          f"{'miLLM / it':>11}")
     for (name, clients), r in results.items():
-        print(f"{name:<18} {clients:>7} {r['tokens_per_s']:>9.0f} {r['ttft_p50_ms']:>8.1f}ms "
-              f"{r['ttft_p95_ms']:>8.1f}ms")
+        ours = results[("miLLM", clients)]["tokens_per_s"]
+        print(f"{name:<20} {clients:>7} {r['tokens_per_s']:>9.0f} {r['ttft_p50_ms']:>8.1f}ms "
+              f"{r['ttft_p95_ms']:>8.1f}ms {ours / r['tokens_per_s']:>10.2f}x")
     return 0
 
 

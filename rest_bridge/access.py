@@ -27,14 +27,14 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # What a key can be: the engine gets it as gRPC metadata, which must be
 # printable ASCII and fit gRPC's metadata limit.
 FORWARDABLE_KEY = re.compile(r"[\x21-\x7e]{1,1024}")
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
+QUIET_WHEN_OK = frozenset({"/healthz", "/readyz", "/health", "/metrics"})
 # The console's static files carry no secret; its API calls carry the key.
 CONSOLE_PREFIX = "/ui"
 
 
 def is_open(path: str) -> bool:
     return path in OPEN_PATHS or path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/")
-QUIET_WHEN_OK = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 # Management routes need an admin key, except what a client reads to decide

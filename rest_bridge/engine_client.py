@@ -2,7 +2,12 @@
 
 With several targets, gRPC itself balances: a round_robin channel over every
 engine address with client-side health checking, so a replica that is loading
-or draining (NOT_SERVING) gets no traffic.
+or draining (NOT_SERVING) gets no traffic. Over replicas (several targets, or
+a dns:/// name that resolves to several) the check is the engines'
+`millm.routable` entry, NOT_SERVING while a replica changes its model too, so
+a switch sends its traffic to the others instead of answering model_busy. A
+lone engine is checked on "" instead: it must still take the request that
+asks it for another model.
 
 A call that fails UNAVAILABLE before the engine sent anything back (the engine
 died, or refused while draining or loading) is retried by gRPC on the next
@@ -81,18 +86,27 @@ def _retried_names() -> list[dict]:
     return names
 
 
-SERVICE_CONFIG = json.dumps(
-    {
+# The engines' health entries (service/server.py) the balancer checks.
+LONE_ENGINE_HEALTH = ""
+ROUTABLE_HEALTH = "millm.routable"
+
+
+def health_service(targets: tuple[str, ...]) -> str:
+    replicas = len(targets) > 1 or targets[0].startswith("dns:")
+    return ROUTABLE_HEALTH if replicas else LONE_ENGINE_HEALTH
+
+
+def service_config(health: str) -> str:
+    return json.dumps({
         "loadBalancingConfig": [{"round_robin": {}}],
-        "healthCheckConfig": {"serviceName": ""},
+        "healthCheckConfig": {"serviceName": health},
         "methodConfig": [{"name": _retried_names(), "retryPolicy": RETRY_POLICY}],
         # gRPC's retry budget: each failed attempt costs a token, each success
         # earns half of one, and retries pause below 50 tokens. A single dead
         # engine (a burst of in-flight failures) stays within it; a dead fleet
         # is not hammered three times over.
         "retryThrottling": {"maxTokens": 100, "tokenRatio": 0.5},
-    }
-)
+    })
 
 
 def _read(path: str | None) -> bytes | None:
@@ -114,7 +128,8 @@ class EngineClient(AsyncClient):
                 root_certificates=_read(tls_ca), private_key=_read(tls_key),
                 certificate_chain=_read(tls_cert))
         super().__init__(self.target, credentials=credentials, options=[
-            ("grpc.service_config", SERVICE_CONFIG), ("grpc.enable_retries", 1),
+            ("grpc.service_config", service_config(health_service(targets))),
+            ("grpc.enable_retries", 1),
             *grpc_limits.channel_options()])
         self.health = health_pb2_grpc.HealthStub(self.channel)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from grpc_health.v1 import health_pb2
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from millm.v1 import server_service_pb2
@@ -116,13 +117,34 @@ async def healthz():
     return {"status": "ok"}
 
 
+# The engines' health entry for their shared state database (not a service).
+STATE_STORE_HEALTH = "millm.state_store"
+
+
+async def _state_store(engine) -> str:
+    """Whether the engines' state database is reachable: available,
+    unavailable (generation works on the last state; writes answer 503) or
+    unknown (an engine without the entry)."""
+    try:
+        reply = await engine.health.Check(
+            health_pb2.HealthCheckRequest(service=STATE_STORE_HEALTH), timeout=1)
+    except grpc.aio.AioRpcError:
+        return "unknown"
+    serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+    return "available" if serving else "unavailable"
+
+
 @router.get("/readyz")
+@router.get("/health")
 async def readyz(request: Request):
+    """Ready while an engine serves. A state database that is away does not
+    make the bridge unready (generation still works); the body says so."""
     if request.app.state.access.draining:
         return JSONResponse({"status": "draining"}, status_code=503,
                             headers={"Retry-After": "1"})
-    if await request.app.state.engine.is_serving():
-        return {"status": "ready"}
+    engine = request.app.state.engine
+    if await engine.is_serving():
+        return {"status": "ready", "state_store": await _state_store(engine)}
     return JSONResponse({"status": "not_ready", "reason": "no engine is SERVING"},
                         status_code=503, headers={"Retry-After": "1"})
 

@@ -1,5 +1,7 @@
 """ChatML: the demo model's chat template, and the fallback for checkpoints
-that ship none (so both render a conversation the same way).
+that ship none (so both render a conversation the same way); and the one rule
+for templates without a system role (`render_folding_system`), which both
+engines follow.
 
 A plain conversation renders as `<|im_start|>{role}\\n{content}<|im_end|>\\n`
 per message, then `<|im_start|>assistant\\n` when a generation prompt is asked
@@ -100,3 +102,34 @@ def render(messages: list[dict], tools: list[dict] | None = None,
     env.filters["tojson"] = _tojson
     return env.from_string(template).render(messages=messages, tools=tools,
                                             add_generation_prompt=add_generation_prompt)
+
+
+def render_folding_system(render_with, messages: list[dict]):
+    """`render_with(messages)`: the model's own template; when the template
+    refuses the conversation and it opens with a system turn, the system
+    text goes at the head of the first user turn instead (what Gemma 3's own
+    template does, and what Gemma 2's, which refuses system turns, needs) and
+    rendering is tried once more. The first refusal stands if that fails too."""
+    from jinja2 import TemplateError
+
+    try:
+        return render_with(messages)
+    except TemplateError:
+        folded = _fold_system(messages)
+        if folded is None:
+            raise
+        try:
+            return render_with(folded)
+        except TemplateError:
+            pass
+        raise
+
+
+def _fold_system(messages: list[dict]) -> list[dict] | None:
+    if len(messages) < 2 or messages[0].get("role") != "system" \
+            or messages[1].get("role") != "user":
+        return None
+    system, user = messages[0].get("content"), messages[1].get("content")
+    if not isinstance(system, str) or not isinstance(user, str):
+        return None
+    return [{**messages[1], "content": f"{system}\n\n{user}"}, *messages[2:]]

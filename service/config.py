@@ -28,8 +28,9 @@ class EngineConfig:
     stream_stall_s: float = 30.0
     prefix_cache_tokens: int = 32768
     batching: str = "continuous"
-    # Prometheus metrics on this port (0: off).
+    # Prometheus metrics on this port (0: off); without a key when open.
     metrics_port: int = 0
+    metrics_open: bool = False
     # On SIGTERM: stop taking work, finish what runs for up to this long, exit.
     drain_seconds: float = 30.0
     # Server TLS (PEM files); with a client CA, callers must present a certificate it signed.
@@ -52,9 +53,13 @@ class EngineConfig:
     # llama.cpp threads for GGUF models, and their context (0: the file's own).
     gguf_threads: int = 1
     gguf_context: int = 0
+    gguf_slots: int = 8
     # Stored Responses API responses: most kept, and how long (docs/responses.md).
     responses_max_count: int = 10_000
     responses_max_age_days: float = 30.0
+    # The state database: empty for SQLite in the data dir; postgresql://… to
+    # share state between replicas (docs/deployment.md).
+    database_url: str = ""
 
     @property
     def grpc_address(self) -> str:
@@ -136,6 +141,12 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         help="MILLM_METRICS_PORT: Prometheus /metrics on this port (0: off)",
     )
     parser.add_argument(
+        "--metrics-open", action=argparse.BooleanOptionalAction,
+        default=_env("MILLM_METRICS_OPEN", "0").lower() in ("1", "true", "yes"),
+        help="MILLM_METRICS_OPEN=1: serve the metrics port without an API key (for scrapers "
+             "that send none, such as GIE's endpoint picker); expose that port only inside "
+             "the cluster")
+    parser.add_argument(
         "--drain-seconds", type=float, default=float(_env("MILLM_DRAIN_SECONDS", "30")),
         help="MILLM_DRAIN_SECONDS: how long in-flight work may finish after SIGTERM",
     )
@@ -165,6 +176,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                         help="MILLM_GGUF_THREADS: llama.cpp threads for GGUF models")
     parser.add_argument("--gguf-context", type=int, default=int(_env("MILLM_GGUF_CONTEXT", "0")),
                         help="MILLM_GGUF_CONTEXT: GGUF context window (0: the file's own)")
+    parser.add_argument("--gguf-slots", type=int, default=int(_env("MILLM_GGUF_SLOTS", "8")),
+                        help="MILLM_GGUF_SLOTS: GGUF sequences decoded together (each with "
+                             "its own context window of KV cache)")
     parser.add_argument(
         "--responses-max-count", type=int,
         default=int(_env("MILLM_RESPONSES_MAX_COUNT", "10000")),
@@ -173,7 +187,25 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         "--responses-max-age-days", type=float,
         default=float(_env("MILLM_RESPONSES_MAX_AGE_DAYS", "30")),
         help="MILLM_RESPONSES_MAX_AGE_DAYS: stored responses older than this are removed")
+    parser.add_argument(
+        "--database-url", default=_env("MILLM_DATABASE_URL", ""),
+        help="MILLM_DATABASE_URL: postgresql://user:password@host:5432/db shares the steering "
+             "state and stored responses between replicas (default: SQLite in the data dir)")
+    parser.add_argument(
+        "--database-url-file", default=_env("MILLM_DATABASE_URL_FILE", ""),
+        help="MILLM_DATABASE_URL_FILE: read the database URL from this file (a mounted "
+             "Secret) instead")
     args = parser.parse_args(argv)
+    if args.database_url_file:
+        if args.database_url:
+            parser.error("--database-url and --database-url-file are exclusive")
+        try:
+            args.database_url = pathlib.Path(args.database_url_file).read_text().strip()
+        except OSError as exc:
+            parser.error(f"--database-url-file: {exc.strerror}")
+    if args.database_url and not args.database_url.startswith(
+            ("postgresql://", "postgres://", "sqlite:")):
+        parser.error("--database-url must start with postgresql:// (or sqlite:<path>)")
     for low, high in (("cluster_intensity_min", "cluster_intensity_max"),
                       ("circuit_intensity_min", "circuit_intensity_max")):
         if not 0 <= getattr(args, low) <= getattr(args, high) <= 2:
@@ -181,8 +213,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                          "satisfy 0 <= min <= max <= 2")
     if args.graceful_unload_timeout < 0 or args.memory_headroom_mib < 0:
         parser.error("--graceful-unload-timeout and --memory-headroom-mib must not be negative")
-    if args.gguf_threads < 1 or args.gguf_context < 0:
-        parser.error("--gguf-threads must be at least 1 and --gguf-context not negative")
+    if args.gguf_threads < 1 or args.gguf_context < 0 or not 1 <= args.gguf_slots <= 256:
+        parser.error("--gguf-threads must be at least 1, --gguf-context not negative and "
+                     "--gguf-slots from 1 to 256")
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
@@ -221,6 +254,7 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         prefix_cache_tokens=args.prefix_cache_tokens,
         batching=args.batching,
         metrics_port=args.metrics_port,
+        metrics_open=args.metrics_open,
         drain_seconds=args.drain_seconds,
         tls_cert=pathlib.Path(args.tls_cert) if args.tls_cert else None,
         tls_key=pathlib.Path(args.tls_key) if args.tls_key else None,
@@ -235,6 +269,8 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         memory_headroom_mib=args.memory_headroom_mib,
         gguf_threads=args.gguf_threads,
         gguf_context=args.gguf_context,
+        gguf_slots=args.gguf_slots,
         responses_max_count=args.responses_max_count,
         responses_max_age_days=args.responses_max_age_days,
+        database_url=args.database_url,
     )

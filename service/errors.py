@@ -52,6 +52,9 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "model_busy": ErrorCode(_S.UNAVAILABLE, 503, SERVER_ERROR),
     "model_load_failed": ErrorCode(_S.INTERNAL, 500, SERVER_ERROR),
     "unsupported_quantization": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    # a checkpoint whose architecture the engine cannot run (not a causal LM,
+    # or a cache the batch cannot hold): refused at load, never per request
+    "unsupported_architecture": ErrorCode(_S.INVALID_ARGUMENT, 400),
     "insufficient_memory": ErrorCode(_S.RESOURCE_EXHAUSTED, 503),
     # backpressure: the server's state, not the caller's rate, hence 503
     "queue_full": ErrorCode(_S.RESOURCE_EXHAUSTED, 503, SERVER_ERROR),

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -61,6 +62,8 @@ class InferenceService:
         self.registry = registry
         self.steering = steering
         self.monitoring = monitoring
+        # service/request_metrics.py's RequestMetrics once the server has one.
+        self.request_metrics = None
         self.lifecycle = ModelLifecycle(registry, lifecycle or LifecycleConfig(
             device=device, limits=limits or SchedulerLimits(),
             prefix_cache_tokens=prefix_cache_tokens))
@@ -130,6 +133,7 @@ class InferenceService:
     async def generation(self, params: GenerateParams) -> AsyncIterator[Generation]:
         """Validate a request completely, before anything is generated, and
         hold a lease on its engine until the block ends."""
+        started = time.monotonic()
         entry = self.lifecycle.resolve(params.model)
         # Which fields this route and engine kind honour is known without the
         # model, so a field that cannot be honoured is refused before any load.
@@ -137,7 +141,9 @@ class InferenceService:
         lease = await self.lifecycle.acquire(params.model)
         try:
             spec = await self._validate(params, lease)
-            yield Generation(spec, lease, self.monitoring)
+            metrics = self.request_metrics
+            yield Generation(spec, lease, metrics.request(lease.info.id, started)
+                             if metrics is not None else None, self.monitoring)
         finally:
             lease.release()
 

@@ -35,7 +35,7 @@ from service.engines import model_thread
 from service.engines.transformers.admission import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
-from service.models.lifecycle import LifecycleConfig
+from service.models.lifecycle import LifecycleConfig, Phase
 from service.models.registry import ModelRegistry
 from service.responses.store import ResponseStore, Retention
 from service.servicers.access import AccessInterceptor, DrainState
@@ -47,9 +47,11 @@ from service.servicers.responses import ResponseServicer
 from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
 from service.servicers.steering import SteeringServicer
+from service.state.database import open_database
 from service.steering.intensity import IntensityLimits
 from service.steering.manager import SteeringManager
 from service.steering.monitoring import MonitoringManager
+from service.steering.replication import Follower
 from service.steering.store import SteeringStore
 
 log = logging.getLogger("millm.engine")
@@ -66,6 +68,14 @@ SERVICE_NAMES = (
 )
 # These need the model; model listing and status answer while it loads.
 MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
+# Health entries that are no service (docs/deployment.md). state_store:
+# SERVING while the state database is reachable and this replica has caught
+# up with it. routable: SERVING while a model is loaded and no model change
+# or drain runs, which is what a balancer over several replicas should check
+# ("" stays SERVING through a model change, so that a lone engine still
+# takes the request that asks it for another model).
+STATE_STORE_HEALTH = "millm.state_store"
+ROUTABLE_HEALTH = "millm.routable"
 
 GRACE_SECONDS = 5.0
 # Exit status when a model thread died (EX_SOFTWARE): the supervisor restarts us.
@@ -76,9 +86,11 @@ class EngineServer:
     def __init__(self, config: EngineConfig, keys: api_keys.KeyRing | None = None):
         self.config = config
         self.keys = keys
-        state_db = config.data_dir / "steering.sqlite3"  # the engine's one state database
+        # The engine's one state database: SQLite in the data dir, or the
+        # PostgreSQL database its replicas share.
+        self.database = open_database(config.database_url, config.data_dir)
         self.steering = SteeringManager(
-            SteeringStore(state_db),
+            SteeringStore(self.database),
             config.saes_dir or config.models_dir / "saes",
             IntensityLimits(config.cluster_intensity_min, config.cluster_intensity_max,
                             config.circuit_intensity_min, config.circuit_intensity_max),
@@ -102,15 +114,18 @@ class EngineServer:
                 memory_headroom_bytes=config.memory_headroom_mib * 1024 * 1024,
                 gguf_threads=config.gguf_threads,
                 gguf_context=config.gguf_context,
+                gguf_slots=config.gguf_slots,
             ),
             steering=self.steering,
             monitoring=self.monitoring,
         )
-        self.responses = ResponseStore(state_db, Retention(
+        self.responses = ResponseStore(self.database, Retention(
             config.responses_max_count, config.responses_max_age_days * 86_400))
         self.health = health.aio.HealthServicer()
+        self.follower = Follower(self.steering, self.database, config.database_url,
+                                 on_availability=self._set_state_store)
         self.drain = DrainState()
-        self.metrics = EngineMetrics(self.inference, self.monitoring)
+        self.metrics = EngineMetrics(self.inference, self.follower, self.monitoring)
         self.server = grpc.aio.server(
             interceptors=[AccessInterceptor(keys, self.drain, self.metrics)],
             options=grpc_limits.server_options())
@@ -143,6 +158,15 @@ class EngineServer:
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
         )
         self.port = 0
+        # A model change (unload, switch, load) makes the replica unroutable
+        # until it is done.
+        self.inference.lifecycle.on_phase.append(
+            lambda phase: asyncio.ensure_future(self._set_routable(phase == Phase.LOADED)))
+
+    async def _set_routable(self, loaded: bool) -> None:
+        serving = loaded and not self.drain.draining
+        await self.health.set(ROUTABLE_HEALTH, health_pb2.HealthCheckResponse.SERVING
+                              if serving else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def _set_serving(self, serving: bool) -> None:
         status = (
@@ -154,6 +178,10 @@ class EngineServer:
             await self.health.set(name, status)
         for name in SERVICE_NAMES[1:]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def _set_state_store(self, available: bool) -> None:
+        await self.health.set(STATE_STORE_HEALTH, health_pb2.HealthCheckResponse.SERVING
+                              if available else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _credentials(self) -> grpc.ServerCredentials | None:
         config = self.config
@@ -174,14 +202,26 @@ class EngineServer:
         if self.port == 0:
             raise RuntimeError(f"could not listen on {self.config.grpc_address}")
         await self._set_serving(False)
+        await self._set_routable(False)
+        await self._set_state_store(True)  # caught up: the snapshot was read just now
+        self.follower.start()
         await self.server.start()
         tls = ("" if credentials is None else
                ", mutual TLS" if self.config.tls_client_ca else ", TLS")
         log.info("engine listening on %s:%d%s (loading %s)", self.config.host, self.port, tls,
                  self.config.model)
         if self.config.metrics_port:
-            port = self.metrics.serve(self.config.host, self.config.metrics_port, self.keys)
+            port = self.metrics.serve(self.config.host, self.config.metrics_port,
+                                      None if self.config.metrics_open else self.keys,
+                                      self._ready)
             log.info("engine metrics on http://%s:%d/metrics", self.config.host, port)
+
+    def _ready(self) -> tuple[bool, dict]:
+        """For the metrics port's /readyz (its own thread: reads, no awaits)."""
+        loaded = self.inference.loaded
+        serving = loaded is not None and not self.drain.draining
+        return serving, {"model": loaded.id if loaded else None, "state_store":
+                         "available" if self.follower.available else "unavailable"}
 
     async def load_startup_model(self) -> None:
         await self.inference.load(self.config.model)
@@ -192,7 +232,7 @@ class EngineServer:
         """Stop taking work (UNAVAILABLE, health NOT_SERVING), let running calls
         finish for up to drain_seconds, then stop."""
         self.drain.draining = True
-        for name in ("", *SERVICE_NAMES):
+        for name in ("", *SERVICE_NAMES, ROUTABLE_HEALTH):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         deadline = asyncio.get_running_loop().time() + self.config.drain_seconds
         while self.drain.in_flight and asyncio.get_running_loop().time() < deadline:
@@ -206,19 +246,20 @@ class EngineServer:
         """The model thread is gone: NOT_SERVING everywhere at once, then stop
         without waiting out the drain (nothing left can be served)."""
         self.drain.draining = True
-        for name in ("", *SERVICE_NAMES):
+        for name in ("", *SERVICE_NAMES, ROUTABLE_HEALTH):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(GRACE_SECONDS)
         self.metrics.stop()
-        self.steering.store.close()
+        self.follower.stop()
+        self.database.close()
 
     async def stop(self) -> None:
         await self._set_serving(False)
         await self.server.stop(GRACE_SECONDS)
         self.metrics.stop()
         self.inference.shutdown()
-        self.steering.store.close()
-        self.responses.close()
+        self.follower.stop()
+        self.database.close()
 
 
 async def serve(config: EngineConfig) -> int:

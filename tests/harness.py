@@ -179,3 +179,24 @@ def start_llama_cpp_server(tmp: pathlib.Path, model_path: pathlib.Path, n_ctx: i
             # miLLM queues instead, so the peer must too for a fair comparison.
             "--interrupt_requests", "False"]
     return Process(args, dict(os.environ), tmp / f"llama-cpp-server-{port}.log", cpus), port
+
+
+LLAMA_SERVER = ROOT / ".millm" / "llama-server" / "bin" / "llama-server"
+
+
+def llama_server_binary() -> pathlib.Path | None:
+    """llama.cpp's own C++ server, built by tools/build_llama_server.sh (or
+    MILLM_LLAMA_SERVER); None when it has not been built."""
+    path = pathlib.Path(os.environ.get("MILLM_LLAMA_SERVER", LLAMA_SERVER))
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def start_llama_server(tmp: pathlib.Path, model_path: pathlib.Path, parallel: int = 8,
+                       n_ctx: int = 1024, cpus: set[int] | None = None) -> tuple[Process, int]:
+    """llama.cpp's native server on the same file: `parallel` slots of n_ctx
+    tokens each, continuous batching, one thread (as miLLM's GGUF engine)."""
+    port = free_port()
+    args = [str(llama_server_binary()), "--model", str(model_path), "--host", "127.0.0.1",
+            "--port", str(port), "--parallel", str(parallel), "--ctx-size", str(n_ctx * parallel),
+            "--threads", "1", "--threads-batch", "1", "--cont-batching", "--no-webui"]
+    return Process(args, dict(os.environ), tmp / f"llama-server-{port}.log", cpus), port

@@ -294,11 +294,13 @@ def test_memory_needed_counts_weights_and_the_gguf_kv_cache():
     gguf, tiny = registry.resolve(F32), registry.resolve(TINY)
     # 2 layers x 2 KV heads x (16 + 16) dims x 2 bytes (f16), over the 1,024-token context.
     assert (gguf.context_length, gguf.kv_bytes_per_token) == (1024, 256)
+    # ... for each of the 8 slots the GGUF engine decodes together by default.
     life = ModelLifecycle(registry, LifecycleConfig(device="cpu"))
-    assert life.memory_needed(gguf, "cpu") == (gguf.path.stat().st_size, 256 * 1024)
+    assert life.memory_needed(gguf, "cpu") == (gguf.path.stat().st_size, 256 * 1024 * 8)
     assert life.memory_needed(tiny, "cpu") == (tiny.size_bytes, 0)  # float32 as stored
-    capped = ModelLifecycle(registry, LifecycleConfig(device="cpu", gguf_context=256))
-    assert capped.memory_needed(gguf, "cpu")[1] == 256 * 256
+    capped = ModelLifecycle(registry, LifecycleConfig(device="cpu", gguf_context=256,
+                                                      gguf_slots=2))
+    assert capped.memory_needed(gguf, "cpu")[1] == 256 * 256 * 2
 
 
 def test_the_state_table_refuses_an_illegal_move(tmp_path):

@@ -34,8 +34,10 @@ def test_get_unknown_model(client):
 def test_healthz_and_readyz(stack):
     reply, content = request(stack.http_port, "GET", "/healthz")
     assert reply.status == 200
-    reply, content = request(stack.http_port, "GET", "/readyz")
-    assert reply.status == 200 and json.loads(content) == {"status": "ready"}
+    for path in ("/readyz", "/health"):  # /health: an alias, for probes that expect it
+        reply, content = request(stack.http_port, "GET", path)
+        assert reply.status == 200
+        assert json.loads(content) == {"status": "ready", "state_store": "available"}
 
 
 def test_bridge_without_engine(tmp_path):

@@ -29,7 +29,9 @@ def test_a_reader_that_stops_reading_is_cancelled_and_frees_its_rows(tmp_path):
                     server_service_pb2.GetInferenceStatusRequest(), timeout=10)
 
             stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
-            call = stub.Generate(prompt_request(*PROMPTS, max_tokens=MAX_TOKENS,
+            # Five alternatives per token: far more bytes than any flow-control
+            # window, however the engine merges its steps for a slow reader.
+            call = stub.Generate(prompt_request(*PROMPTS, max_tokens=MAX_TOKENS, logprobs=5,
                                                 temperature=0, ignore_eos=True), timeout=300)
             next(call)  # the metadata; then nothing more is read
             assert wait_until(lambda: status().active_generations == 1, timeout=30)

@@ -28,8 +28,8 @@ from tests.http_helpers import call
 def test_a_full_database_fails_the_write_cleanly_and_the_next_one_works(tmp_path):
     store = SteeringStore(tmp_path / "steering.sqlite3")
     manager = SteeringManager(store, tmp_path, IntensityLimits())
-    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
-    store._db.execute(f"PRAGMA max_page_count = {pages}")
+    pages = store.db._conn.execute("PRAGMA page_count").fetchone()[0]
+    store.db._conn.execute(f"PRAGMA max_page_count = {pages}")
     big = "x" * 20_000  # needs pages the database may not grow by
 
     async def scenario():
@@ -37,8 +37,8 @@ def test_a_full_database_fails_the_write_cleanly_and_the_next_one_works(tmp_path
             await manager.create_profile("full", big, ())
         assert caught.value.code == "state_store_unavailable"
         assert "full" not in manager.profiles  # memory unchanged
-        assert not store._db.in_transaction  # rolled back, not left open
-        store._db.execute(f"PRAGMA max_page_count = {pages + 1000}")
+        assert not store.db._conn.in_transaction  # rolled back, not left open
+        store.db._conn.execute(f"PRAGMA max_page_count = {pages + 1000}")
         profile, _ = await manager.create_profile("full", big, ())
         assert profile.description == big
 

@@ -84,7 +84,10 @@ def _vocabulary(checkpoint: pathlib.Path) -> tuple[list[str], list[int], list[st
     return tokens, types, merges, special
 
 
-def _write(checkpoint: pathlib.Path, path: pathlib.Path, quant: str) -> None:
+def write_file(checkpoint: pathlib.Path, path: pathlib.Path, quant: str,
+               name: str = REPO_ID) -> None:
+    """One GGUF file of a Llama-architecture checkpoint in `quant` (F32, F16
+    or Q8_0; matrices only, norms stay F32 as llama.cpp keeps them)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -96,11 +99,12 @@ def _write(checkpoint: pathlib.Path, path: pathlib.Path, quant: str) -> None:
     template = (checkpoint / "chat_template.jinja")
     chat_template = template.read_text(encoding="utf-8") if template.is_file() else None
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    file_type = {"F32": gguf.LlamaFileType.ALL_F32, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[quant]
+    file_type = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+                 "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[quant]
     rope = config.get("rope_parameters") or {}
 
     writer = gguf.GGUFWriter(path, "llama")
-    writer.add_name(REPO_ID)
+    writer.add_name(name)
     writer.add_file_type(int(file_type))
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -128,13 +132,15 @@ def _write(checkpoint: pathlib.Path, path: pathlib.Path, quant: str) -> None:
         writer.add_pad_token_id(config["pad_token_id"])
     if chat_template is not None:
         writer.add_chat_template(chat_template)
-    for name, array in _tensors(weights, config):
+    for tensor, array in _tensors(weights, config):
         if quant == "Q8_0" and array.ndim == 2:
             # llama.cpp keeps norms (1-D) in F32 and quantizes the matrices.
             data = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(tensor, data, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif quant == "F16" and array.ndim == 2:
+            writer.add_tensor(tensor, array.astype(np.float16))
         else:
-            writer.add_tensor(name, array)
+            writer.add_tensor(tensor, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -159,7 +165,7 @@ def export(checkpoint: pathlib.Path, models_dir: pathlib.Path) -> pathlib.Path:
     revisions = {}
     for quant in QUANTIZATIONS:
         path = staging / file_name(quant)
-        _write(checkpoint, path, quant)
+        write_file(checkpoint, path, quant)
         revisions[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     source = json.loads((checkpoint / METADATA_FILE).read_text())
     metadata = {

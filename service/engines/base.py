@@ -44,9 +44,9 @@ KIND_CAPABILITIES: dict[str, EngineCapabilities] = {
     TRANSFORMERS: EngineCapabilities(
         several_choices=True, generation_logprobs=True, scoring=True, grammar=True,
         steer=True, embeddings=True, extra_conversations=True),
-    # llama.cpp's sampler does not expose the distribution it drew from, and
-    # one job runs at a time (engines/gguf/engine.py); its logits take the same
-    # grammar masks (engines/gguf/constraint.py).
+    # llama.cpp's sampler does not expose the distribution it drew from, and a
+    # request is one sequence of the batch (engines/gguf/batch.py); its logits
+    # take the same grammar masks (engines/gguf/constraint.py).
     GGUF: EngineCapabilities(
         several_choices=False, generation_logprobs=False, scoring=True, grammar=True,
         steer=False, embeddings=True, extra_conversations=False),

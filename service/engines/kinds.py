@@ -20,7 +20,7 @@ def make_engine(entry: ModelEntry, config: LifecycleConfig) -> Engine:
 
         return GgufEngine(entry, threads=config.gguf_threads,
                           max_queued=config.limits.max_queued, context=config.gguf_context,
-                          stall_s=config.limits.stall_s)
+                          slots=config.gguf_slots, stall_s=config.limits.stall_s)
     from service.engines.transformers.engine import TransformersEngine
 
     return TransformersEngine(entry, device=config.device, limits=config.limits,
@@ -32,13 +32,15 @@ def load_device(entry: ModelEntry, device: str) -> str:
     return "cpu" if entry.engine == GGUF else device
 
 
-def memory_needed(entry: ModelEntry, device: str, gguf_context: int = 0) -> tuple[int, int]:
-    """(weights, KV cache allocated at load) in bytes, as the engine will hold them."""
+def memory_needed(entry: ModelEntry, device: str, gguf_context: int = 0,
+                  gguf_slots: int = 1) -> tuple[int, int]:
+    """(weights, KV cache allocated at load) in bytes, as the engine will hold them
+    (a GGUF model's cache: a context window per slot)."""
     if entry.engine == GGUF:
         context = entry.context_length
         if gguf_context:
             context = min(context, gguf_context) if context else gguf_context
-        return entry.size_bytes, entry.kv_bytes_per_token * context
+        return entry.size_bytes, entry.kv_bytes_per_token * context * gguf_slots
     weights = entry.size_bytes
     on_cpu = device == "cpu" or (device == "auto" and not any(
         name.startswith("cuda") for name, _ in available_memory_bytes("auto")))

@@ -115,6 +115,9 @@ class GenerationJob:
     # Written by the model thread only / by the event loop only.
     posted: int = 0
     first_posted: float = 0.0
+    # When its first part joined the running batch (monotonic; 0: not yet, or
+    # an engine that does not say), for the queue-time metric.
+    admitted_at: float = 0.0
     taken: int = 0
     last_taken: float = 0.0
     # Monitoring: the probes' readings, written by the model thread while the

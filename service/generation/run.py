@@ -27,6 +27,7 @@ from service.generation.events import (
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob, StepOutput
 from service.generation.tool_calls import ToolCalls
 from service.models.lifecycle import Lease
+from service.request_metrics import RequestTimer
 from service.requests.generation import ValidatedGeneration
 from service.steering import readout
 from service.steering.runtime import UNSTEERED as UNSTEERED_READ
@@ -37,8 +38,10 @@ Event = (GenerationStarted | Echoed | StepOutput | GenerationFinished | ProbesRe
 
 
 class Generation:
-    def __init__(self, spec: ValidatedGeneration, lease: Lease, monitoring=None):
+    def __init__(self, spec: ValidatedGeneration, lease: Lease,
+                 timer: RequestTimer | None = None, monitoring=None):
         self.spec, self.lease = spec, lease
+        self.timer = timer  # the serving metrics' record of this request
         self.monitoring = monitoring  # steering.monitoring.MonitoringManager
 
     def started(self) -> GenerationStarted:
@@ -72,7 +75,9 @@ class Generation:
                             owner=asyncio.current_task())
         self.lease.jobs.append(job)  # ended by a forced unload (models/lifecycle.py)
         # Submitting first means a full queue is refused before the stream opens.
+        submitted = time.monotonic()
         self.lease.engine.submit(job)
+        timer, queued = self.timer, False
         try:
             if not spec.echo:
                 yield self.started()
@@ -83,10 +88,17 @@ class Generation:
                     documents.check(step)
                 if calls is not None:
                     step = calls.apply(step)
+                if timer is not None:
+                    if not queued and job.admitted_at:
+                        timer.queued(job.admitted_at - submitted)
+                        queued = True
+                    timer.step(max((len(d.token_ids) for d in step.deltas), default=0))
                 yield step
         finally:
             # Closed before or between events: the model thread drops the job.
             job.cancelled.set()
+        if timer is not None:
+            timer.finished(spec.prompt_tokens, job.cached_tokens)
         yield GenerationFinished(spec.prompt_tokens, job.completion_tokens, job.cached_tokens)
         if job.monitor is not None and self.monitoring is not None:
             yield ProbesRead(self.monitoring.record(job.monitor))

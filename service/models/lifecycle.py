@@ -16,8 +16,9 @@ its last load failed (`failed`), else ready.
 
 A request naming another model than the loaded one loads it first:
 
-1. the load is checked before anything is unloaded: a quantization the
-   engine cannot load is 400 unsupported_quantization, a model that does not
+1. the load is checked before anything is unloaded: a quantization or an
+   architecture the engine cannot load is 400 unsupported_quantization or
+   unsupported_architecture, a model that does not
    fit in the memory that would be free is 503 insufficient_memory with the
    figures; the loaded model keeps serving;
 2. the unload begins: from this moment every new request is refused with
@@ -125,6 +126,7 @@ class LifecycleConfig:
     memory_headroom_bytes: int = 256 * MIB
     gguf_threads: int = 1
     gguf_context: int = 0  # 0: the file's trained context
+    gguf_slots: int = 8  # sequences decoded together, each with a window of KV cells
 
 
 class Lease:
@@ -167,6 +169,10 @@ class ModelLifecycle:
         # Called with the new engine once it has started (before any request
         # can use it) and with None after an unload: steering binds here.
         self.on_engine_change: list = []
+        # Called with each new phase, synchronously (server.py: health turns
+        # NOT_SERVING while the slot is not LOADED, so a switching replica
+        # gets no traffic from a health-checking balancer).
+        self.on_phase: list = []
 
     # -- the state machine ----------------------------------------------------------
 
@@ -197,6 +203,8 @@ class ModelLifecycle:
             raise internal_error()
         self._phase, self._model, self._engine, self._info = to, model, engine, info
         log.debug("model state %s -> %s (%s)", before, to, model or "no model")
+        for callback in self.on_phase:
+            callback(to)
 
     # -- names --------------------------------------------------------------------
 
@@ -274,7 +282,7 @@ class ModelLifecycle:
     def check_load(self, entry: ModelEntry) -> None:
         """Refuse a load that cannot succeed, before anything is unloaded."""
         if entry.unsupported:
-            raise EngineError("unsupported_quantization", f"The model '{entry.id}' cannot be "
+            raise EngineError(entry.unsupported_code, f"The model '{entry.id}' cannot be "
                               f"loaded: {entry.unsupported}.", "model")
         device = kinds.load_device(entry, self.config.device)
         weights, cache = self.memory_needed(entry, device)
@@ -298,7 +306,8 @@ class ModelLifecycle:
 
     def memory_needed(self, entry: ModelEntry, device: str) -> tuple[int, int]:
         """(weights, KV cache allocated at load) in bytes, as the engine will hold them."""
-        return kinds.memory_needed(entry, device, self.config.gguf_context)
+        return kinds.memory_needed(entry, device, self.config.gguf_context,
+                                   self.config.gguf_slots)
 
     async def switch(self, entry: ModelEntry) -> LoadedModel:
         """Make `entry` the loaded model (steps 1-4 of the module docstring).
@@ -374,21 +383,25 @@ class ModelLifecycle:
 
     async def _start(self, engine: Engine, entry: ModelEntry) -> LoadedModel:
         """Load the weights and start the engine; a failure is model_load_failed
-        and the model is FAILED."""
+        (or the engine's own refusal) and the model is FAILED."""
         try:
             info = await asyncio.to_thread(engine.load)
             engine.start(asyncio.get_running_loop())
             return info
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}"
+            # An engine's own refusal keeps its code (unsupported_architecture);
+            # any other failure is model_load_failed.
+            known = isinstance(exc, EngineError)
+            code = exc.code if known else "model_load_failed"
+            message = exc.message if known else f"{type(exc).__name__}: {exc}"
             self.failed[entry.id] = message
             log.error("loading %s failed: %s", entry.id, message)
             try:
                 engine.shutdown()
             except Exception:  # nothing more to free
                 pass
-            raise EngineError("model_load_failed", f"Loading the model '{entry.id}' "
-                              f"failed: {message}", "model") from None
+            raise EngineError(code, f"Loading the model '{entry.id}' failed: {message}",
+                              "model") from None
 
     async def _announce(self, engine: Engine | None) -> None:
         for callback in self.on_engine_change:

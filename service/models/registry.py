@@ -49,8 +49,10 @@ class ModelEntry:
     quantization: str = ""
     # Bytes of weights on disk: what loading it needs, at least.
     size_bytes: int = 0
-    # Why this engine cannot load its quantization; "" when it can.
+    # Why this engine cannot load it (its quantization, its architecture); ""
+    # when it can, and the error code that refusal carries.
     unsupported: str = ""
+    unsupported_code: str = "unsupported_quantization"
     # Bytes per parameter as stored (2 for a float16/bfloat16 checkpoint, which
     # the transformers engine widens to float32 on a CPU); 0 when not known.
     stored_bytes_per_param: int = 0
@@ -79,6 +81,21 @@ def _metadata(directory: pathlib.Path) -> dict:
 TRANSFORMERS_QUANTIZATIONS: frozenset[str] = frozenset()
 
 
+def _unservable_architecture(config) -> str:
+    """Why a checkpoint's architecture cannot be served by the transformers
+    engine (it is no causal language model transformers knows); "" when it can.
+    What its cache needs is checked when it loads (engines/transformers/kv.py)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str) or not model_type:
+        return "its config.json names no model_type"
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return (f"its architecture ({model_type[:64]}) is not a causal language model the "
+                "transformers engine can generate with")
+    return ""
+
+
 def _checkpoint_entry(path: pathlib.Path) -> ModelEntry:
     meta = _metadata(path)
     created = meta.get("created")
@@ -89,12 +106,16 @@ def _checkpoint_entry(path: pathlib.Path) -> ModelEntry:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         config = {}
+    unsupported_code = "unsupported_quantization"
+    architecture = _unservable_architecture(config)
+    if architecture:
+        unsupported, unsupported_code = architecture, "unsupported_architecture"
     quant = config.get("quantization_config") if isinstance(config, dict) else None
     if isinstance(quant, dict):
         method = str(quant.get("quant_method") or "unrecorded")
         bits = quant.get("bits")
         quantization = f"{method}{f'-{bits}bit' if bits else ''}"
-        if method not in TRANSFORMERS_QUANTIZATIONS:
+        if method not in TRANSFORMERS_QUANTIZATIONS and not unsupported:
             unsupported = (f"its quantization ({quantization}) needs kernels the transformers "
                            "engine does not have")
     size = sum(f.stat().st_size for f in path.iterdir()
@@ -111,6 +132,7 @@ def _checkpoint_entry(path: pathlib.Path) -> ModelEntry:
         quantization=quantization,
         size_bytes=size,
         unsupported=unsupported,
+        unsupported_code=unsupported_code,
         stored_bytes_per_param=stored,
     )
 

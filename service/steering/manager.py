@@ -23,7 +23,7 @@ from service.steering import documents, intensity
 from service.steering.documents import Circuit, Cluster, SteeringEntry
 from service.steering.runtime import LayerSteering, SteeringPlan
 from service.steering.sae import SaeDirectory, SaeInfo, SaeWeights
-from service.steering.store import SteeringStore
+from service.steering.store import Snapshot, SteeringStore
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,23 @@ class SteeringManager:
         self.store = store
         self.saes = SaeDirectory(saes_dir)
         self.limits = limits or intensity.IntensityLimits()
-        settings = store.settings()
+        # Others holding parts of the stored state (monitoring.py): called with
+        # every snapshot taken after this one.
+        self.followers: list = []
+        self._apply(store.snapshot())
+        self.attached: dict[str, SaeWeights] = {}
+        self._engine = None
+        self._model: tuple[int, int] | None = None  # (hidden size, layers)
+        # One management write at a time; with replicas, one in the whole
+        # cluster (steering/replication.py replaces it with its WriteGate).
+        self._lock = asyncio.Lock()
+
+    # -- the stored state ---------------------------------------------------------------
+
+    def _apply(self, snapshot: Snapshot) -> None:
+        """Replace the snapshot at once (no await: a request validated on the
+        event loop sees all of the old state or all of the new)."""
+        settings = snapshot.settings
         self.enabled: bool = bool(settings.get("enabled", True))
         self.values: tuple[SteeringEntry, ...] = documents.parse_entries(
             settings.get("values", []), "values")
@@ -115,19 +131,42 @@ class SteeringManager:
             p["name"]: Profile(p["name"], p["kind"], documents.parse_entries(p["entries"],
                                "entries"), p["target"], p["description"], p["created"],
                                p["updated"])
-            for p in store.profiles()}
+            for p in snapshot.profiles}
         # Stored dials are clamped, not refused, if the configured maxima were
         # lowered since they were written.
         self.clusters: dict[str, Cluster] = {
             d["name"]: documents.parse_cluster(d, self.limits.cluster_max, stored=True)
-            for d in store.documents("clusters")}
+            for d in snapshot.clusters}
         self.circuits: dict[str, Circuit] = {
             d["name"]: documents.parse_circuit(d, self.limits.circuit_max, stored=True)
-            for d in store.documents("circuits")}
-        self.attached: dict[str, SaeWeights] = {}
-        self._engine = None
-        self._model: tuple[int, int] | None = None  # (hidden size, layers)
-        self._lock = asyncio.Lock()  # one management write at a time
+            for d in snapshot.circuits}
+        # The SAEs to attach whenever a model they fit is loaded.
+        self.attached_ids: list[str] = list(snapshot.attached)
+        for follower in self.followers:
+            follower(snapshot)
+
+    async def follow(self, snapshot: Snapshot) -> None:
+        """Another replica changed the state: take its snapshot, and attach
+        and detach SAEs to match (write lock held)."""
+        self._apply(snapshot)
+        for sae_id in [s for s in self.attached if s not in self.attached_ids]:
+            del self.attached[sae_id]
+        if self._model is not None:
+            await self._reattach()
+
+    async def _reattach(self) -> None:
+        infos = {i.id: i for i in self.saes.scan()[0]}
+        for sae_id in self.attached_ids:
+            if sae_id in self.attached:
+                continue
+            info = infos.get(sae_id)
+            try:
+                if info is None:
+                    raise EngineError("sae_not_found", f"{sae_id} is no longer on disk")
+                await self._attach(info)
+            except EngineError as exc:
+                # Kept in the store: it re-attaches when a model it fits is loaded.
+                log.warning("not re-attaching %s: %s", sae_id, exc.message)
 
     # -- the loaded model -------------------------------------------------------------
 
@@ -140,16 +179,8 @@ class SteeringManager:
         if runtime is None:
             return
         self._model = (runtime.hidden_size, runtime.num_layers)
-        infos = {i.id: i for i in self.saes.scan()[0]}
-        for sae_id in self.store.attached_saes():
-            info = infos.get(sae_id)
-            try:
-                if info is None:
-                    raise EngineError("sae_not_found", f"{sae_id} is no longer on disk")
-                await self._attach(info)
-            except EngineError as exc:
-                # Kept in the store: it re-attaches when a model it fits is loaded.
-                log.warning("not re-attaching %s: %s", sae_id, exc.message)
+        # Not under the write lock: a model must load while the database is away.
+        await self._reattach()
 
     # -- SAEs ---------------------------------------------------------------------------
 
@@ -159,6 +190,12 @@ class SteeringManager:
     def sae_info(self, sae_id: str) -> SaeInfo:
         """An SAE on disk, attached or not (sae_not_found, invalid_sae)."""
         return self._info(sae_id)
+
+    @property
+    def write_lock(self):
+        """The lock every write to the stored state takes (with replicas, the
+        cluster-wide gate of replication.py)."""
+        return self._lock
 
     @property
     def hookable(self) -> bool:
@@ -215,14 +252,23 @@ class SteeringManager:
             info = self._info(sae_id)
             if sae_id not in self.attached:
                 await self._attach(info)
-                await self.store.set_attached(sae_id, True)
+                try:
+                    await self.store.set_attached(sae_id, True)
+                except EngineError:
+                    del self.attached[sae_id]
+                    raise
+            if sae_id not in self.attached_ids:
+                self.attached_ids.append(sae_id)
             return self.default_live()
 
     async def detach(self, sae_id: str) -> Live:
         async with self._lock:
-            if self.attached.pop(sae_id, None) is None:
+            if sae_id not in self.attached:
                 self._info(sae_id)  # 404 when it does not exist at all
             await self.store.set_attached(sae_id, False)
+            self.attached.pop(sae_id, None)
+            if sae_id in self.attached_ids:
+                self.attached_ids.remove(sae_id)
             return self.default_live()
 
     def _by_layer(self) -> dict[int, SaeWeights]:
@@ -430,8 +476,7 @@ class SteeringManager:
         deactivate = self.active in names
         statements = [*(SteeringStore.delete_profile_sql(n) for n in names), *also]
         if deactivate:
-            statements.append(("INSERT OR REPLACE INTO settings VALUES ('active_profile', ?)",
-                               ('""',)))
+            statements.append(SteeringStore.setting_sql("active_profile", ""))
         await self.store.write(*statements)
         for n in names:
             self.profiles.pop(n, None)

@@ -16,7 +16,6 @@ per row), over the tokens of the last one to two windows.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import time
 from dataclasses import dataclass
@@ -85,10 +84,10 @@ class MonitoringManager:
     def __init__(self, steering: SteeringManager):
         self.steering = steering
         self.store = steering.store
-        self.probes: dict[str, Probe] = {
-            row["name"]: Probe.from_row(row) for row in self.store.probes()}
-        self.enabled: dict[str, bool] = {
-            str(k): bool(v) for k, v in self.store.settings().get("monitoring", {}).items()}
+        self._take(self.store.probes(), self.store.settings())
+        # Another replica's change arrives as a new snapshot (replication.py).
+        steering.followers.append(lambda snapshot: self._take(snapshot.probes,
+                                                              snapshot.settings))
         self._compiled: tuple[tuple, MonitorSpec | None] = ((), None)
         self._window: collections.deque[tuple[Verdict, ...]] = collections.deque(maxlen=WINDOW)
         # Per SAE: feature activity over the monitored tokens of the last one
@@ -98,7 +97,11 @@ class MonitoringManager:
         # probe -> (read, fired) since start; replaced whole on each change, so
         # the metrics thread never iterates a dict the event loop is changing.
         self.totals: dict[str, tuple[int, int]] = {}
-        self._lock = asyncio.Lock()
+
+    def _take(self, probes: list[dict], settings: dict) -> None:
+        self.probes: dict[str, Probe] = {row["name"]: Probe.from_row(row) for row in probes}
+        self.enabled: dict[str, bool] = {
+            str(k): bool(v) for k, v in settings.get("monitoring", {}).items()}
 
     # -- probes --------------------------------------------------------------------------
 
@@ -114,7 +117,7 @@ class MonitoringManager:
     async def create_probe(self, name: str, description: str, sae_id: str, layer: int | None,
                            features: list[tuple[int, float]] | None, feature: int | None,
                            threshold: float | None) -> ProbeStatus:
-        async with self._lock:
+        async with self.steering.write_lock:
             try:
                 info = self.steering.sae_info(sae_id)
             except EngineError as exc:
@@ -125,20 +128,20 @@ class MonitoringManager:
             if name in self.probes:
                 raise EngineError("already_exists", f"A probe named '{name}' exists.", "name")
             await self.store.put_probe(probe.name, probe.row())
-            self.probes[name] = probe
+            self.probes = {**self.probes, name: probe}
             return self._status(probe)
 
     async def delete_probe(self, name: str) -> None:
-        async with self._lock:
+        async with self.steering.write_lock:
             if name not in self.probes:
                 raise EngineError("probe_not_found", f"No probe named '{name}'.", "name")
             await self.store.delete_probe(name)
-            del self.probes[name]
+            self.probes = {k: p for k, p in self.probes.items() if k != name}
 
     # -- the switch ------------------------------------------------------------------------
 
     async def set_enabled(self, model: str, enabled: bool) -> None:
-        async with self._lock:
+        async with self.steering.write_lock:
             wanted = {**self.enabled, model: enabled}
             await self.store.set_monitoring(wanted)
             self.enabled = wanted

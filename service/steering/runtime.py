@@ -156,9 +156,11 @@ class SteeringRuntime:
     requests validated afterwards can steer or read there, while a request
     already running keeps exactly the steering it was validated with."""
 
-    def __init__(self, model):
-        self.layers = _decoder_layers(model)
-        self.hidden_size = int(model.config.hidden_size)
+    def __init__(self, model, layers):
+        """`layers`: the model's decoder layers, in order (found by the engine,
+        engines/transformers/architecture.py)."""
+        self.layers = layers
+        self.hidden_size = int(model.config.get_text_config(decoder=True).hidden_size)
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.current: ForwardSteering | None = None
@@ -217,11 +219,3 @@ class SteeringRuntime:
             return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
         return hook
-
-
-def _decoder_layers(model):
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise RuntimeError(f"{type(model).__name__} has no model.layers; steering cannot hook it")
-    return layers

@@ -1,2 +1,2 @@
-"""The GGUF engine: .gguf files through llama-cpp-python, one job at a time on
-one model thread."""
+"""The GGUF engine: .gguf files through llama-cpp-python, continuously batched
+over llama.cpp sequences on one model thread."""

@@ -26,10 +26,10 @@ class GrammarMask:
         self.control = torch.tensor(control_ids, dtype=torch.long)
         self._view: tuple[int, torch.Tensor] | None = None  # (address, logits over it)
 
-    def apply(self, ctx) -> None:
+    def apply(self, ctx, index: int = -1) -> None:
         """-inf on every token that cannot continue the document, in the
-        logits of the context's last position (what llama.cpp samples from)."""
-        pointer = _logits_ith(ctx.ctx, -1)
+        logits of batch position `index` (what llama.cpp samples from)."""
+        pointer = _logits_ith(ctx.ctx, index)
         address = ctypes.addressof(pointer.contents)
         if self._view is None or self._view[0] != address:
             # The context keeps its logits in one buffer: the view is made once.

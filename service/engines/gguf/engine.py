@@ -2,13 +2,11 @@
 
 Behind the same Engine interface as the transformers engine, so servicers and
 the bridge cannot tell which one answers. One model thread owns the llama.cpp
-contexts (they are not thread-safe) and serves jobs one at a time, first in,
-first out; a job whose caller left is dropped between two tokens, so the next
-one starts at once.
-
-The *generation* context keeps the KV cache of the last sequence it ran; a
-new prompt that starts with the same tokens (a system prompt, a chat's earlier
-turns) evaluates only the rest, and the reused count is reported as
+contexts (they are not thread-safe). Generation is continuously batched over
+`slots` sequences of one context (engines/gguf/batch.py): a request joins at
+the next step, a finished one or one whose caller left frees its slot at
+once, and a prompt that starts like one a slot still holds (a system prompt,
+a chat's earlier turns) evaluates only the rest, reported as
 usage.prompt_tokens_details.cached_tokens. Scoring and embeddings read through
 contexts of their own (engines/gguf/reading.py); the sampler chain is built by
 engines/gguf/sampling.py.
@@ -17,36 +15,24 @@ engines/gguf/sampling.py.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
 
-from service.chat_template import CHATML
+from service.chat_template import CHATML, render_folding_system
 from service.engines.base import Engine, EngineStatus, LoadedModel
+from service.engines.gguf.batch import Runner, Slots
 from service.engines.gguf.constraint import GrammarMask
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.model_thread import ModelCall, answer_unrun, report_death
 from service.engines.scores import TokenTable, score_logits
-from service.errors import (
-    EngineError,
-    engine_failure,
-    internal_error,
-    invalid_parameter,
-    queue_full,
-)
-from service.generation.job import (
-    ChoiceDelta,
-    FinishReason,
-    GenerationJob,
-    GroupDone,
-    GroupFailed,
-    StepOutput,
-)
+from service.errors import engine_failure, invalid_parameter, queue_full
+from service.generation.job import GenerationJob
 from service.models.registry import GGUF
-from service.requests.generation import PromptGroup
 from service.structured_output import GrammarCache
-from service.text_output import ByteLevelDetokenizer, StopMatcher, control_char_ids
+from service.text_output import control_char_ids
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +59,10 @@ class GgufEngine(Engine):
     kind = GGUF
 
     def __init__(self, entry, threads: int = 1, max_queued: int = 256, context: int = 0,
-                 stall_s: float = 30.0):
+                 slots: int = 8, stall_s: float = 30.0):
         super().__init__(entry)
         self.threads = threads
+        self.slots = slots
         self.max_queued = max_queued
         self.stall_s = stall_s
         self.requested_context = context
@@ -97,6 +84,9 @@ class GgufEngine(Engine):
         self._running = 0
         self._generated = self._completed = self._cancelled = self._failed = 0
         self._cache_hits = 0
+        self._runner: Runner | None = None
+        self._reads: collections.deque[ModelCall] = collections.deque()  # chunked reads
+        self._ctx = self._batch = None  # the generation context and its batch
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._dead = False
@@ -119,7 +109,8 @@ class GgufEngine(Engine):
                                if k.endswith(".context_length")), 0) or 2048)
         probe.close()
         n_ctx = min(self.requested_context, trained) if self.requested_context else trained
-        self.llm = llm = self._open(n_ctx=n_ctx, n_batch=min(512, n_ctx))
+        # The model and its vocabulary; generation runs in a context of its own.
+        self.llm = llm = self._open(n_ctx=64, n_batch=64)
         model = llm._model
         vocab = model.vocab
         n_vocab = llm.n_vocab()
@@ -145,7 +136,7 @@ class GgufEngine(Engine):
         self.info = LoadedModel(
             id=self.entry.id,
             engine=self.kind,
-            context_window=llm.n_ctx(),
+            context_window=n_ctx,
             vocab_size=n_vocab,
             dtype=_DTYPES.get(quant, "unrecorded"),
             quantization=quant or "unrecorded",
@@ -154,7 +145,26 @@ class GgufEngine(Engine):
         self._readers = Readers(self._open, self.info.context_window)
         # The same grammar compiler as the transformers engine, over llama.cpp's pieces.
         self._grammars = GrammarCache.for_token_bytes(self._token_bytes, sorted(self._eog))
+        self._open_batch_context(n_ctx)
         return self.info
+
+    def _open_batch_context(self, window: int) -> None:
+        """The generation context: `slots` sequences over a unified KV cache of
+        slots x window cells (one sequence may use its whole window), with the
+        same parameters as llama-cpp-python's own context otherwise."""
+        from llama_cpp import llama_cpp as lib
+        from llama_cpp._internals import LlamaBatch, LlamaContext
+
+        params = lib.llama_context_params.from_buffer_copy(self.llm.context_params)
+        cells = window * self.slots
+        n_batch = min(512, cells)
+        params.n_ctx, params.n_batch, params.n_ubatch = cells, n_batch, n_batch
+        params.n_seq_max, params.kv_unified = self.slots, True
+        self._ctx = LlamaContext(model=self.llm._model, params=params, verbose=False)
+        self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
+        self._runner = Runner(self._ctx, self._batch, n_batch, Slots(self.slots, cells),
+                              self._eog, self._row_tools, self._token_bytes, self._count,
+                              self.stall_s)
 
     @property
     def special_tokens(self) -> tuple[str, ...]:
@@ -173,7 +183,8 @@ class GgufEngine(Engine):
         from jinja2 import TemplateError
 
         try:
-            rendered = self._formatter(messages=messages, tools=tools).prompt
+            rendered = render_folding_system(
+                lambda turns: self._formatter(messages=turns, tools=tools).prompt, messages)
         except TemplateError as exc:
             raise invalid_parameter("messages", f"The chat template refused the "
                                     f"conversation: {exc}") from None
@@ -215,152 +226,89 @@ class GgufEngine(Engine):
         self._inbox.put(ModelCall(fn, future, loop))
         return future
 
+    _COUNTERS = {"waiting": "_waiting", "running": "_running", "generated": "_generated",
+                 "cache_hits": "_cache_hits", "done": "_completed", "cancelled": "_cancelled",
+                 "failed": "_failed"}
+
+    def _count(self, what: str, amount: int) -> None:
+        """Move one of the counters status() reports (the runner's only way in)."""
+        attribute = self._COUNTERS[what]
+        with self._lock:
+            setattr(self, attribute, getattr(self, attribute) + amount)
+
     def _run(self) -> None:
         try:
-            self._serve_inbox()
+            self._serve(self._runner)
         except BaseException:
-            # Each job's own failures are caught in _run_job; this is the thread itself.
+            # A row's or a read's own failures are handled where they happen;
+            # this is the thread itself.
             log.critical("GGUF model thread died; the engine stops serving", exc_info=True)
-            self._dead = True
-            answer_unrun(self._inbox, engine_failure(
-                "The engine's model thread stopped; it is restarting. Retry shortly."))
-            report_death()
-
-    def _serve_inbox(self) -> None:
-        while not self._stopping:
-            item = self._inbox.get()
-            if item is None:
-                break
-            if isinstance(item, ModelCall):
-                if not item.abandoned:
-                    item.run_to_end(self)
-                continue
             with self._lock:
-                self._waiting -= 1
-                self._running = 1
-            try:
-                self._run_job(item)
-            finally:
-                with self._lock:
-                    self._running = 0
-        # Whatever still waits is cancelled; its callers see the engine go.
+                self._dead = True
+            error = engine_failure("The engine's model thread stopped; it is restarting. "
+                                   "Retry shortly.")
+            self._runner.fail_all(error)
+            for call in self._reads:
+                self._inbox.put(call)
+            answer_unrun(self._inbox, error)
+            report_death()
+            return
+        # Whatever still waits or runs is cancelled; its callers see the engine go.
+        self._runner.stop()
+        for call in self._reads:
+            self._inbox.put(call)
         answer_unrun(self._inbox)
 
-    def _end(self, outcome: str) -> None:
-        with self._lock:
-            if outcome == "done":
-                self._completed += 1
-            elif outcome == "cancelled":
-                self._cancelled += 1
-            else:
-                self._failed += 1
+    def _serve(self, runner: Runner) -> None:
+        """Each turn: take the inbox, drop what callers left, one chunk of the
+        oldest read (reads take turns between decode steps), admit, one step."""
+        while not self._stopping and self._take_inbox(runner):
+            runner.drop_cancelled()
+            self._read_one_chunk()
+            runner.admit()
+            if runner.slots.rows:
+                runner.step()
 
-    def _run_job(self, job: GenerationJob) -> None:
-        if job.cancelled.is_set():
-            self._end("cancelled")
+    def _read_one_chunk(self) -> None:
+        while self._reads:
+            call = self._reads.popleft()
+            if call.abandoned:
+                call.drop()
+                continue
+            if not call.run(self):
+                self._reads.append(call)
             return
+
+    def _take_inbox(self, runner: Runner) -> bool:
+        """Queue the reads and jobs the inbox holds, waiting for one while there
+        is nothing to do; False once shutdown is asked."""
+        idle = not runner.waiting and not runner.slots.rows and not self._reads
         try:
-            for group in job.spec.groups:
-                if not self._run_group(job, group):
-                    self._end("cancelled")
-                    return
-        except EngineError as exc:
-            job.post(GroupFailed(exc))
-            self._end("failed")
-            return
-        except Exception:
-            log.exception("GGUF generation failed")
-            job.post(GroupFailed(internal_error()))
-            self._end("failed")
-            return
-        self._end("done")
+            item = self._inbox.get(block=idle)
+            while item is not None:
+                if isinstance(item, ModelCall):
+                    self._reads.append(item)
+                else:
+                    runner.add(item)
+                item = self._inbox.get_nowait()
+            return False
+        except queue.Empty:
+            return True
 
-    def _reuse_prefix(self, prompt: list[int]) -> int:
-        """Keep the KV of the longest prefix this prompt shares with what the
-        context holds; at least one prompt token is evaluated again so its
-        logits are fresh. Returns the tokens reused."""
-        llm = self.llm
-        held = llm.input_ids[: llm.n_tokens]
-        limit = min(len(held), len(prompt) - 1)
-        same = 0
-        while same < limit and held[same] == prompt[same]:
-            same += 1
-        if same > 0 and llm._ctx.kv_cache_seq_rm(-1, same, -1):
-            llm.n_tokens = same
-            return same
-        llm.reset()
-        llm._ctx.kv_cache_clear()
-        return 0
-
-    def _sampler(self, spec, seed: int):
-        # Control tokens other than end-of-generation must never be generated
-        # (a forged <|im_start|> would open a new turn); ignore_eos bans those too.
+    def _row_tools(self, spec, seed: int):
+        """A row's sampler chain and grammar mask. Control tokens other than
+        end-of-generation must never be generated (a forged <|im_start|> would
+        open a new turn); ignore_eos bans those too."""
         banned = set(self._control - self._eog)
         if spec.ignore_eos:
             banned |= self._eog
-        return sampler_chain(spec.options, self.llm.n_vocab(), banned, seed,
-                             history=self.llm.n_ctx())
-
-    def _run_group(self, job: GenerationJob, group: PromptGroup) -> bool:
-        """Generate one prompt's choice; False when the caller left."""
-        llm, spec = self.llm, job.spec
-        prompt = list(group.prompt_ids)
-        if spec.seed is None:
-            cached = self._reuse_prefix(prompt)
-        else:
-            # A seeded request evaluates its whole prompt from an empty cache:
-            # a reused prefix changes the batch shapes, and with them the last
-            # bits of the logits, so its text would depend on what ran before.
-            self.llm.reset()
-            self.llm._ctx.kv_cache_clear()
-            cached = 0
-        with self._lock:
-            self._cache_hits += cached
-        llm.eval(prompt[cached:])
-        seed = group.row_seeds[0] & 0xFFFFFFFF
-        sampler = self._sampler(spec, seed)
+        sampler = sampler_chain(spec.options, self.llm.n_vocab(), banned, seed,
+                                history=self.info.context_window)
         # A JSON document holds no raw control character; a tool call's syntax has newlines.
-        mask = (GrammarMask(spec.grammar, llm.n_vocab(),
+        mask = (GrammarMask(spec.grammar, self.llm.n_vocab(),
                             self._control_char_ids if spec.constraint is not None else [])
                 if spec.grammar is not None else None)
-        detokenizer = ByteLevelDetokenizer(self._token_bytes)
-        stopper = StopMatcher(spec.stop)
-        generated = 0
-        index = group.first_index
-        while True:
-            if job.cancelled.is_set() or self._stopping:
-                return False
-            if job.stalled(self.stall_s):
-                job.abandon()
-                return False
-            if mask is not None:
-                mask.apply(llm._ctx)
-            token = sampler.sample(llm._ctx, -1)
-            if mask is not None and not mask.accept(token):
-                # The mask allowed only tokens the grammar accepts; the document
-                # check after the choice ends refuses the output.
-                log.error("grammar refused a token its own mask allowed")
-            generated += 1
-            with self._lock:
-                self._generated += 1
-            if token in self._eog and not spec.ignore_eos:
-                text, hit = stopper.push(detokenizer.flush())
-                text = text if hit else text + stopper.flush()
-                job.post(StepOutput((ChoiceDelta(index, text, (token,), FinishReason.STOP),)))
-                break
-            text, hit = stopper.push(detokenizer.push(token))
-            if hit:
-                job.post(StepOutput((ChoiceDelta(index, text, (token,), FinishReason.STOP),)))
-                break
-            if generated >= group.max_tokens:
-                tail, hit = stopper.push(detokenizer.flush())
-                text += tail if hit else tail + stopper.flush()
-                job.post(StepOutput((ChoiceDelta(index, text, (token,), FinishReason.LENGTH),)))
-                break
-            job.post(StepOutput((ChoiceDelta(index, text, (token,)),)))
-            llm.eval([token])
-        job.post(GroupDone(generated, cached))
-        return True
+        return sampler, mask
 
     # -- reading (engines/gguf/reading.py) ----------------------------------------------
 
@@ -389,29 +337,26 @@ class GgufEngine(Engine):
     # -- status and shutdown ----------------------------------------------------------
 
     async def clear_prefix_cache(self) -> int:
-        def clear(engine: GgufEngine) -> int:
-            held = engine.llm.n_tokens
-            engine.llm.reset()
-            engine.llm._ctx.kv_cache_clear()
-            return held
-
-        return await self._call(clear)
+        return await self._call(lambda engine: engine._runner.clear_idle())
 
     def status(self) -> EngineStatus:
         with self._lock:
+            slots = self._runner.slots if self._runner is not None else None
+            rows = len(slots.rows) if slots is not None else 0
             return EngineStatus(
-                backend="gguf/serial",
+                backend="gguf/continuous-batching",
                 active_generations=self._running,
                 queued_requests=self._waiting,
                 generated_tokens_total=self._generated,
                 completed_generations_total=self._completed,
                 cancelled_generations_total=self._cancelled,
                 failed_generations_total=self._failed,
-                running_rows=self._running,
-                lanes=self._running,
-                max_batch=1,
+                running_rows=rows,
+                lanes=1 if rows else 0,
+                max_batch=self.slots,
                 max_queued=self.max_queued,
-                prefix_cache_tokens=self.llm.n_tokens if self.llm is not None else 0,
+                kv_tokens_in_use=slots.held() if slots is not None else 0,
+                prefix_cache_tokens=slots.idle_tokens() if slots is not None else 0,
                 prefix_cache_hit_tokens_total=self._cache_hits,
             )
 
@@ -422,6 +367,7 @@ class GgufEngine(Engine):
             self._thread.join(timeout=10)
         if self._readers is not None:
             self._readers.close()
-        if self.llm is not None:
-            self.llm.close()
-        self.llm = self._readers = None
+        for native in (self._batch, self._ctx, self.llm):
+            if native is not None:
+                native.close()
+        self.llm = self._readers = self._ctx = self._batch = self._runner = None

@@ -23,7 +23,7 @@ import torch
 
 from service.engines import faults
 from service.engines.scores import TokenTable
-from service.engines.transformers import reading
+from service.engines.transformers import kv, reading
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
 from service.requests.generation import PromptGroup
 from service.sampling import SamplingOptions, apply_penalties, choose_tokens
@@ -62,6 +62,8 @@ class ModelContext:
     batch_matcher: object = None
     # The steering hooks; rows hand them their own deltas for each forward pass.
     steering: SteeringRuntime | None = None
+    # False when a layer keeps a recurrent state (kv.py): no prefix cache.
+    reuses_prefixes: bool = True
 
     @functools.cached_property
     def tokens(self) -> TokenTable:
@@ -249,13 +251,13 @@ def prefill(
     A lone group may start from cached prefix blocks (`read_cache`); groups
     prefilled together never do, so they share one starting column.
     """
-    from transformers import DynamicCache
-
     faults.hit("prefill")
     device = ctx.device
+    config = ctx.model.config
     prompts = [p.group.prompt_ids for p in progresses]
     cached, layers = (0, [])
-    if read_cache and len(progresses) == 1 and not progresses[0].steered_or_reading:
+    if (read_cache and ctx.reuses_prefixes and len(progresses) == 1
+            and not progresses[0].steered_or_reading):
         cached, layers = prefix_cache.lookup(prompts[0])
         if not progresses[0].continuation:
             progresses[0].cached_tokens = cached
@@ -268,7 +270,7 @@ def prefill(
         ids[i, start:] = torch.tensor(prompt, dtype=torch.long, device=device)
         mask[i, start:] = 1
         positions[i, start:] = torch.arange(len(prompt), device=device)
-    cache = DynamicCache(ddp_cache_data=layers) if cached else DynamicCache()
+    cache = kv.from_prefix(config, layers) if cached else kv.new_cache(config)
     steering = _prefill_steering(ctx, progresses, width, ids)
     with _steered(ctx, steering):
         out = ctx.model(
@@ -279,16 +281,18 @@ def prefill(
             use_cache=True,
             logits_to_keep=1,
         )
-    for i, prompt in enumerate(prompts):
-        if not progresses[i].steered_or_reading:
-            prefix_cache.store(prompt, cache, row=i, start=width - len(prompt))
+    if ctx.reuses_prefixes:
+        computed = kv.attention_kv(cache)
+        for i, prompt in enumerate(prompts):
+            if not progresses[i].steered_or_reading:
+                prefix_cache.store(prompt, computed, row=i, start=width - len(prompt))
 
     # One row per choice: group i's KV is repeated for its n rows.
     owner = [i for i, p in enumerate(progresses) for _ in range(p.group.n)]
     rows = [Row(ctx, p, j) for p in progresses for j in range(p.group.n)]
     index = torch.tensor(owner, dtype=torch.long, device=device)
     if owner != list(range(len(prompts))):
-        cache.batch_select_indices(index)
+        kv.select_rows(cache, index)
     logits = out.logits[:, -1, :].float()[index]
     mask = mask[index]
     counts = torch.zeros((len(rows), ctx.vocab_width), dtype=torch.float32, device=device)
@@ -299,7 +303,7 @@ def prefill(
     keep = [r for r, (_, _, done) in enumerate(results) if not done]
     if len(keep) < len(rows) and keep:
         index = torch.tensor(keep, dtype=torch.long, device=device)
-        cache.batch_select_indices(index)
+        kv.select_rows(cache, index)
         mask, counts, seen = mask[index], counts[index], seen[index]
     return Prefilled([rows[r] for r in keep], cache, mask, counts, seen, results)
 

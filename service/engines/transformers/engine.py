@@ -16,15 +16,16 @@ import threading
 import torch
 import xgrammar
 
-from service.chat_template import CHATML
+from service.chat_template import CHATML, render_folding_system
 from service.engines.base import (
     Engine,
     EngineCapabilities,
     EngineStatus,
     LoadedModel,
 )
-from service.engines.transformers import reading
+from service.engines.transformers import kv, reading
 from service.engines.transformers.admission import SchedulerLimits
+from service.engines.transformers.architecture import LayersNotFound, decoder_layers
 from service.engines.transformers.batch import ModelContext
 from service.engines.transformers.prefix_cache import PrefixCache
 from service.engines.transformers.scheduler import Scheduler
@@ -73,14 +74,18 @@ class TransformersEngine(Engine):
         self.decoder = None
         self._encode_lock = threading.Lock()
         self._steering: SteeringRuntime | None = None  # known once started
+        self._recurrent = False  # a layer keeps a per-row state (kv.py): no prefix reuse
 
     # -- loading and tokenization -------------------------------------------------
 
     def load(self) -> LoadedModel:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         path = self.entry.path
         tokenizer = AutoTokenizer.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path)
+        # A cache the lanes cannot hold is refused now, not at every request.
+        self._recurrent = kv.check_servable(config)
         dtype = torch.float32 if self.device.type == "cpu" else "auto"
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
         model.eval()
@@ -141,9 +146,10 @@ class TransformersEngine(Engine):
         template = None if self.tokenizer.chat_template else CHATML
         with self._encode_lock:
             try:
-                text = self.tokenizer.apply_chat_template(
-                    messages, chat_template=template, add_generation_prompt=True, tokenize=False,
-                    tools=tools)
+                text = render_folding_system(
+                    lambda turns: self.tokenizer.apply_chat_template(
+                        turns, chat_template=template, add_generation_prompt=True,
+                        tokenize=False, tools=tools), messages)
             except TemplateError as exc:
                 # Templates refuse conversations they cannot render (say, roles
                 # that do not alternate): the caller's to fix.
@@ -175,8 +181,11 @@ class TransformersEngine(Engine):
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             # Forward hooks on its decoder layers carry per-row SAE steering.
-            steering = SteeringRuntime(self.model)
-        except RuntimeError as exc:
+            layers = decoder_layers(self.model)
+            steering = SteeringRuntime(self.model, layers.modules)
+            log.info("%s: steering hooks on %s (%d layers)", self.entry.id, layers.path,
+                     len(layers.modules))
+        except LayersNotFound as exc:
             # A layout the hooks cannot reach: served, and steering fields are
             # refused with steering_unavailable (requests/fields.py).
             log.warning("steering unavailable for %s: %s", self.entry.id, exc)
@@ -195,6 +204,7 @@ class TransformersEngine(Engine):
             control_ids=self._control_ids(),
             batch_matcher=xgrammar.BatchGrammarMatcher(max_threads=1),
             steering=steering,
+            reuses_prefixes=not self._recurrent,
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()

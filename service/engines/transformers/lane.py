@@ -5,7 +5,8 @@ row r's real tokens occupy the last `length_r` columns, an attention mask hides
 the padding, and explicit position ids give each row its own positions. A row
 joins a lane after its own prefill (left-padding whichever side is shorter) and
 leaves it as soon as it finishes or its caller goes away; columns that no
-remaining row uses are trimmed.
+remaining row uses are trimmed. What each layer's cache holds, and how it is
+padded, selected and trimmed, is engines/transformers/kv.py's.
 """
 
 from __future__ import annotations
@@ -13,18 +14,11 @@ from __future__ import annotations
 import torch
 
 from service.engines import faults
+from service.engines.transformers import kv
 from service.engines.transformers.batch import ModelContext, Prefilled, Row, _steered, sample
 from service.generation.job import ChoiceDelta
 from service.steering.probes import add_reads
 from service.steering.runtime import Capture, ForwardSteering, stack_deltas
-
-
-def _pad_left(tensor: torch.Tensor, amount: int, dim: int) -> torch.Tensor:
-    if amount == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = amount
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 class Lane:
@@ -63,14 +57,9 @@ class Lane:
             return
         width = max(self.kv_columns, new.mask.shape[1])
         grow_old, grow_new = width - self.kv_columns, width - new.mask.shape[1]
-        for old_layer, new_layer in zip(self.cache.layers, new.cache.layers, strict=True):
-            old_layer.keys = torch.cat(
-                [_pad_left(old_layer.keys, grow_old, 2), _pad_left(new_layer.keys, grow_new, 2)]
-            )
-            old_layer.values = torch.cat(
-                [_pad_left(old_layer.values, grow_old, 2), _pad_left(new_layer.values, grow_new, 2)]
-            )
-        self.mask = torch.cat([_pad_left(self.mask, grow_old, 1), _pad_left(new.mask, grow_new, 1)])
+        kv.append_rows(self.cache, new.cache, grow_old, grow_new)
+        self.mask = torch.cat([kv.pad_left(self.mask, grow_old, 1),
+                               kv.pad_left(new.mask, grow_new, 1)])
         self.positions = torch.cat([self.positions, positions])
         self.counts = torch.cat([self.counts, new.counts])
         self.seen = torch.cat([self.seen, new.seen])
@@ -85,7 +74,7 @@ class Lane:
             self.positions = self.counts = self.seen = None
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.ctx.device)
-        self.cache.batch_select_indices(index)
+        kv.select_rows(self.cache, index)
         self.mask, self.positions = self.mask[index], self.positions[index]
         self.counts, self.seen = self.counts[index], self.seen[index]
         self.rows = [self.rows[i] for i in keep]
@@ -93,9 +82,7 @@ class Lane:
         first = int(torch.nonzero(self.mask.any(dim=0))[0])
         if first > 0:
             self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
-                layer.keys = layer.keys[:, :, first:, :]
-                layer.values = layer.values[:, :, first:, :]
+            kv.trim_columns(self.cache, first)
 
     def _steering(self) -> ForwardSteering | None:
         """The rows' own deltas (stacked once per set of rows) and captures."""

@@ -91,13 +91,14 @@ class PrefixCache:
         self.hit_tokens_total += tokens
         return tokens, layers
 
-    def store(self, prompt: tuple[int, ...], cache, row: int = 0, start: int = 0) -> None:
+    def store(self, prompt: tuple[int, ...], layers: list[tuple[torch.Tensor, torch.Tensor]],
+              row: int = 0, start: int = 0) -> None:
         """Keep each full block of `prompt`, whose KV sits in `row` of a freshly
-        prefilled cache from column `start` on (after any left padding)."""
+        prefilled cache's attention layers (keys, values) from column `start`
+        on (after any left padding)."""
         if not self.enabled:
             return
         blocks = len(prompt) // BLOCK_TOKENS
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
         for i, digest in enumerate(_block_digests(prompt, blocks)):
             if digest in self._blocks:
                 self._blocks.move_to_end(digest)

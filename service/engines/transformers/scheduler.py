@@ -268,6 +268,7 @@ class Scheduler:
                                                       held[id(job)] + group.n > share)):
                     break
                 waiting.groups.popleft()
+                job.admitted_at = job.admitted_at or now
                 room -= group.n
                 held[id(job)] += group.n
                 with self._lock:

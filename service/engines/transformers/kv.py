@@ -1,0 +1,150 @@
+"""The per-row model state a lane carries between steps, for every family.
+
+A lane keeps its rows' state in one transformers `DynamicCache`. Two kinds of
+layer state exist across the families we serve:
+
+- attention layers hold keys and values per token column: left-padded, so
+  rows of different lengths line up, concatenated along the column axis when
+  a lane grows, trimmed when the columns no remaining row uses are dropped,
+  and cut into prefix-cache blocks;
+- recurrent layers (LFM2's short convolutions; Mamba-style linear
+  attention) hold a fixed-size state per row, with no token columns: they are
+  only selected, repeated and concatenated by row.
+
+Sliding-window attention layers are kept in full here (a `DynamicLayer`, not
+transformers' truncating `DynamicSlidingWindowLayer`): every attention layer
+then has the same columns, which is what left padding and trimming need, and
+the window is applied by the model's own attention mask, whose distances are
+the column distances (a row's tokens are contiguous). The cost is memory: a
+sliding layer holds the whole context instead of its window.
+
+A recurrent state summarises the whole prefix, so a prompt cannot resume from
+a cached block boundary: models with one never use the prefix cache
+(`reuses_prefixes`), and that is the one rule about it.
+
+Anything else (a cache layer kind not listed here) is not served: the load
+refuses it with `unsupported_architecture` rather than failing per request.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+    LinearAttentionLayer,
+)
+
+from service.errors import EngineError
+
+# Layer kinds, by what a lane does with them.
+ATTENTION, RECURRENT, BOTH, NONE = "attention", "recurrent", "both", "none"
+
+
+def _kind(layer) -> str:
+    recurrent = isinstance(layer, LinearAttentionCacheLayerMixin)
+    if isinstance(layer, DummyLayer):
+        return NONE
+    if recurrent and isinstance(layer, DynamicSlidingWindowLayer):
+        return ""  # a truncating window beside a state: not handled
+    if recurrent and isinstance(layer, DynamicLayer):
+        return BOTH
+    if recurrent:
+        return RECURRENT if type(layer) is LinearAttentionLayer else ""
+    if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer):
+        return ATTENTION
+    return ""
+
+
+def new_cache(config) -> DynamicCache:
+    """An empty cache with the model's own layer kinds, sliding layers kept in full."""
+    cache = DynamicCache(config=config)
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is DynamicSlidingWindowLayer:
+            cache.layers[i] = DynamicLayer()
+    return cache
+
+
+def check_servable(config) -> bool:
+    """Refuse (unsupported_architecture) a model whose cache holds layer kinds
+    a lane cannot pad, trim and select; True when it has recurrent state."""
+    cache = DynamicCache(config=config)
+    kinds = [_kind(layer) for layer in cache.layers]
+    unknown = sorted({type(layer).__name__ for layer, k in zip(cache.layers, kinds, strict=True)
+                      if not k})
+    if unknown:
+        raise EngineError("unsupported_architecture", f"The transformers engine cannot batch "
+                          f"this model's cache layers ({', '.join(unknown)}).", "model")
+    return any(k in (RECURRENT, BOTH) for k in kinds)
+
+
+def _has_keys(layer) -> bool:
+    return _kind(layer) in (ATTENTION, BOTH) and getattr(layer, "keys", None) is not None
+
+
+def _states(layer) -> list[tuple[dict, int]]:
+    """(the dict, key) of each initialised recurrent state of a layer."""
+    if _kind(layer) not in (RECURRENT, BOTH):
+        return []
+    found = []
+    for store, ready in ((layer.conv_states, layer.is_conv_states_initialized),
+                         (layer.recurrent_states, layer.is_recurrent_states_initialized)):
+        found += [(store, i) for i, is_ready in ready.items() if is_ready]
+    return found
+
+
+def attention_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each attention layer's (keys, values) [rows, heads, columns, dim], in order."""
+    return [(layer.keys, layer.values) for layer in cache.layers if _has_keys(layer)]
+
+
+def from_prefix(config, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A cache holding a cached prefix's keys and values (attention-only models)."""
+    cache = new_cache(config)
+    found = iter(layers)
+    for layer in cache.layers:
+        if _kind(layer) == ATTENTION:
+            keys, values = next(found)
+            layer.update(keys, values)
+    return cache
+
+
+def select_rows(cache, index: torch.Tensor) -> None:
+    """Keep (or repeat) the rows in `index`, in that order."""
+    for layer in cache.layers:
+        if _has_keys(layer):
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
+        for store, i in _states(layer):
+            store[i] = store[i][index.to(store[i].device)]
+
+
+def pad_left(tensor: torch.Tensor, amount: int, dim: int) -> torch.Tensor:
+    if amount == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = amount
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def append_rows(cache, other, grow_old: int, grow_new: int) -> None:
+    """Add `other`'s rows after `cache`'s, left-padding the attention columns
+    of each by its grow amount so both end on the same column."""
+    for mine, theirs in zip(cache.layers, other.layers, strict=True):
+        if _has_keys(mine):
+            mine.keys = torch.cat([pad_left(mine.keys, grow_old, 2),
+                                   pad_left(theirs.keys, grow_new, 2)])
+            mine.values = torch.cat([pad_left(mine.values, grow_old, 2),
+                                     pad_left(theirs.values, grow_new, 2)])
+        for (store, i), (their_store, _) in zip(_states(mine), _states(theirs), strict=True):
+            store[i] = torch.cat([store[i], their_store[i]])
+
+
+def trim_columns(cache, first: int) -> None:
+    """Drop the first `first` attention columns (padding for every row left)."""
+    for layer in cache.layers:
+        if _has_keys(layer):
+            layer.keys = layer.keys[:, :, first:, :]
+            layer.values = layer.values[:, :, first:, :]

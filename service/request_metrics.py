@@ -1,0 +1,95 @@
+"""Per-request serving metrics under the names autoscalers and the Gateway
+API Inference Extension read.
+
+Why these names: GIE's endpoint picker (and llm-d's) and the usual KEDA/HPA
+recipes read vLLM's metric names by default; a pod labelled
+`llm-d.ai/engine-type: vllm` is scraped with that mapping. Exporting the same
+names, types, units and `model_name` label lets miLLM replicas sit in such a
+pool unchanged. The semantics follow GIE's model server protocol
+(docs/proposals/003-model-server-protocol): waiting and running requests are
+gauges, KV-cache usage is a 0-1 fraction. Scrape-time gauges are in
+service/metrics.py; this module holds what is recorded as requests run
+(generation/run.py calls `observe`), once per request.
+
+Definitions (docs/operations.md has the table):
+- time to first token: from the request's validation starting to its first
+  generated token leaving the model thread;
+- inter-token latency: between two steps of one request, divided by the
+  tokens one row gained in that step (a slow reader's merged steps count as
+  several tokens);
+- queue time: from the job's submission to its first part being admitted
+  into the running batch (engines that report admission; others omit it);
+- prefix-cache queries and hits: prompt tokens looked up and tokens served
+  from the prefix cache, counted when each request finishes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+LABEL = ["model_name"]
+
+
+class RequestMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        def histogram(name, help_, buckets):
+            return Histogram(name, help_, LABEL, buckets=buckets, registry=registry)
+
+        def counter(name, help_):
+            return Counter(name, help_, LABEL, registry=registry)
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds",
+                              "Time to the first generated token", TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds",
+                             "Time between two generated tokens of one request", ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds",
+                             "Time from a request's validation to its last token", E2E_BUCKETS)
+        self.queue = histogram("vllm:request_queue_time_seconds",
+                               "Time a request waited before joining the running batch",
+                               E2E_BUCKETS)
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of finished requests")
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = counter("vllm:prefix_cache_hits",
+                                   "Prompt tokens served from the prefix cache")
+
+    def request(self, model: str, started: float) -> RequestTimer:
+        return RequestTimer(self, model, started)
+
+
+class RequestTimer:
+    """One request's timings (generation/run.py)."""
+
+    def __init__(self, metrics: RequestMetrics, model: str, started: float):
+        self._m, self._model, self._started = metrics, model, started
+        self._last: float | None = None
+
+    def step(self, tokens_per_row: int) -> None:
+        """A step of output left the model thread; tokens_per_row: the most
+        tokens any one row gained in it."""
+        if tokens_per_row <= 0:
+            return
+        now = time.monotonic()
+        if self._last is None:
+            self._m.ttft.labels(self._model).observe(now - self._started)
+        else:
+            self._m.itl.labels(self._model).observe((now - self._last) / tokens_per_row)
+        self._last = now
+
+    def queued(self, seconds: float) -> None:
+        self._m.queue.labels(self._model).observe(max(0.0, seconds))
+
+    def finished(self, prompt_tokens: int, cached_tokens: int) -> None:
+        m, model = self._m, self._model
+        m.e2e.labels(model).observe(time.monotonic() - self._started)
+        m.prompt_tokens.labels(model).inc(prompt_tokens)
+        m.prefix_queries.labels(model).inc(prompt_tokens)
+        m.prefix_hits.labels(model).inc(cached_tokens)

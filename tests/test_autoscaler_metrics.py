@@ -1,0 +1,113 @@
+"""The metrics autoscalers and GIE's endpoint picker read, on the engine's
+metrics port: vLLM's names and types, labelled with the model name, values
+that agree with the requests actually served; the port open without a key
+when MILLM_METRICS_OPEN=1 (gRPC still needs one); /readyz and /health there.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from millm.v1 import generation_pb2, generation_service_pb2_grpc
+from tests import harness
+from tests.conftest import MODEL
+from tests.grpc_helpers import chat_request
+
+KEY = "inf-0123456789abcdef-secret"
+KEYS = json.dumps({"keys": [{"name": "svc", "scopes": ["inference"], "key": KEY}]})
+SYSTEM = ("You are a careful assistant for the harbour office. Answer in one short sentence, "
+          "name the pier, and never invent a timetable. ") * 3
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("autoscaler")
+    metrics_port = harness.free_port()
+    process, port = harness.start_engine(tmp, MILLM_API_KEYS=KEYS, MILLM_METRICS_OPEN="1",
+                                         MILLM_METRICS_PORT=str(metrics_port))
+    try:
+        harness.wait_serving(process, port)
+        yield port, metrics_port
+    finally:
+        process.stop()
+
+
+def scrape(metrics_port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as reply:
+        text = reply.read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def sample(families: dict, family: str, suffix: str = "", default=None, **labels) -> float:
+    for s in families[family].samples:
+        if s.name == family + suffix and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    if default is not None:  # a labelled series appears with its first request
+        return default
+    raise KeyError(f"{family}{suffix} {labels}")
+
+
+def test_the_gie_and_autoscaler_metrics_follow_the_requests_served(engine):
+    port, metrics_port = engine
+    before = scrape(metrics_port)  # no key: the port is open
+    for name, kind in (("vllm:num_requests_waiting", "gauge"),
+                       ("vllm:num_requests_running", "gauge"),
+                       ("vllm:kv_cache_usage_perc", "gauge"),
+                       ("vllm:cache_config_info", "gauge"),
+                       ("vllm:generation_tokens", "counter"),
+                       ("vllm:prompt_tokens", "counter"),
+                       ("vllm:prefix_cache_queries", "counter"),
+                       ("vllm:prefix_cache_hits", "counter"),
+                       ("vllm:time_to_first_token_seconds", "histogram"),
+                       ("vllm:inter_token_latency_seconds", "histogram"),
+                       ("vllm:e2e_request_latency_seconds", "histogram"),
+                       ("vllm:request_queue_time_seconds", "histogram")):
+        assert before[name].type == kind, name
+    assert sample(before, "vllm:num_requests_waiting", model_name=MODEL) == 0
+    assert 0 <= sample(before, "vllm:kv_cache_usage_perc", model_name=MODEL) <= 1
+    metadata = (("authorization", f"Bearer {KEY}"),)
+    prompt_tokens = completion = 0
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:  # gRPC still needs the key
+            list(stub.Generate(chat_request("hi", max_tokens=2)))
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        for question in ("Where is pier four?", "When does the ferry leave?", "Is it windy?"):
+            request = chat_request(question, temperature=0, max_tokens=8, ignore_eos=True)
+            request.chat.messages.insert(0, generation_pb2.ChatMessage(
+                role=generation_pb2.ROLE_SYSTEM, content=SYSTEM))
+            responses = list(stub.Generate(request, metadata=metadata))
+            usage = responses[-1].usage
+            prompt_tokens += usage.prompt_tokens
+            completion += usage.completion_tokens
+    after = scrape(metrics_port)
+
+    def grew(family, suffix=""):
+        return (sample(after, family, suffix, model_name=MODEL)
+                - sample(before, family, suffix, 0.0, model_name=MODEL))
+
+    assert grew("vllm:prompt_tokens", "_total") == prompt_tokens
+    assert grew("vllm:prefix_cache_queries", "_total") == prompt_tokens
+    # The shared system prompt's blocks are served from the prefix cache.
+    assert 0 < grew("vllm:prefix_cache_hits", "_total") < prompt_tokens
+    assert grew("vllm:generation_tokens", "_total") == completion == 24
+    for family in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+                   "vllm:request_queue_time_seconds"):
+        assert grew(family, "_count") == 3, family
+    assert grew("vllm:inter_token_latency_seconds", "_count") >= 3 * 7 - 3
+    assert sample(after, "vllm:num_requests_running", model_name=MODEL) == 0
+    assert 0 <= sample(after, "vllm:kv_cache_usage_perc", model_name=MODEL) <= 1
+
+
+def test_readyz_and_health_on_the_metrics_port(engine):
+    _, metrics_port = engine
+    for path in ("/readyz", "/health"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}{path}") as reply:
+            body = json.loads(reply.read())
+        assert reply.status == 200
+        assert body == {"status": "ready", "model": MODEL, "state_store": "available"}

@@ -1,0 +1,267 @@
+"""Two real engines and one bridge on one real PostgreSQL (tests/postgres.py):
+every replica applies every change, within a second; the operator wins across
+replicas; an engine killed mid-write loses nothing committed and catches up
+before SERVING when it comes back; with the database stopped, generation goes
+on with the last applied state while writes answer 503, and everything
+recovers when it is back. Each engine is also addressed directly over gRPC,
+so "visible on both" is checked on both, not on whichever the bridge picked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from millm.v1 import generation_service_pb2_grpc, steering_pb2, steering_service_pb2
+from millm.v1 import steering_service_pb2_grpc as steering_grpc
+from tests import harness
+from tests.grpc_helpers import chat_request, error_info
+from tests.http_helpers import call
+from tests.postgres import PostgresCluster
+
+L1 = "sae_millm-tiny-res-l1"
+PROMPT = "Tell me about the sea."
+
+
+class Replica:
+    """One engine, with its own gRPC channel and stubs."""
+
+    def __init__(self, tmp, url: str, name: str):
+        self.tmp = tmp / name
+        self.tmp.mkdir(exist_ok=True)
+        self.url = url
+        self.metrics_port = harness.free_port()
+        self.start()
+
+    def start(self) -> None:
+        self.process, self.port = harness.start_engine(
+            self.tmp, MILLM_DATABASE_URL=self.url, MILLM_METRICS_PORT=str(self.metrics_port))
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.steering = steering_grpc.SteeringServiceStub(self.channel)
+        self.generation = generation_service_pb2_grpc.GenerationServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.process.stop()
+
+    def profile(self, name: str):
+        try:
+            return self.steering.GetProfile(
+                steering_service_pb2.GetProfileRequest(name=name), timeout=5).profile
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    def chat(self, **fields) -> str:
+        request = chat_request(PROMPT, temperature=0, max_tokens=24)
+        for key, value in fields.items():
+            if key == "dial":
+                request.steering_intensity.level = value
+            else:
+                setattr(request, key, value)
+        return "".join(c.text for r in self.generation.Generate(request, timeout=60)
+                       for c in r.choices)
+
+    def state_store(self) -> int:
+        reply = self.health.Check(health_pb2.HealthCheckRequest(service="millm.state_store"),
+                                  timeout=2)
+        return reply.status
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics") as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + "{") or line.startswith(name + " "):
+                    return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+
+def _entries(*entries):
+    return [steering_pb2.SteeringEntry(layer=layer, feature=feature, strength=strength)
+            for layer, feature, strength in entries]
+
+
+def _until(predicate, timeout: float, interval: float = 0.005):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("replicas")
+    pg = PostgresCluster()
+    replicas, bridge = [], None
+    try:
+        # Both start at once on the empty database: one migrates, one waits.
+        replicas = [Replica(tmp, pg.url, name) for name in ("a", "b")]
+        for r in replicas:
+            harness.wait_serving(r.process, r.port)
+        targets = ",".join(f"127.0.0.1:{r.port}" for r in replicas)
+        bridge, http_port = harness.start_bridge(tmp, replicas[0].port,
+                                                 MILLM_ENGINE_TARGETS=targets)
+        harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
+        yield pg, replicas, http_port
+    finally:
+        if bridge is not None:
+            bridge.stop()
+        for r in replicas:
+            r.stop()
+        pg.close()
+
+
+def test_engines_starting_together_migrate_once(cluster):
+    _, (a, b), _ = cluster
+    logs = a.process.log() + b.process.log()
+    assert logs.count("applied migrations [1]") == 1, logs
+    assert logs.count("schema is current") == 1
+
+
+def test_a_profile_written_through_the_bridge_steers_both_replicas_within_a_second(cluster):
+    _, replicas, http = cluster
+    a, b = replicas
+    plain = a.chat()
+    assert call(http, "POST", f"/api/saes/{L1}/attach").status_code == 200
+    assert _until(lambda: all(list(r.steering.GetSteering(
+        steering_service_pb2.GetSteeringRequest()).steering.attached_sae_ids) == [L1]
+        for r in replicas), 1.0)
+    reply = call(http, "POST", "/api/profiles", {"name": "sea", "entries": [
+        {"layer": 1, "feature": 3, "strength": 8.0}]})
+    assert reply.status_code == 200, reply.text
+    assert _until(lambda: all(r.profile("sea") is not None for r in replicas), 1.0)
+    texts = [r.chat(profile="sea") for r in replicas]
+    assert texts[0] == texts[1] != plain
+    # The delay: from a write's answer to the other replica serving it.
+    delays = []
+    for i in range(10):
+        writer, other = replicas[i % 2], replicas[1 - i % 2]
+        writer.steering.UpdateProfile(steering_service_pb2.UpdateProfileRequest(
+            name="sea", description=f"v{i}"))
+        start = time.monotonic()
+        assert _until(lambda o=other, i=i: o.profile("sea").description == f"v{i}", 1.0)
+        delays.append(time.monotonic() - start)
+    print(f"\nreplication delay over 10 writes: median {statistics.median(delays) * 1000:.1f} ms,"
+          f" max {max(delays) * 1000:.1f} ms")
+    assert max(delays) < 1.0
+
+
+def test_the_operator_wins_across_replicas(cluster):
+    _, (a, b), _ = cluster
+    if a.profile("dialed") is None:
+        a.steering.CreateProfile(steering_service_pb2.CreateProfileRequest(
+            name="dialed", entries=_entries((1, 5, 6.0))))
+    _until(lambda: b.profile("dialed") is not None, 1.0)
+    operator = _entries((1, 12, 3.5))
+    request = chat_request(PROMPT, temperature=0, max_tokens=200, ignore_eos=True)
+    request.profile = "dialed"
+    request.steering_intensity.level = 1.5
+    text, written = [], False
+    for response in a.generation.Generate(request, timeout=60):
+        text.extend(c.text for c in response.choices)
+        if not written and "".join(text):
+            # Mid-stream on replica a, the operator writes on replica b.
+            b.steering.SetSteering(steering_service_pb2.SetSteeringRequest(
+                replace_values=True, values=operator))
+            written = True
+    assert written
+    for r in (a, b):
+        state = r.steering.GetSteering(steering_service_pb2.GetSteeringRequest()).steering
+        assert [(v.layer, v.feature, v.strength) for v in state.values] == [(1, 12, 3.5)]
+    # The request kept its own steering from start to end.
+    assert "".join(text) == "".join(
+        c.text for r in a.generation.Generate(request, timeout=60) for c in r.choices)
+
+
+def test_an_engine_killed_mid_write_loses_nothing_committed_and_catches_up(cluster):
+    _, (a, b), _ = cluster
+    acknowledged, stop = [], threading.Event()
+
+    def write():
+        i = 0
+        while not stop.is_set():
+            try:
+                a.steering.CreateProfile(steering_service_pb2.CreateProfileRequest(
+                    name=f"kill-{i}", entries=_entries((1, 1, 1.0))), timeout=5)
+                acknowledged.append(f"kill-{i}")
+            except grpc.RpcError:
+                return
+            i += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert _until(lambda: len(acknowledged) >= 5, 10, 0.01)
+    os.kill(a.process.proc.pid, signal.SIGKILL)
+    writer.join(10)
+    stop.set()
+    a.process.proc.wait(10)
+    names = {p.name for p in b.steering.ListProfiles(
+        steering_service_pb2.ListProfilesRequest()).profiles}
+    assert set(acknowledged) <= names, set(acknowledged) - names
+    # Written while a is away; a comes back and has it before SERVING.
+    b.steering.CreateProfile(steering_service_pb2.CreateProfileRequest(
+        name="while-away", entries=_entries((1, 2, 1.0))))
+    a.stop()
+    a.start()
+    harness.wait_serving(a.process, a.port)
+    assert a.profile("while-away") is not None
+    assert {p.name for p in a.steering.ListProfiles(
+        steering_service_pb2.ListProfilesRequest()).profiles} >= names
+
+
+def test_database_down_generation_goes_on_writes_answer_503_and_all_recovers(cluster):
+    pg, replicas, http = cluster
+    a, b = replicas
+    steered = a.chat(profile="sea")
+    failures, served, stop = [], [], threading.Event()
+
+    def load():
+        while not stop.is_set():
+            for r in replicas:
+                try:
+                    served.append(r.chat(profile="sea") == steered)
+                except grpc.RpcError as exc:
+                    failures.append(exc)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        pg.stop()
+        reply = call(http, "POST", "/api/profiles", {"name": "offline", "entries": []})
+        assert reply.status_code == 503, reply.text
+        assert reply.json()["error"]["code"] == "state_store_unavailable"
+        with pytest.raises(grpc.RpcError) as caught:
+            b.steering.SetSteering(steering_service_pb2.SetSteeringRequest(enabled=False))
+        assert error_info(caught.value).reason == "state_store_unavailable"
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        assert _until(lambda: all(r.state_store() == not_serving for r in replicas), 5, 0.05)
+        assert all(r.metric("millm_engine_state_store_up") == 0 for r in replicas)
+        ready = call(http, "GET", "/readyz")
+        assert ready.status_code == 200 and ready.json()["state_store"] == "unavailable"
+        # Reads of the last applied state still answer.
+        assert b.profile("sea") is not None
+        pg.start()
+        serving = health_pb2.HealthCheckResponse.SERVING
+        assert _until(lambda: all(r.state_store() == serving for r in replicas), 10, 0.05)
+        reply = call(http, "POST", "/api/profiles", {"name": "online", "entries": []})
+        assert reply.status_code == 200, reply.text
+        assert _until(lambda: all(r.profile("online") is not None for r in replicas), 1.0)
+        assert call(http, "GET", "/readyz").json()["state_store"] == "available"
+        assert all(r.metric("millm_engine_state_store_up") == 1 for r in replicas)
+    finally:
+        stop.set()
+        loader.join(60)
+    assert not failures, failures[:3]
+    assert served and all(served)
