@@ -20,8 +20,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from millm.v1 import generation_service_pb2_grpc, steering_pb2, steering_service_pb2
+from millm.v1 import (
+    generation_service_pb2_grpc,
+    monitoring_service_pb2,
+    steering_pb2,
+    steering_service_pb2,
+)
+from millm.v1 import monitoring_service_pb2_grpc as monitoring_grpc
 from millm.v1 import steering_service_pb2_grpc as steering_grpc
+from service.state import migrations
 from tests import harness
 from tests.grpc_helpers import chat_request, error_info
 from tests.http_helpers import call
@@ -126,7 +133,8 @@ def cluster(tmp_path_factory):
 def test_engines_starting_together_migrate_once(cluster):
     _, (a, b), _ = cluster
     logs = a.process.log() + b.process.log()
-    assert logs.count("applied migrations [1]") == 1, logs
+    every = list(range(1, migrations.LATEST + 1))
+    assert logs.count(f"applied migrations {every}") == 1, logs
     assert logs.count("schema is current") == 1
 
 
@@ -156,6 +164,25 @@ def test_a_profile_written_through_the_bridge_steers_both_replicas_within_a_seco
     print(f"\nreplication delay over 10 writes: median {statistics.median(delays) * 1000:.1f} ms,"
           f" max {max(delays) * 1000:.1f} ms")
     assert max(delays) < 1.0
+
+
+def test_a_probe_and_the_monitoring_switch_reach_the_other_replica(cluster):
+    _, (a, b), _ = cluster
+    a_stub = monitoring_grpc.MonitoringServiceStub(a.channel)
+    b_stub = monitoring_grpc.MonitoringServiceStub(b.channel)
+    a_stub.CreateProbe(monitoring_service_pb2.CreateProbeRequest(
+        name="shared", sae_id=L1, feature=3, threshold=0.5))
+    a_stub.SetMonitoring(monitoring_service_pb2.SetMonitoringRequest(enabled=True))
+
+    def seen_on_b() -> bool:
+        state = b_stub.GetMonitoring(monitoring_service_pb2.GetMonitoringRequest()).monitoring
+        return state.enabled and [p.name for p in state.probes] == ["shared"]
+
+    assert _until(seen_on_b, 1.0)
+    b_stub.DeleteProbe(monitoring_service_pb2.DeleteProbeRequest(name="shared"))
+    b_stub.SetMonitoring(monitoring_service_pb2.SetMonitoringRequest(enabled=False))
+    assert _until(lambda: not a_stub.ListProbes(
+        monitoring_service_pb2.ListProbesRequest()).probes, 1.0)
 
 
 def test_the_operator_wins_across_replicas(cluster):
