@@ -81,7 +81,12 @@ class RequestTimer:
         if self._last is None:
             self._m.ttft.labels(self._model).observe(now - self._started)
         else:
-            self._m.itl.labels(self._model).observe((now - self._last) / tokens_per_row)
+            # One observation per token, as vLLM counts them, even when a slow
+            # reader got several steps merged into one output.
+            gap = (now - self._last) / tokens_per_row
+            itl = self._m.itl.labels(self._model)
+            for _ in range(tokens_per_row):
+                itl.observe(gap)
         self._last = now
 
     def queued(self, seconds: float) -> None:
