@@ -18,6 +18,7 @@ import shutil
 import openai
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -94,7 +95,12 @@ def browser(stack, shots):
 
 
 def wait(driver, predicate, timeout: float = 30):
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: predicate())
+    # The page re-renders its tables as answers come: an element found a moment
+    # ago may be gone, so a stale reference means "look again", not a failure.
+    return WebDriverWait(driver, timeout, poll_frequency=0.2,
+                         ignored_exceptions=(NoSuchElementException,
+                                             StaleElementReferenceException)
+                         ).until(lambda d: predicate())
 
 
 def text(driver, selector: str) -> str:

@@ -91,9 +91,12 @@ def test_sigkill_of_one_engine_loses_nothing_that_had_not_started(two_engines):
 
     failed = 0
     for reply, content in streamed:
+        failed += b'"engine_unavailable"' in content
+        # A stream either ends normally or, when the dead engine had already sent
+        # it tokens, with an engine_unavailable event; never cut off. (Whether
+        # any stream had tokens on the dead engine at the kill is timing.)
         assert reply.status == 200 and content.endswith(b"data: [DONE]\n\n")
-        if b'"engine_unavailable"' in content:
-            failed += 1
-    assert failed >= 1  # streams of the dead engine that had tokens
+        finished = b'"finish_reason":"length"' in content
+        assert finished or b'"engine_unavailable"' in content, content[-300:]
     assert metric(http_port, "millm_bridge_stream_failures_total") == failed
     assert engines[1][0].alive()

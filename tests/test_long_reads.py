@@ -15,7 +15,7 @@ import grpc
 from millm.v1 import embedding_service_pb2, generation_pb2
 from tests.conftest import MODEL, wait_until
 from tests.grpc_helpers import prompt_request
-from tests.http_helpers import open_stream
+from tests.http_helpers import open_stream, post
 
 WORDS = "the river ran past the old mill and down into the valley where the town slept"
 
@@ -63,20 +63,28 @@ def test_a_read_whose_caller_gives_up_stops_at_its_next_chunk(stack, channel):
     from millm.v1 import embedding_service_pb2_grpc
 
     embedder = embedding_service_pb2_grpc.EmbeddingServiceStub(channel)
+    request = _embed_request(2048)
+    started = time.monotonic()
+    embedder.Embed(request, timeout=120)
+    whole = time.monotonic() - started
     before = _cancellations(stack)
     try:
-        embedder.Embed(_embed_request(2048), timeout=0.5)
-        raise AssertionError("a 2,048-input read finished within half a second")
+        # Give up past its tokenizing, before its end (the whole call timed just now).
+        embedder.Embed(request, timeout=whole * 0.6)
+        raise AssertionError("the read finished within 60 % of its own time")
     except grpc.RpcError as exc:
         assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert wait_until(lambda: _cancellations(stack) > before, timeout=30)
 
 
 def test_an_http_client_that_leaves_stops_its_embeddings_read(stack):
-    before = _cancellations(stack)
     body = {"model": MODEL, "input": [f"{i} {WORDS} {i}" for i in range(2048)]}
+    started = time.monotonic()
+    assert post(stack.http_port, "/v1/embeddings", body)[0].status == 200
+    whole = time.monotonic() - started
+    before = _cancellations(stack)
     sock = open_stream(stack.http_port, "/v1/embeddings", body)
-    time.sleep(0.5)
+    time.sleep(whole * 0.6)  # past its tokenizing, before its end
     sock.close()
     assert wait_until(lambda: _cancellations(stack) > before, timeout=30)
     # The log names no client text, only how far the read got.
