@@ -6,7 +6,7 @@ import json
 
 from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.errors import OpenAIError
-from rest_bridge.protocol.chat import ChatCompletionRequest, ChatMessage, ResponseFormat
+from rest_bridge.protocol.chat import ChatCompletionRequest, ChatMessage
 from rest_bridge.serving import tool_calls
 from rest_bridge.serving.generation import GenerationHandler, sampling_to_pb
 from rest_bridge.serving.logprobs import chat_content
@@ -56,18 +56,24 @@ def _chat_input(turns: list[ChatMessage], where: str) -> generation_pb2.ChatInpu
     ])
 
 
-def _response_format(fmt: ResponseFormat) -> generation_pb2.ResponseFormat:
+def response_format_pb(kind: str, spec, where: str, spec_where: str
+                       ) -> generation_pb2.ResponseFormat:
+    """An output format in the contract's terms. `kind` is text, json_object or
+    json_schema; `spec` holds a json_schema's name, strict, schema and
+    description (chat: response_format.json_schema, at `spec_where`; the
+    Responses API: text.format itself). `where` names the field in errors."""
     out = generation_pb2.ResponseFormat()
-    if fmt.type == "text":
+    if kind == "text":
         out.text.SetInParent()
-    elif fmt.type == "json_object":
+    elif kind == "json_object":
         out.json_object.SetInParent()
-    elif fmt.type == "json_schema":
-        spec = fmt.json_schema
-        if spec is None:
-            raise OpenAIError(400, "Missing required parameter: 'response_format.json_schema'.",
-                              param="response_format.json_schema",
-                              code="missing_required_parameter")
+    elif kind == "json_schema":
+        for missing, present in ((spec_where, spec is not None),
+                                 (f"{spec_where}.name", spec is not None
+                                  and spec.name is not None)):
+            if not present:
+                raise OpenAIError(400, f"Missing required parameter: '{missing}'.",
+                                  param=missing, code="missing_required_parameter")
         out.json_schema.name = spec.name
         if spec.strict is not None:
             out.json_schema.strict = spec.strict
@@ -75,9 +81,8 @@ def _response_format(fmt: ResponseFormat) -> generation_pb2.ResponseFormat:
             out.json_schema.schema_json = json.dumps(spec.schema_, separators=(",", ":"))
         out.json_schema.description = spec.description or ""
     else:
-        raise OpenAIError(400, f"Unknown response_format type '{fmt.type}'; expected text, "
-                          "json_object or json_schema.", param="response_format.type",
-                          code="invalid_parameter")
+        raise OpenAIError(400, f"Unknown {where} type '{kind}'; expected text, json_object or "
+                          "json_schema.", param=f"{where}.type", code="invalid_parameter")
     return out
 
 
@@ -95,7 +100,9 @@ class ChatCompletionHandler(GenerationHandler):
         for k, turns in enumerate(request.extra_messages or ()):
             pb.extra_chats.append(_chat_input(turns, f"extra_messages[{k}]"))
         if request.response_format is not None:
-            pb.response_format.CopyFrom(_response_format(request.response_format))
+            fmt = request.response_format
+            pb.response_format.CopyFrom(response_format_pb(
+                fmt.type, fmt.json_schema, "response_format", "response_format.json_schema"))
         tool_calls.add_to_request(request, pb)
         if request.logprobs:
             pb.sampling.logprobs = request.top_logprobs or 0

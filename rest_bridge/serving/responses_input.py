@@ -11,7 +11,6 @@ is the engine's to say; `Origins` maps its `messages[k]...` back to
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -19,15 +18,14 @@ from dataclasses import dataclass, field
 from millm.v1 import generation_pb2, generation_service_pb2
 from millm.v1 import response_service_pb2 as rpb
 from rest_bridge.errors import OpenAIError
-from rest_bridge.protocol.responses import ContentPart, ResponsesRequest, TextFormat
+from rest_bridge.protocol.responses import ContentPart, ResponsesRequest
+from rest_bridge.serving import tool_calls
+from rest_bridge.serving.chat import response_format_pb
 
 ROLES = {"user": generation_pb2.ROLE_USER, "system": generation_pb2.ROLE_SYSTEM,
          "developer": generation_pb2.ROLE_DEVELOPER, "assistant": generation_pb2.ROLE_ASSISTANT}
 PART_TYPES = {"input_text": rpb.CONTENT_PART_TYPE_INPUT_TEXT,
               "output_text": rpb.CONTENT_PART_TYPE_OUTPUT_TEXT}
-_MODES = {"none": generation_pb2.TOOL_CHOICE_MODE_NONE,
-          "auto": generation_pb2.TOOL_CHOICE_MODE_AUTO,
-          "required": generation_pb2.TOOL_CHOICE_MODE_REQUIRED}
 _SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "frequency_penalty",
              "presence_penalty", "repetition_penalty")
 
@@ -196,28 +194,6 @@ def conversation(instructions: str | None, replayed: list[rpb.ResponseItem],
     return chat, origins
 
 
-def _format(fmt: TextFormat) -> generation_pb2.ResponseFormat:
-    out = generation_pb2.ResponseFormat()
-    if fmt.type == "text":
-        out.text.SetInParent()
-    elif fmt.type == "json_object":
-        out.json_object.SetInParent()
-    elif fmt.type == "json_schema":
-        if fmt.name is None:
-            raise _missing("text.format.name")
-        out.json_schema.name = fmt.name
-        if fmt.strict is not None:
-            out.json_schema.strict = fmt.strict
-        if fmt.schema_ is not None:
-            out.json_schema.schema_json = json.dumps(fmt.schema_, separators=(",", ":"))
-        out.json_schema.description = fmt.description or ""
-    else:
-        raise OpenAIError(400, f"Unknown text.format type '{fmt.type}'; expected text, "
-                          "json_object or json_schema.", param="text.format.type",
-                          code="invalid_parameter")
-    return out
-
-
 def settings(request: ResponsesRequest) -> rpb.ResponseSettings:
     """What the request asks of generation, in the contract's terms (it is
     echoed back with the response, and stored with it)."""
@@ -232,36 +208,20 @@ def settings(request: ResponsesRequest) -> rpb.ResponseSettings:
         out.sampling.stop.extend([request.stop] if isinstance(request.stop, str)
                                  else request.stop)
     for i, tool in enumerate(request.tools or ()):
-        if tool.type != "function":
-            # Built-in tools (web search, file search, computer use) have no place here.
-            raise OpenAIError(400, f"Tools of type '{tool.type}' are not supported; only "
-                              "function tools are.", param=f"tools[{i}].type",
-                              code="field_not_honoured")
-        if tool.name is None:
+        if tool.type == "function" and tool.name is None:
             raise _missing(f"tools[{i}].name")
-        spec = out.tools.add(name=tool.name, description=tool.description or "")
-        if tool.parameters is not None:
-            spec.parameters_json = json.dumps(tool.parameters, separators=(",", ":"))
-        if tool.strict is not None:
-            spec.strict = tool.strict
+        tool_calls.add_tool(out.tools, i, tool.type, tool.name, tool.description,
+                            tool.parameters, tool.strict)
     choice = request.tool_choice
-    if isinstance(choice, str):
-        if choice not in _MODES:
-            raise OpenAIError(400, "'tool_choice' must be none, auto, required or "
-                              f"{{\"type\": \"function\", \"name\": ...}}; got '{choice}'.",
-                              param="tool_choice", code="invalid_parameter")
-        out.tool_choice.mode = _MODES[choice]
-    elif choice is not None:
-        if choice.type != "function" or choice.name is None:
-            raise OpenAIError(400, "'tool_choice' must name a function: {\"type\": "
-                              "\"function\", \"name\": ...}.", param="tool_choice",
-                              code="invalid_parameter")
-        out.tool_choice.mode = generation_pb2.TOOL_CHOICE_MODE_FUNCTION
-        out.tool_choice.function_name = choice.name
+    if choice is not None:
+        named = choice.name if not isinstance(choice, str) and choice.type == "function" else None
+        tool_calls.set_choice(out.tool_choice, choice, named, '{"type": "function", "name": ...}')
     if request.parallel_tool_calls is not None:
         out.parallel_tool_calls = request.parallel_tool_calls
     if request.text is not None and request.text.format is not None:
-        out.text_format.CopyFrom(_format(request.text.format))
+        fmt = request.text.format
+        out.text_format.CopyFrom(response_format_pb(fmt.type, fmt, "text.format",
+                                                    "text.format"))
     if request.user is not None:
         out.user = request.user
     return out

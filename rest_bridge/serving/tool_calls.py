@@ -18,34 +18,56 @@ _MODES = {
 }
 
 
-def add_to_request(request: ChatCompletionRequest,
-                   pb: generation_service_pb2.GenerateRequest) -> None:
-    for i, tool in enumerate(request.tools or ()):
-        if tool.type != "function" or tool.function is None:
-            # Built-in tools (web search, ...) have no place in the contract.
-            raise OpenAIError(400, f"Tools of type '{tool.type}' are not supported; only "
-                              "function tools are.", param=f"tools[{i}].type",
-                              code="field_not_honoured")
-        fn = tool.function
-        out = pb.tools.add(name=fn.name, description=fn.description or "")
-        if fn.parameters is not None:
-            out.parameters_json = json.dumps(fn.parameters, separators=(",", ":"))
-        if fn.strict is not None:
-            out.strict = fn.strict
-    choice = request.tool_choice
+def unsupported_tool(i: int, kind: str) -> OpenAIError:
+    # Built-in tools (web search, file search, computer use) have no place in the contract.
+    return OpenAIError(400, f"Tools of type '{kind}' are not supported; only function tools "
+                       "are.", param=f"tools[{i}].type", code="field_not_honoured")
+
+
+def add_tool(tools, i: int, kind: str, name: str, description: str | None,
+             parameters, strict: bool | None) -> None:
+    """One function tool into `tools` (a FunctionTool list). Chat nests the
+    function under `function`, the Responses API does not; both land here."""
+    if kind != "function":
+        raise unsupported_tool(i, kind)
+    out = tools.add(name=name, description=description or "")
+    if parameters is not None:
+        out.parameters_json = json.dumps(parameters, separators=(",", ":"))
+    if strict is not None:
+        out.strict = strict
+
+
+def set_choice(target: generation_pb2.ToolChoice, choice: str | None, named: str | None,
+               shape: str) -> None:
+    """tool_choice as a mode string, or a named function (`named`; `shape` is
+    how the route spells a named choice, for the error)."""
     if isinstance(choice, str):
         if choice not in _MODES:
             raise OpenAIError(400, f"'tool_choice' must be none, auto, required or a named "
                               f"function; got '{choice}'.", param="tool_choice",
                               code="invalid_parameter")
-        pb.tool_choice.mode = _MODES[choice]
-    elif choice is not None:
-        if choice.type != "function" or choice.function is None:
-            raise OpenAIError(400, "'tool_choice' must name a function: {\"type\": "
-                              "\"function\", \"function\": {\"name\": ...}}.",
-                              param="tool_choice", code="invalid_parameter")
-        pb.tool_choice.mode = generation_pb2.TOOL_CHOICE_MODE_FUNCTION
-        pb.tool_choice.function_name = choice.function.name
+        target.mode = _MODES[choice]
+    elif named is not None:
+        target.mode = generation_pb2.TOOL_CHOICE_MODE_FUNCTION
+        target.function_name = named
+    else:
+        raise OpenAIError(400, f"'tool_choice' must name a function: {shape}.",
+                          param="tool_choice", code="invalid_parameter")
+
+
+def add_to_request(request: ChatCompletionRequest,
+                   pb: generation_service_pb2.GenerateRequest) -> None:
+    for i, tool in enumerate(request.tools or ()):
+        fn = tool.function
+        if fn is None:
+            raise unsupported_tool(i, tool.type)
+        add_tool(pb.tools, i, tool.type, fn.name, fn.description, fn.parameters, fn.strict)
+    choice = request.tool_choice
+    if choice is not None:
+        named = (choice.function.name if not isinstance(choice, str) and choice.type == "function"
+                 and choice.function is not None else None)
+        set_choice(pb.tool_choice, choice, named,
+                   '{"type": "function", "function": {"name": ...}}')
     if request.parallel_tool_calls is not None:
         pb.parallel_tool_calls = request.parallel_tool_calls
 
