@@ -12,6 +12,7 @@ there, and its result comes back to the caller's event loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import queue
@@ -87,6 +88,19 @@ class ModelCall:
             self.future.set_exception(error)
         else:
             self.future.set_result(result)
+
+
+def run_one_chunk(reads: collections.deque, ctx) -> None:
+    """One chunk of the oldest read still wanted; reads take turns, one chunk
+    a turn of the model thread, between decode steps (both engines)."""
+    while reads:
+        call = reads.popleft()
+        if call.abandoned:
+            call.drop()
+            continue
+        if not call.run(ctx):
+            reads.append(call)
+        return
 
 
 def answer_unrun(inbox: queue.Queue, error: EngineError | None = None) -> None:

@@ -26,7 +26,7 @@ from service.engines.gguf.batch import Runner, Slots
 from service.engines.gguf.constraint import GrammarMask
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
-from service.engines.model_thread import ModelCall, answer_unrun, report_death
+from service.engines.model_thread import ModelCall, answer_unrun, report_death, run_one_chunk
 from service.engines.scores import TokenTable, score_logits
 from service.errors import engine_failure, invalid_parameter, queue_full
 from service.generation.job import GenerationJob
@@ -264,20 +264,10 @@ class GgufEngine(Engine):
         oldest read (reads take turns between decode steps), admit, one step."""
         while not self._stopping and self._take_inbox(runner):
             runner.drop_cancelled()
-            self._read_one_chunk()
+            run_one_chunk(self._reads, self)
             runner.admit()
             if runner.slots.rows:
                 runner.step()
-
-    def _read_one_chunk(self) -> None:
-        while self._reads:
-            call = self._reads.popleft()
-            if call.abandoned:
-                call.drop()
-                continue
-            if not call.run(self):
-                self._reads.append(call)
-            return
 
     def _take_inbox(self, runner: Runner) -> bool:
         """Queue the reads and jobs the inbox holds, waiting for one while there

@@ -44,7 +44,7 @@ import torch
 
 from service.engines import faults
 from service.engines.base import EngineStatus
-from service.engines.model_thread import ModelCall, answer_unrun, report_death
+from service.engines.model_thread import ModelCall, answer_unrun, report_death, run_one_chunk
 from service.engines.transformers.admission import SchedulerLimits, Waiting, split_parts
 from service.engines.transformers.batch import GroupProgress, ModelContext, Row, prefill
 from service.engines.transformers.lane import Lane
@@ -158,7 +158,7 @@ class Scheduler:
         self._take_inbox()
         with self._lock:
             self._drop_cancelled()
-        self._read_one_chunk()
+        run_one_chunk(self._reads, self.ctx)
         faults.hit("turn")
         self._admit()
         self._step_lanes()
@@ -192,17 +192,6 @@ class Scheduler:
 
     def _running_rows(self) -> int:
         return len(self._shared.rows) + sum(len(lane.rows) for lane in self._isolated)
-
-    def _read_one_chunk(self) -> None:
-        """One chunk of the oldest read; reads take turns, between decode steps."""
-        while self._reads:
-            call = self._reads.popleft()
-            if call.abandoned:
-                call.drop()
-                continue
-            if not call.run(self.ctx):
-                self._reads.append(call)
-            return
 
     def _take_inbox(self) -> None:
         idle = not self._waiting and not self._reads and self._running_rows() == 0
