@@ -80,6 +80,10 @@ class RequestTimer:
         now = time.monotonic()
         if self._last is None:
             self._m.ttft.labels(self._model).observe(now - self._started)
+            # Tokens that came with the first one came at the same moment.
+            itl = self._m.itl.labels(self._model)
+            for _ in range(tokens_per_row - 1):
+                itl.observe(0.0)
         else:
             # One observation per token, as vLLM counts them, even when a slow
             # reader got several steps merged into one output.

@@ -59,7 +59,7 @@ def _timeline(stub, request, marks: dict, name: str) -> None:
     marks[f"{name}.end"] = time.monotonic()
 
 
-def _scenario(engine) -> dict:
+def _scenario(engine, big_tokens: int = 150) -> dict:
     """Four long streams hold 4 of 16 rows; a request needing all 16 arrives,
     then a 2-token one."""
     marks: dict = {}
@@ -70,7 +70,7 @@ def _scenario(engine) -> dict:
         deadline = time.monotonic() + 30
         while sum(k.endswith(".first") for k in marks) < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
-        big = pool.submit(_timeline, stub, prompt_request("Big", n=16, max_tokens=150,
+        big = pool.submit(_timeline, stub, prompt_request("Big", n=16, max_tokens=big_tokens,
                                                           temperature=1.0), marks, "big")
         time.sleep(0.3)  # the big request is queued and cannot fit
         small = pool.submit(_timeline, stub, prompt_request("Small", max_tokens=2,
@@ -97,7 +97,7 @@ def test_once_aged_a_waiting_request_is_passed_by_nobody(engine_factory):
 
 def test_a_request_holds_its_share_and_runs_a_larger_n_in_parts(engine_factory):
     engine = engine_factory()  # share: half of 16 rows
-    marks = _scenario(engine)
+    marks = _scenario(engine, big_tokens=500)  # two parts of 500 tokens: long after a 2-token one
     # The big request started at once with its share, and the small one was
     # admitted beside it rather than waiting for it to end.
     assert marks["big.first"] < marks["s0.end"]

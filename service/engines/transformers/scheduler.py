@@ -239,6 +239,8 @@ class Scheduler:
         per-request share and aging). Unseeded parts with nothing cached are
         prefilled together in one forward pass; a part with a cached prefix,
         or a seeded one, is prefilled on its own."""
+        if not self._waiting:
+            return  # every decode turn comes here: nothing to count when nothing waits
         together: list[GroupProgress] = []
         room = self.limits.max_batch - self._running_rows()
         share = self.limits.request_rows
