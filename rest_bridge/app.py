@@ -33,7 +33,7 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         engine = EngineClient(config.engine_targets, config.engine_tls_ca,
-                              config.engine_tls_cert, config.engine_tls_key)
+                              config.engine_tls_cert, config.engine_tls_key, config.routing)
         app.state.engine = engine
         app.state.chat = ChatCompletionHandler(engine)
         app.state.completions = CompletionHandler(engine)

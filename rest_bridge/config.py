@@ -35,6 +35,8 @@ class BridgeConfig:
     engine_deadline_base_s: float = 60.0
     engine_deadline_per_token_s: float = 0.5
     engine_deadline_max_s: float = 600.0
+    # How calls carrying a prompt pick one of several engines (engine_client.py).
+    routing: str = "load_prefix"
 
 
 def _env(name: str, default: str) -> str:
@@ -98,6 +100,10 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
             "a generation's deadline: seconds allowed per requested token")
     _number(parser, "--engine-deadline-max-s", "MILLM_ENGINE_DEADLINE_MAX_S", 600.0,
             "the longest any engine call may take")
+    parser.add_argument("--routing", default=_env("MILLM_ROUTING", "load_prefix"),
+                        choices=("load_prefix", "round_robin"),
+                        help="MILLM_ROUTING: with several engines, pick one per request by "
+                        "state, model, load and prompt prefix (load_prefix), or round_robin")
     args = parser.parse_args(argv)
     if bool(args.engine_tls_cert) != bool(args.engine_tls_key):
         parser.error("--engine-tls-cert and --engine-tls-key go together")
@@ -122,4 +128,5 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
         engine_deadline_base_s=args.engine_deadline_base_s,
         engine_deadline_per_token_s=args.engine_deadline_per_token_s,
         engine_deadline_max_s=args.engine_deadline_max_s,
+        routing=args.routing,
     )

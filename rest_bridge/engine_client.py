@@ -18,6 +18,12 @@ the first reply message arrives, which for a Generate stream is its metadata;
 rest_bridge/serving/failover.py carries generation on from there. The channel
 pings the engines (common/grpc_limits.py), so a half-open connection is
 dropped in seconds.
+
+Over replicas with MILLM_ROUTING=load_prefix (the default), the calls that
+carry a prompt (Generate, Embed) do not use that balanced channel: `generate`
+and `embed` ask rest_bridge/routing/ for a replica by state, loaded model,
+load and prompt prefix, and call it on its own channel. MILLM_ROUTING=
+round_robin keeps every call on the balanced channel.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from millm.v1 import (
     server_service_pb2,
     steering_service_pb2,
 )
+from rest_bridge.routing.prefix import prompt_text
+from rest_bridge.routing.router import Router, dns_name
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -91,9 +99,12 @@ LONE_ENGINE_HEALTH = ""
 ROUTABLE_HEALTH = "millm.routable"
 
 
+def are_replicas(targets: tuple[str, ...]) -> bool:
+    return len(targets) > 1 or dns_name(targets[0]) is not None
+
+
 def health_service(targets: tuple[str, ...]) -> str:
-    replicas = len(targets) > 1 or targets[0].startswith("dns:")
-    return ROUTABLE_HEALTH if replicas else LONE_ENGINE_HEALTH
+    return ROUTABLE_HEALTH if are_replicas(targets) else LONE_ENGINE_HEALTH
 
 
 def service_config(health: str) -> str:
@@ -120,7 +131,8 @@ class EngineClient(AsyncClient):
     SSE, and pass each request's key and id as call metadata."""
 
     def __init__(self, targets: tuple[str, ...], tls_ca: str | None = None,
-                 tls_cert: str | None = None, tls_key: str | None = None):
+                 tls_cert: str | None = None, tls_key: str | None = None,
+                 routing: str = "load_prefix"):
         self.target = channel_target(targets)
         credentials = None
         if tls_ca is not None:
@@ -132,6 +144,36 @@ class EngineClient(AsyncClient):
             ("grpc.enable_retries", 1),
             *grpc_limits.channel_options()])
         self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.router: Router | None = None
+        if routing == "load_prefix" and are_replicas(targets):
+            self.router = Router(targets, credentials, options=[
+                ("grpc.enable_retries", 0), *grpc_limits.channel_options()])
+            self.router.start()
+
+    async def close(self) -> None:
+        if self.router is not None:
+            await self.router.close()
+        await super().close()
+
+    def generate(self, request, exclude: frozenset[str] = frozenset(), **kwargs):
+        """(the Generate call, the replica's target or None): on the replica
+        the router picks, else on the balanced channel."""
+        replica = None
+        if self.router is not None:
+            replica = self.router.pick(request.model, prompt_text(request), exclude)
+        if replica is None:
+            return self.generation.Generate(request, **kwargs), None
+        call = replica.client.generation.Generate(request, **kwargs)
+        self.router.track(replica, call)
+        return call, replica.target
+
+    def embed(self, request, **kwargs):
+        replica = self.router.pick(request.model) if self.router is not None else None
+        if replica is None:
+            return self.embeddings.Embed(request, **kwargs)
+        call = replica.client.embeddings.Embed(request, **kwargs)
+        self.router.track(replica, call)
+        return call
 
     async def is_serving(self, timeout: float = 2.0) -> bool:
         try:

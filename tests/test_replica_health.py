@@ -1,6 +1,7 @@
 """A replica that changes its model is NOT_SERVING (health entry
 millm.routable) until the change is done, and a bridge over several engines
-checks that entry, so it sends the traffic to the other replica: chats
+checks that entry (round_robin) or the replica's load report (load_prefix,
+rest_bridge/routing/), so it sends the traffic to the other replica: chats
 through the bridge during one engine's switch all answer 200, none
 model_busy. Two real engines (SQLite each: no shared state needed here) and
 one bridge over both."""
@@ -11,6 +12,7 @@ import threading
 import time
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from millm.v1 import model_service_pb2, model_service_pb2_grpc
@@ -22,7 +24,8 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello!"}], "ma
         "temperature": 0}
 
 
-def test_a_switching_replica_gets_no_traffic_and_nothing_answers_model_busy(tmp_path):
+@pytest.mark.parametrize("routing", ["load_prefix", "round_robin"])
+def test_a_switching_replica_gets_no_traffic_and_nothing_answers_model_busy(tmp_path, routing):
     engines = [harness.start_engine(tmp_path / name) for name in ("a", "b")
                if (tmp_path / name).mkdir() is None]
     bridge, threads, stop = None, [], threading.Event()
@@ -31,7 +34,8 @@ def test_a_switching_replica_gets_no_traffic_and_nothing_answers_model_busy(tmp_
             harness.wait_serving(process, port)
         (_, port_a), (_, port_b) = engines
         bridge, http = harness.start_bridge(
-            tmp_path, port_a, MILLM_ENGINE_TARGETS=f"127.0.0.1:{port_a},127.0.0.1:{port_b}")
+            tmp_path, port_a, MILLM_ENGINE_TARGETS=f"127.0.0.1:{port_a},127.0.0.1:{port_b}",
+            MILLM_ROUTING=routing)
         harness.wait_http(bridge, f"http://127.0.0.1:{http}/readyz")
         statuses, seen = [], []
 

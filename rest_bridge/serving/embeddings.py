@@ -58,7 +58,7 @@ class EmbeddingsHandler:
         try:
             # A client that leaves cancels the call; the engine stops the read
             # at its next chunk (engines/model_thread.py).
-            reply = await unless_disconnected(http_request, self.engine.embeddings.Embed(
+            reply = await unless_disconnected(http_request, self.engine.embed(
                 pb, timeout=http_request.app.state.config.engine_deadline_max_s,
                 metadata=call_metadata.get()))
         except grpc.aio.AioRpcError as exc:

@@ -5,7 +5,11 @@ until the first reply message arrives, and a Generate stream's first message is
 its metadata, sent before the first token. From there on the bridge carries the
 request itself: when the engine is lost (UNAVAILABLE without ErrorInfo) and
 nothing the client could see came from it yet, the same request is sent again
-and round-robin gives it to another engine.
+and the balancer gives it to another engine: round-robin on the balanced
+channel, or the router (rest_bridge/routing/) told to leave out the replicas
+already tried. With the router, a call refused UNAVAILABLE before its first
+message (the replica drains, or switches models) is also sent to another:
+the router's own channels have no gRPC retry policy to do it.
 
 - A non-streamed request has sent the client nothing until it is complete, so
   it is retried whole: `GenerateCall.rest()` yields RESTARTED and the caller
@@ -69,6 +73,8 @@ class GenerateCall:
         self.attempts = 0
         self.committed = False  # a token went to the client: no more retries
         self.call = None
+        self.tried: frozenset[str] = frozenset()  # replicas the router gave earlier attempts
+        self.routed = False  # the current attempt went to a replica the router picked
         self.metadata = None  # the current call's ResponseMetadata
         self._attempt_started = 0.0
 
@@ -77,13 +83,16 @@ class GenerateCall:
         while True:
             self.attempts += 1
             self._attempt_started = time.time()
-            self.call = self.engine.generation.Generate(
-                self.request, metadata=call_metadata.get(),
+            self.call, target = self.engine.generate(
+                self.request, self.tried, metadata=call_metadata.get(),
                 timeout=max(0.001, self.deadline - time.monotonic()))
+            self.routed = target is not None
+            if target is not None:
+                self.tried |= {target}
             try:
                 first = await self.call.read()
             except grpc.aio.AioRpcError as exc:
-                if not self._may_retry(exc):
+                if not self._may_retry(exc, opening=True):
                     raise
                 await asyncio.sleep(BACKOFF_S * self.attempts)
                 continue
@@ -120,9 +129,10 @@ class GenerateCall:
                 "seed"):
             self.request.sampling.seed = meta.seed
 
-    def _may_retry(self, exc: grpc.aio.AioRpcError) -> bool:
-        if (self.committed or self.attempts >= MAX_ATTEMPTS or not engine_lost(exc)
-                or time.monotonic() >= self.deadline):
+    def _may_retry(self, exc: grpc.aio.AioRpcError, opening: bool = False) -> bool:
+        refused = (opening and self.routed and exc.code() == grpc.StatusCode.UNAVAILABLE)
+        if (self.committed or self.attempts >= MAX_ATTEMPTS
+                or not (engine_lost(exc) or refused) or time.monotonic() >= self.deadline):
             return False
         self.metrics.engine_retries.labels("Generate").inc()
         log.warning(json.dumps({

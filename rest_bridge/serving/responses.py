@@ -90,7 +90,7 @@ class ResponsesHandler:
         steering_fields.add_to_request(request, pb)
         forward_unmapped(request, pb)
 
-        call = self.engine.generation.Generate(pb, metadata=call_metadata.get())
+        call, _ = self.engine.generate(pb, metadata=call_metadata.get())
         try:
             first = await call.read()
         except grpc.aio.AioRpcError as exc:

@@ -1,6 +1,6 @@
 """Who may call what: the engine's one server interceptor.
 
-For every RPC except health checks and reflection it (1) refuses new work
+For every RPC except health checks, reflection and load reports it (1) refuses new work
 while the engine drains, (2) checks the API key in `authorization: Bearer`
 metadata when keys are configured, and its scope (`admin` for the mutating
 RPCs), (3) applies the key's rate limit, and (4) counts the call in flight,
@@ -27,7 +27,10 @@ from service.servicers import monitoring, steering
 
 log = logging.getLogger("millm.access")
 
-EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+# Health checks, reflection and load reports need no key, are served while
+# draining (they report it) and are not calls the drain waits for.
+EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.",
+                   "/millm.v1.ServerService/WatchLoad")
 # RPCs that change the server's state need an admin key.
 ADMIN_METHODS = frozenset({"/millm.v1.ServerService/ClearPrefixCache",
                            "/millm.v1.ModelService/LoadModel",

@@ -10,6 +10,7 @@ from service.inference import InferenceService
 from service.requests import fields
 from service.requests.checks import MAX_LOGPROBS
 from service.servicers.error_handling import unary_errors
+from service.servicers.load_reports import LoadReporter
 
 _LIBRARIES = {"millm": "millm", "torch": "torch", "transformers": "transformers",
               "xgrammar": "xgrammar", "grpcio": "grpcio", "llama_cpp": "llama_cpp_python"}
@@ -26,8 +27,12 @@ def _versions() -> dict[str, str]:
 
 
 class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
-    def __init__(self, inference: InferenceService):
+    def __init__(self, inference: InferenceService, drain=None):
         self._inference = inference
+        self._load = LoadReporter(inference, drain)
+
+    async def WatchLoad(self, request, context):
+        await self._load.watch(request, context)
 
     @unary_errors
     async def GetInferenceStatus(self, request, context):

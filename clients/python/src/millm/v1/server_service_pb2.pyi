@@ -1,11 +1,25 @@
 from millm.v1 import generation_pb2 as _generation_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReplicaState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REPLICA_STATE_UNSPECIFIED: _ClassVar[ReplicaState]
+    REPLICA_STATE_STARTING: _ClassVar[ReplicaState]
+    REPLICA_STATE_SERVING: _ClassVar[ReplicaState]
+    REPLICA_STATE_SWITCHING: _ClassVar[ReplicaState]
+    REPLICA_STATE_DRAINING: _ClassVar[ReplicaState]
+REPLICA_STATE_UNSPECIFIED: ReplicaState
+REPLICA_STATE_STARTING: ReplicaState
+REPLICA_STATE_SERVING: ReplicaState
+REPLICA_STATE_SWITCHING: ReplicaState
+REPLICA_STATE_DRAINING: ReplicaState
 
 class GetCapabilitiesRequest(_message.Message):
     __slots__ = ()
@@ -125,3 +139,31 @@ class GetInferenceStatusResponse(_message.Message):
     prefix_cache_tokens: int
     prefix_cache_hit_tokens_total: int
     def __init__(self, backend: _Optional[str] = ..., model: _Optional[str] = ..., active_generations: _Optional[int] = ..., queued_requests: _Optional[int] = ..., generated_tokens_total: _Optional[int] = ..., completed_generations_total: _Optional[int] = ..., cancelled_generations_total: _Optional[int] = ..., failed_generations_total: _Optional[int] = ..., running_rows: _Optional[int] = ..., lanes: _Optional[int] = ..., max_batch: _Optional[int] = ..., max_queued: _Optional[int] = ..., kv_tokens_in_use: _Optional[int] = ..., kv_padding_tokens: _Optional[int] = ..., prefix_cache_tokens: _Optional[int] = ..., prefix_cache_hit_tokens_total: _Optional[int] = ...) -> None: ...
+
+class WatchLoadRequest(_message.Message):
+    __slots__ = ("interval_ms",)
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    interval_ms: int
+    def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
+
+class WatchLoadResponse(_message.Message):
+    __slots__ = ("replica_id", "state", "model", "model_names", "running_requests", "waiting_requests", "running_rows", "max_batch", "kv_cache_utilization")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_ROWS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    state: ReplicaState
+    model: str
+    model_names: _containers.RepeatedScalarFieldContainer[str]
+    running_requests: int
+    waiting_requests: int
+    running_rows: int
+    max_batch: int
+    kv_cache_utilization: float
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., model: _Optional[str] = ..., model_names: _Optional[_Iterable[str]] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., running_rows: _Optional[int] = ..., max_batch: _Optional[int] = ..., kv_cache_utilization: _Optional[float] = ...) -> None: ...

@@ -50,6 +50,11 @@ class ServerServiceStub:
                 request_serializer=millm_dot_v1_dot_server__service__pb2.GetCapabilitiesRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_server__service__pb2.GetCapabilitiesResponse.FromString,
                 _registered_method=True)
+        self.WatchLoad = channel.unary_stream(
+                '/millm.v1.ServerService/WatchLoad',
+                request_serializer=millm_dot_v1_dot_server__service__pb2.WatchLoadRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_server__service__pb2.WatchLoadResponse.FromString,
+                _registered_method=True)
 
 
 class ServerServiceServicer:
@@ -79,6 +84,17 @@ class ServerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchLoad(self, request, context):
+        """This replica's load, as a stream: one report at once, then one every
+        interval. The bridge's router reads it to pick a replica by model, health
+        and load. It carries counts and model names only, so like health checks
+        it needs no key; an engine serves a bounded number of watchers at once
+        (RESOURCE_EXHAUSTED past it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ServerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +112,11 @@ def add_ServerServiceServicer_to_server(servicer, server):
                     servicer.GetCapabilities,
                     request_deserializer=millm_dot_v1_dot_server__service__pb2.GetCapabilitiesRequest.FromString,
                     response_serializer=millm_dot_v1_dot_server__service__pb2.GetCapabilitiesResponse.SerializeToString,
+            ),
+            'WatchLoad': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLoad,
+                    request_deserializer=millm_dot_v1_dot_server__service__pb2.WatchLoadRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_server__service__pb2.WatchLoadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +201,33 @@ class ServerService:
             '/millm.v1.ServerService/GetCapabilities',
             millm_dot_v1_dot_server__service__pb2.GetCapabilitiesRequest.SerializeToString,
             millm_dot_v1_dot_server__service__pb2.GetCapabilitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/millm.v1.ServerService/WatchLoad',
+            millm_dot_v1_dot_server__service__pb2.WatchLoadRequest.SerializeToString,
+            millm_dot_v1_dot_server__service__pb2.WatchLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,1 @@
+"""Choosing an engine per request when the bridge has several (router.py)."""

@@ -1,0 +1,156 @@
+"""The bridge's picker over several engines (MILLM_ROUTING=load_prefix).
+
+Why not gRPC's own balancing: grpcio's policies (pick_first, round_robin) can
+check health but cannot weigh load, loaded model or prompt prefix, and Python
+has no custom load-balancing policies or ORCA. So with several engines the
+bridge keeps one channel per engine, follows each engine's load stream
+(ServerService.WatchLoad), and picks per call with picker.py's policy. It is
+used for the calls that carry a prompt (Generate, Embed); every other call
+(management, reads) stays on the balanced channel in engine_client.py.
+
+Engines come from MILLM_ENGINE_TARGETS: each host:port is one replica, and a
+`dns:///name:port` target is resolved again every RESOLVE_S, so replicas
+behind a Kubernetes headless Service come and go as pods do. A replica whose
+process restarted (a new replica_id) or that left is forgotten by the prefix
+index: its cache is gone.
+
+The per-engine channels have no retry policy: a call that fails UNAVAILABLE
+before any reply is sent again by the caller (serving/failover.py), which
+asks the router for another replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+
+import grpc
+
+from millm.client import AsyncClient
+from millm.v1 import server_service_pb2
+from rest_bridge.routing.picker import Replica, choose
+from rest_bridge.routing.prefix import PrefixIndex, block_hashes
+
+log = logging.getLogger("millm.bridge")
+
+REPORT_INTERVAL_MS = 100
+RECONNECT_S = 0.5
+RESOLVE_S = 5.0
+
+
+def dns_name(target: str) -> tuple[str, int] | None:
+    """(host, port) of a dns: target, else None."""
+    if not target.startswith("dns:"):
+        return None
+    rest = target[4:].lstrip("/")
+    if "/" in rest:  # dns://authority/host:port
+        rest = rest.split("/", 1)[1]
+    host, _, port = rest.rpartition(":")
+    return host.strip("[]"), int(port or 443)
+
+
+class Router:
+    def __init__(self, targets: tuple[str, ...], credentials=None, options=()):
+        self.targets, self.credentials, self.options = targets, credentials, list(options)
+        self.replicas: dict[str, Replica] = {}
+        self.index = PrefixIndex()
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._resolver: asyncio.Task | None = None
+
+    def start(self) -> None:
+        names = [dns_name(t) for t in self.targets]
+        for target, name in zip(self.targets, names, strict=True):
+            if name is None:
+                self._add(target)
+        if any(names):
+            self._resolver = asyncio.create_task(self._resolve([n for n in names if n]))
+
+    async def close(self) -> None:
+        if self._resolver is not None:
+            self._resolver.cancel()
+        for target in list(self.replicas):
+            await self._remove(target)
+
+    # -- picking ----------------------------------------------------------------------
+
+    def pick(self, model: str, prompt: str = "",
+             exclude: frozenset[str] = frozenset()) -> Replica | None:
+        """The replica for a call asking for `model` with this prompt text
+        (prefix.prompt_text); None when no replica is routable (the caller
+        falls back to the balanced channel)."""
+        hashes = block_hashes(prompt) if prompt else []
+        choice = choose(list(self.replicas.values()), model,
+                        self.index.matches(hashes) if hashes else {}, exclude)
+        if choice is None:
+            return None
+        replica = choice.replica
+        if hashes:
+            self.index.record(hashes, replica.target)
+        return replica
+
+    @staticmethod
+    def track(replica: Replica, call) -> None:
+        """Count the call in flight on its replica until it ends, however it ends."""
+        replica.in_flight += 1
+        replica.sent += 1
+
+        def done(_call) -> None:
+            replica.in_flight -= 1
+
+        call.add_done_callback(done)
+
+    # -- replicas ---------------------------------------------------------------------
+
+    def _add(self, target: str) -> None:
+        client = AsyncClient(target, credentials=self.credentials, options=self.options)
+        replica = Replica(target, client)
+        self.replicas[target] = replica
+        self._tasks[target] = asyncio.create_task(self._watch(replica))
+
+    async def _remove(self, target: str) -> None:
+        replica = self.replicas.pop(target)
+        self._tasks.pop(target).cancel()
+        self.index.forget(target)
+        with contextlib.suppress(Exception):
+            await replica.client.close()
+
+    async def _watch(self, replica: Replica) -> None:
+        request = server_service_pb2.WatchLoadRequest(interval_ms=REPORT_INTERVAL_MS)
+        while True:
+            try:
+                async for report in replica.client.server.WatchLoad(request):
+                    if replica.report is not None and \
+                            report.replica_id != replica.report.replica_id:
+                        self.index.forget(replica.target)  # restarted: cold cache
+                    replica.report, replica.seen_at = report, time.monotonic()
+                    replica.streaming = True
+            except grpc.aio.AioRpcError as exc:
+                if replica.streaming:
+                    log.warning("load stream from %s ended: %s", replica.target,
+                                exc.code().name)
+            finally:
+                replica.streaming = False
+            await asyncio.sleep(RECONNECT_S)
+
+    async def _resolve(self, names: list[tuple[str, int]]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            found: set[str] = set()
+            for host, port in names:
+                try:
+                    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                except OSError as exc:
+                    log.warning("cannot resolve %s: %s", host, exc)
+                    found = set(self.replicas)  # keep what we have
+                    break
+                for family, *_rest, address in infos:
+                    found.add(f"ipv6:[{address[0]}]:{address[1]}" if family == socket.AF_INET6
+                              else f"ipv4:{address[0]}:{address[1]}")
+            for target in found - set(self.replicas):
+                self._add(target)
+            for target in set(self.replicas) - found:
+                await self._remove(target)
+            await asyncio.sleep(RESOLVE_S)
