@@ -184,6 +184,7 @@ bench: setup proto model llama-server
 	$(PY) bench/admission.py
 	$(PY) bench/soak.py
 	$(PY) bench/failover.py
+	$(PY) bench/routing.py
 	$(PY) bench/abuse.py
 
 clean:

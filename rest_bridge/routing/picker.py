@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from millm.v1 import server_service_pb2
 
-IMBALANCE_ABS = 8
+IMBALANCE_ABS = 4
 IMBALANCE_REL = 1.5
 STALE_S = 2.0  # a report older than this (the engine hangs) makes a replica unroutable
 _SERVING = server_service_pb2.REPLICA_STATE_SERVING
