@@ -67,6 +67,7 @@ class Acks:
     applied: int = 1
     waited_s: float = 0.0
     error: str = ""
+    wait_s: float = 0.0  # how long it could have waited (0: looked once)
 
 
 LONE = Acks()
@@ -82,8 +83,9 @@ def across(live: Live, acks: Acks) -> Live:
         return Live(False, f"live on this replica; whether the others applied it is unknown "
                     f"({acks.error})", **counts)
     if acks.applied < acks.replicas:
-        return Live(False, f"applied on {acks.applied} of {acks.replicas} replicas within "
-                    f"{ACK_WAIT_S:g} s; the others apply it when they catch up", **counts)
+        within = f"within {acks.wait_s:g} s" if acks.wait_s else "now"
+        return Live(False, f"applied on {acks.applied} of {acks.replicas} replicas {within}; "
+                    "the others apply it when they catch up", **counts)
     return replace(live, **counts)
 
 
@@ -171,15 +173,15 @@ class Registry:
         while True:
             if not self._available():
                 return Acks(answered, applied, time.monotonic() - start,
-                            "the state database is unreachable")
+                            "the state database is unreachable", wait_s)
             try:
                 answered, applied = await asyncio.to_thread(self._count, version)
             except Exception as exc:  # noqa: BLE001 - the write stands; say what is known
                 log.debug("reading the replica registry failed: %s", exc)
                 return Acks(answered, applied, time.monotonic() - start,
-                            "the state database is unreachable")
+                            "the state database is unreachable", wait_s)
             waited = time.monotonic() - start
             if applied >= answered or waited >= wait_s:
-                return Acks(answered, applied, waited)
+                return Acks(answered, applied, waited, "", wait_s)
             await asyncio.sleep(delay)
             delay = min(delay * 2, POLL_S)
