@@ -145,7 +145,7 @@ class EngineServer:
             EmbeddingServicer(self.inference), self.server
         )
         steering_service_pb2_grpc.add_SteeringServiceServicer_to_server(
-            SteeringServicer(self.steering), self.server
+            SteeringServicer(self.steering, self.follower.replicas), self.server
         )
         monitoring_service_pb2_grpc.add_MonitoringServiceServicer_to_server(
             MonitoringServicer(self.monitoring, self.inference), self.server
@@ -251,6 +251,7 @@ class EngineServer:
         await self.server.stop(GRACE_SECONDS)
         self.metrics.stop()
         self.follower.stop()
+        await self.follower.leave()
         self.database.close()
 
     async def stop(self) -> None:
@@ -259,6 +260,7 @@ class EngineServer:
         self.metrics.stop()
         self.inference.shutdown()
         self.follower.stop()
+        await self.follower.leave()
         self.database.close()
 
 

@@ -3,13 +3,16 @@ every replica applies every change, within a second; the operator wins across
 replicas; an engine killed mid-write loses nothing committed and catches up
 before SERVING when it comes back; with the database stopped, generation goes
 on with the last applied state while writes answer 503, and everything
-recovers when it is back. Each engine is also addressed directly over gRPC,
+recovers when it is back. A write answers live only once every replica that
+answers has applied it; a killed replica stops counting within seconds, a
+stopped one at once. Each engine is also addressed directly over gRPC,
 so "visible on both" is checked on both, not on whichever the bridge picked.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import statistics
 import threading
@@ -29,6 +32,8 @@ from millm.v1 import (
 from millm.v1 import monitoring_service_pb2_grpc as monitoring_grpc
 from millm.v1 import steering_service_pb2_grpc as steering_grpc
 from service.state import migrations
+from service.state.postgres import PostgresDatabase
+from service.steering import acks
 from tests import harness
 from tests.grpc_helpers import chat_request, error_info
 from tests.http_helpers import call
@@ -166,6 +171,36 @@ def test_a_profile_written_through_the_bridge_steers_both_replicas_within_a_seco
     assert max(delays) < 1.0
 
 
+def _set_values(replica: Replica, strength: float):
+    """A live write (no profile is active, L1 is attached); its liveness."""
+    return replica.steering.SetSteering(steering_service_pb2.SetSteeringRequest(
+        replace_values=True, values=_entries((1, 3, strength))), timeout=10).liveness
+
+
+def test_a_write_is_live_once_every_replica_has_applied_it(cluster):
+    _, (a, b), http = cluster
+    reply = call(http, "PUT", "/api/steering", {"values": [
+        {"layer": 1, "feature": 3, "strength": 4.0}]})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["liveness"] == {"live": True, "reason": "", "replicas": 2,
+                                        "replicas_applied": 2}
+    # The whole answer: write lock, commit, and the wait for the other replica.
+    times = []
+    for i in range(10):
+        start = time.monotonic()
+        live = _set_values((a, b)[i % 2], 4.0 + i)
+        times.append(time.monotonic() - start)
+        assert (live.live, live.reason, live.replicas, live.replicas_applied) == (
+            True, "", 2, 2)
+    print(f"\nwrite answered, applied on both, over 10 writes: median "
+          f"{statistics.median(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms")
+    # A read looks once: the value a's answer said was live is live on both.
+    for r in (a, b):
+        live = r.steering.GetSteering(steering_service_pb2.GetSteeringRequest()).liveness
+        assert (live.live, live.replicas, live.replicas_applied) == (True, 2, 2)
+    a.steering.SetSteering(steering_service_pb2.SetSteeringRequest(replace_values=True))
+
+
 def test_a_probe_and_the_monitoring_switch_reach_the_other_replica(cluster):
     _, (a, b), _ = cluster
     a_stub = monitoring_grpc.MonitoringServiceStub(a.channel)
@@ -292,3 +327,41 @@ def test_database_down_generation_goes_on_writes_answer_503_and_all_recovers(clu
         loader.join(60)
     assert not failures, failures[:3]
     assert served and all(served)
+
+
+def test_a_killed_replica_stops_counting_and_a_stopped_one_at_once(cluster):
+    pg, (a, b), _ = cluster
+    # Both follow again after the outage above.
+    assert _until(lambda: _set_values(a, 1.0).replicas_applied == 2, 5, 0.1)
+    os.kill(b.process.proc.pid, signal.SIGKILL)
+    b.process.proc.wait(10)
+    killed = time.monotonic()
+    # Its last heartbeat is recent: it still counts, and has not applied this.
+    live = _set_values(a, 2.0)
+    assert (live.live, live.replicas, live.replicas_applied) == (False, 2, 1)
+    assert live.reason.startswith("applied on 1 of 2 replicas within 1 s")
+    answers = []
+    assert _until(lambda: answers.append(_set_values(a, 3.0)) or answers[-1].replicas == 1,
+                  acks.ANSWERING_S + 2, 0.1)
+    assert answers[-1].live and answers[-1].replicas_applied == 1
+    print(f"\na killed replica stopped counting {time.monotonic() - killed:.1f} s after")
+    # Back, it counts again; a clean stop deletes its row, so the next write
+    # neither waits for it nor counts it.
+    b.stop()
+    b.start()
+    harness.wait_serving(b.process, b.port)
+    assert _until(lambda: _set_values(a, 4.0).replicas_applied == 2, 5, 0.1)
+    b.stop()
+    start = time.monotonic()
+    live = _set_values(a, 5.0)
+    assert (live.live, live.replicas, live.replicas_applied) == (True, 1, 1)
+    assert time.monotonic() - start < acks.ACK_WAIT_S
+    a_id = re.search(r"replica id ([0-9a-f]{32})", a.process.log()).group(1)
+    database = PostgresDatabase(pg.url)
+    try:
+        fresh = database.read(lambda tx: tx.rows(
+            f"SELECT replica_id FROM replicas WHERE seen_at >= {database.now_sql} - ?",
+            (acks.ANSWERING_S,)))
+    finally:
+        database.close()
+    assert fresh == [(a_id,)]

@@ -165,3 +165,52 @@ def test_a_stopped_server_fails_calls_cleanly_and_they_work_once_it_is_back(pg):
     finally:
         listener.stop()
         db.close()
+
+
+def test_the_replica_registry_counts_the_replicas_that_answer(database):
+    """steering/acks.py on the database alone: rows, heartbeat age, the wait."""
+    from service.steering import acks
+    from service.steering.manager import Live
+
+    database.transaction(lambda tx: tx.execute("DELETE FROM replicas"))
+    a, b = acks.Registry(database), acks.Registry(database)
+    assert a.id != b.id
+    if not database.shared:  # a lone engine: nothing is written, 1 of 1
+        asyncio.run(a.report(3))
+        assert database.read(lambda tx: tx.rows("SELECT * FROM replicas")) == []
+        assert asyncio.run(a.wait(3)) == acks.LONE
+        return
+    asyncio.run(a.report(3))
+    asyncio.run(b.report(2))
+    seen = asyncio.run(a.wait(3, 0))
+    assert (seen.replicas, seen.applied, seen.error) == (2, 1, "")
+
+    async def b_catches_up_later() -> acks.Acks:
+        waiting = asyncio.create_task(a.wait(3))
+        await asyncio.sleep(0.1)
+        await b.report(3)
+        return await waiting
+
+    seen = asyncio.run(b_catches_up_later())
+    assert (seen.replicas, seen.applied) == (2, 2) and 0.1 <= seen.waited_s < 0.5
+    # Not behind and missing the wait: 1 of 2, after ACK_WAIT_S.
+    seen = asyncio.run(a.wait(4))
+    assert (seen.replicas, seen.applied) == (2, 1) and seen.waited_s >= acks.ACK_WAIT_S
+    live = acks.across(Live(True), seen)
+    assert (live.live, live.replicas, live.replicas_applied) == (False, 2, 1)
+    assert live.reason.startswith("applied on 1 of 2 replicas within 1 s;")
+    assert acks.across(Live(True), asyncio.run(a.wait(4, 0))).reason.startswith(
+        "applied on 1 of 2 replicas now;")
+    assert acks.across(Live(False, "steering is disabled"), seen) == Live(
+        False, "steering is disabled", 2, 1)
+    # A row whose heartbeat is older than ANSWERING_S did not answer.
+    database.transaction(lambda tx: tx.execute(
+        f"UPDATE replicas SET seen_at = seen_at - {acks.ANSWERING_S + 1} WHERE replica_id = ?",
+        (b.id,)))
+    seen = asyncio.run(a.wait(4))
+    assert (seen.replicas, seen.applied) == (1, 1) and seen.waited_s < 0.2
+    asyncio.run(b.report(4))  # a heartbeat brings it back
+    assert (asyncio.run(a.wait(4, 0)).replicas) == 2
+    asyncio.run(b.leave())  # a clean stop deletes the row, and no heartbeat writes it again
+    asyncio.run(b.report(5))
+    assert database.read(lambda tx: tx.rows("SELECT replica_id FROM replicas")) == [(a.id,)]

@@ -302,7 +302,8 @@ def test_live_values_and_the_active_profile_are_the_default_base(clean):
     written = clean.ok("PUT", "/api/steering", {"values": [
         {"layer": 1, "feature": 3, "strength": 8.0}, {"layer": 1, "feature": 40,
                                                        "strength": -5.0}]})
-    assert written["liveness"] == {"live": True, "reason": ""}
+    assert written["liveness"] == {"live": True, "reason": "", "replicas": 1,
+                                   "replicas_applied": 1}  # a lone engine
     live_text, _ = chat(clean)
     assert live_text != plain
     profile(clean, "sea", (1, 3, 8.0), (1, 40, -5.0))
@@ -399,7 +400,8 @@ def test_management_writes_are_checked(clean):
         {"layer": 1, "feature": 4, "strength": 2.0}], "description": "now with a feature"})
     assert updated["profile"]["entries"] == [{"layer": 1, "feature": 4, "strength": 2.0,
                                               "sae_id": ""}]
-    assert updated["liveness"] == {"live": False, "reason": "profile 'twice' is not active"}
+    assert updated["liveness"] == {"live": False, "reason": "profile 'twice' is not active",
+                                   "replicas": 1, "replicas_applied": 1}
 
 
 # -- batch safety ----------------------------------------------------------------------------------

@@ -1,4 +1,8 @@
-"""millm.v1.SteeringService: protobuf in, SteeringManager calls, protobuf out."""
+"""millm.v1.SteeringService: protobuf in, SteeringManager calls, protobuf out.
+
+A write's liveness is the manager's (this replica) combined with the other
+replicas' acknowledgements (steering/acks.py), waited for after the manager
+call returned, so after the cluster write lock was released."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import json
 from millm.v1 import steering_pb2, steering_service_pb2, steering_service_pb2_grpc
 from service.errors import EngineError
 from service.servicers.error_handling import unary_errors
-from service.steering import documents, manager
+from service.steering import acks, documents, manager
 from service.steering.features import FeatureRecords
 from service.steering.manager import SteeringManager
 
@@ -38,7 +42,9 @@ def entry_to_pb(e: documents.SteeringEntry) -> steering_pb2.SteeringEntry:
 
 
 def _live(live: manager.Live) -> steering_service_pb2.Liveness:
-    return steering_service_pb2.Liveness(live=live.live, reason=live.reason)
+    return steering_service_pb2.Liveness(live=live.live, reason=live.reason,
+                                         replicas=live.replicas,
+                                         replicas_applied=live.replicas_applied)
 
 
 def _range(pb, declared) -> None:
@@ -71,9 +77,23 @@ def _feature(f: dict) -> steering_service_pb2.SaeFeature:
 
 
 class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
-    def __init__(self, steering: SteeringManager):
+    def __init__(self, steering: SteeringManager, replicas: acks.Registry | None = None):
         self._m = steering
+        self._replicas = replicas
         self._features = FeatureRecords()
+
+    def _liveness(self, live: manager.Live, wait_s: float = acks.ACK_WAIT_S):
+        """Awaitable: `live` across the replicas, as protobuf. Called right
+        after the manager's write returned (no await between), so the version
+        read here is the one that write produced; 0 s: look once (a read)."""
+        version = self._m.store.version or 0
+
+        async def wait() -> steering_service_pb2.Liveness:
+            found = acks.LONE if self._replicas is None else await self._replicas.wait(
+                version, wait_s)
+            return _live(acks.across(live, found))
+
+        return wait()
 
     # -- conversions ---------------------------------------------------------------------
 
@@ -128,13 +148,13 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
     async def AttachSae(self, request, context):
         live = await self._m.attach(request.sae_id)
         return steering_service_pb2.AttachSaeResponse(sae=self._sae(self._info(request.sae_id)),
-                                                      liveness=_live(live))
+                                                      liveness=await self._liveness(live))
 
     @unary_errors
     async def DetachSae(self, request, context):
         live = await self._m.detach(request.sae_id)
         return steering_service_pb2.DetachSaeResponse(sae=self._sae(self._info(request.sae_id)),
-                                                      liveness=_live(live))
+                                                      liveness=await self._liveness(live))
 
     @unary_errors
     async def ListSaeFeatures(self, request, context):
@@ -150,8 +170,10 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
 
     @unary_errors
     async def GetSteering(self, request, context):
-        return steering_service_pb2.GetSteeringResponse(steering=self._state(),
-                                                        liveness=_live(self._m.default_live()))
+        # A read: whether the default steering is live on every replica now.
+        state = self._state()
+        liveness = await self._liveness(self._m.default_live(), 0)
+        return steering_service_pb2.GetSteeringResponse(steering=state, liveness=liveness)
 
     @unary_errors
     async def SetSteering(self, request, context):
@@ -162,7 +184,7 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
         enabled = request.enabled if request.HasField("enabled") else None
         live = await self._m.set_steering(values, enabled)
         return steering_service_pb2.SetSteeringResponse(steering=self._state(),
-                                                        liveness=_live(live))
+                                                        liveness=await self._liveness(live))
 
     # -- profiles -------------------------------------------------------------------------------
 
@@ -182,7 +204,7 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
         profile, live = await self._m.create_profile(
             request.name, request.description, entries_from_pb(request.entries, "entries"))
         return steering_service_pb2.CreateProfileResponse(profile=self._profile(profile),
-                                                          liveness=_live(live))
+                                                          liveness=await self._liveness(live))
 
     @unary_errors
     async def UpdateProfile(self, request, context):
@@ -194,7 +216,7 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
             request.description if request.HasField("description") else None,
             entries_from_pb(request.entries, "entries") if request.replace_entries else None)
         return steering_service_pb2.UpdateProfileResponse(profile=self._profile(profile),
-                                                          liveness=_live(live))
+                                                          liveness=await self._liveness(live))
 
     @unary_errors
     async def DeleteProfile(self, request, context):
@@ -205,7 +227,7 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
     async def ActivateProfile(self, request, context):
         live = await self._m.activate_profile(request.name or None)
         return steering_service_pb2.ActivateProfileResponse(steering=self._state(),
-                                                            liveness=_live(live))
+                                                            liveness=await self._liveness(live))
 
     # -- clusters ---------------------------------------------------------------------------------
 
@@ -213,7 +235,7 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
     async def ImportCluster(self, request, context):
         cluster, live = await self._m.import_cluster(document_from_pb(request.document_json))
         return steering_service_pb2.ImportClusterResponse(cluster=self._cluster(cluster),
-                                                          liveness=_live(live))
+                                                          liveness=await self._liveness(live))
 
     @unary_errors
     async def ListClusters(self, request, context):
@@ -229,7 +251,7 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
     async def SetClusterIntensity(self, request, context):
         cluster, live = await self._m.set_cluster_intensity(request.name, request.intensity)
         return steering_service_pb2.SetClusterIntensityResponse(cluster=self._cluster(cluster),
-                                                                liveness=_live(live))
+                                                                liveness=await self._liveness(live))
 
     @unary_errors
     async def DeleteCluster(self, request, context):
@@ -242,7 +264,7 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
     async def ImportCircuit(self, request, context):
         circuit, live = await self._m.import_circuit(document_from_pb(request.document_json))
         return steering_service_pb2.ImportCircuitResponse(circuit=self._circuit(circuit),
-                                                          liveness=_live(live))
+                                                          liveness=await self._liveness(live))
 
     @unary_errors
     async def ListCircuits(self, request, context):
@@ -258,7 +280,7 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
     async def SetCircuitIntensity(self, request, context):
         circuit, live = await self._m.set_circuit_intensity(request.name, request.intensity)
         return steering_service_pb2.SetCircuitIntensityResponse(circuit=self._circuit(circuit),
-                                                                liveness=_live(live))
+                                                                liveness=await self._liveness(live))
 
     @unary_errors
     async def DeleteCircuit(self, request, context):
@@ -269,7 +291,7 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
     async def ActivateCircuit(self, request, context):
         live = await self._m.activate_circuit(request.name or None)
         return steering_service_pb2.ActivateCircuitResponse(steering=self._state(),
-                                                            liveness=_live(live))
+                                                            liveness=await self._liveness(live))
 
     @unary_errors
     async def GetActiveCircuit(self, request, context):

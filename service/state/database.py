@@ -64,6 +64,9 @@ class Database:
     kind = ""
     # Whether other processes may write the same state (replicas follow it).
     shared = False
+    # The database server's clock in seconds since the epoch, as an SQL
+    # expression: replicas compare times on one clock, not on their own.
+    now_sql = "(julianday('now') - 2440587.5) * 86400.0"
 
     def transaction(self, work: Callable[[Tx], T], *, migration_lock: bool = False) -> T:
         """Run work(tx) in one transaction. With migration_lock, no other

@@ -48,6 +48,13 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (2, "monitoring probes", (
         "CREATE TABLE IF NOT EXISTS probes (name TEXT PRIMARY KEY, document TEXT NOT NULL)",
     )),
+    # Each running replica's row: the state version it applies, and when it
+    # last said so (the database's clock), so a write can tell whether every
+    # replica that answers has applied it (steering/acks.py).
+    (3, "replica registry", (
+        "CREATE TABLE IF NOT EXISTS replicas (replica_id TEXT PRIMARY KEY, "
+        "applied_version BIGINT NOT NULL, seen_at DOUBLE PRECISION NOT NULL)",
+    )),
 )
 
 LATEST = MIGRATIONS[-1][0]

@@ -91,6 +91,7 @@ class _Connection:
 class PostgresDatabase(Database):
     kind = "postgresql"
     shared = True
+    now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
     def __init__(self, url: str):
         self.url = url

@@ -74,10 +74,13 @@ UNSTEERED = Resolved()
 
 @dataclass(frozen=True)
 class Live:
-    """Whether a management write is what steers the next request."""
+    """Whether a management write is what steers the next request (with
+    replicas: on every replica that answered, steering/acks.py)."""
 
     live: bool
     reason: str = ""
+    replicas: int = 1
+    replicas_applied: int = 1
 
 
 @dataclass(frozen=True)

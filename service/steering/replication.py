@@ -21,6 +21,9 @@ How:
   False (the engine's health entry `millm.state_store` and the metric
   millm_engine_state_store_up follow it). When the listener reconnects, the
   replica catches up first and only then reports available again.
+- After each catch-up (so at least once a second) the replica records the
+  version it applies in the `replicas` table, which is how a write's answer
+  knows whether every replica has applied it (steering/acks.py).
 
 On SQLite (one engine, nothing shared) none of this runs: the gate is a plain
 lock and the snapshot is always current.
@@ -34,6 +37,7 @@ import time
 from collections.abc import Callable
 
 from service.state.database import Database
+from service.steering.acks import Registry
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +89,7 @@ class Follower:
         self.reloads = 0
         self.last_reload_at = 0.0
         self.gate = WriteGate(self)
+        self.replicas = Registry(database, lambda: self.available)
         manager._lock = self.gate
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener = None
@@ -101,6 +106,7 @@ class Follower:
             return
         from service.state.postgres import Listener
 
+        log.info("replica id %s (state database %s)", self.replicas.id, self.database.kind)
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._follow())
         self._listener = Listener(
@@ -115,6 +121,10 @@ class Follower:
             self._listener.stop()
         if self._task is not None:
             self._task.cancel()
+
+    async def leave(self) -> None:
+        """A clean stop: this replica no longer counts as answering."""
+        await self.replicas.leave()
 
     def _from_thread(self, fn) -> None:
         loop = self._loop
@@ -149,6 +159,9 @@ class Follower:
             except Exception as exc:  # noqa: BLE001 - the database is away; the listener says so
                 log.debug("catching up failed: %s", exc)
                 continue
+            # Read with no await since catch_up released the gate: the
+            # version is the one applied.
+            await self.replicas.report(self.applied_version)
             if self._recovering:
                 self._recovering = False
                 log.info("state database reachable: caught up at version %d",

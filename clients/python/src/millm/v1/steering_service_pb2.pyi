@@ -57,12 +57,16 @@ class BrokenSae(_message.Message):
     def __init__(self, id: _Optional[str] = ..., problem: _Optional[str] = ...) -> None: ...
 
 class Liveness(_message.Message):
-    __slots__ = ("live", "reason")
+    __slots__ = ("live", "reason", "replicas", "replicas_applied")
     LIVE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_APPLIED_FIELD_NUMBER: _ClassVar[int]
     live: bool
     reason: str
-    def __init__(self, live: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    replicas: int
+    replicas_applied: int
+    def __init__(self, live: _Optional[bool] = ..., reason: _Optional[str] = ..., replicas: _Optional[int] = ..., replicas_applied: _Optional[int] = ...) -> None: ...
 
 class Profile(_message.Message):
     __slots__ = ("name", "description", "kind", "entries", "target", "active", "created", "updated")
