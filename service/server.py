@@ -136,7 +136,7 @@ class EngineServer:
             ModelServicer(self.inference), self.server
         )
         server_service_pb2_grpc.add_ServerServiceServicer_to_server(
-            ServerServicer(self.inference, self.drain), self.server
+            ServerServicer(self.inference, self.drain, self.follower.replicas.id), self.server
         )
         scoring_service_pb2_grpc.add_ScoringServiceServicer_to_server(
             ScoringServicer(self.inference), self.server

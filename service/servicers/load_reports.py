@@ -26,9 +26,6 @@ DEFAULT_INTERVAL_MS = 250
 MIN_INTERVAL_MS, MAX_INTERVAL_MS = 50, 10_000
 MAX_WATCHERS = 64
 
-# This process, as load reports name it.
-REPLICA_ID = uuid.uuid4().hex
-
 _SWITCHING = (Phase.FIRST_LOAD, Phase.LOADING, Phase.DRAINING, Phase.RELEASING)
 _STATE = server_service_pb2
 
@@ -40,8 +37,11 @@ def _capacity(status, context_window: int) -> int:
 class LoadReporter:
     """Builds reports and bounds the number of streams that send them."""
 
-    def __init__(self, inference, drain):
+    def __init__(self, inference, drain, replica_id: str | None = None):
         self.inference, self.drain = inference, drain
+        # This process, as load reports and the state database's replica
+        # registry (steering/acks.py) both name it.
+        self.replica_id = replica_id or uuid.uuid4().hex
         self.watchers = 0
 
     def state(self) -> int:
@@ -55,7 +55,7 @@ class LoadReporter:
         return _STATE.REPLICA_STATE_STARTING
 
     def report(self) -> server_service_pb2.WatchLoadResponse:
-        reply = server_service_pb2.WatchLoadResponse(replica_id=REPLICA_ID, state=self.state())
+        reply = server_service_pb2.WatchLoadResponse(replica_id=self.replica_id, state=self.state())
         loaded, engine = self.inference.loaded, self.inference.engine
         if loaded is None or engine is None:
             return reply

@@ -27,9 +27,9 @@ def _versions() -> dict[str, str]:
 
 
 class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
-    def __init__(self, inference: InferenceService, drain=None):
+    def __init__(self, inference: InferenceService, drain=None, replica_id: str | None = None):
         self._inference = inference
-        self._load = LoadReporter(inference, drain)
+        self._load = LoadReporter(inference, drain, replica_id)
 
     async def WatchLoad(self, request, context):
         await self._load.watch(request, context)
