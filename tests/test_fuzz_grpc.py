@@ -67,12 +67,21 @@ def tame(request, models_on_disk: set[str]) -> None:
             sampling.n = max(-1, min(sampling.n, 4))
 
 
+# Streams that run until the caller leaves.
+ENDLESS = frozenset({"WatchLoad"})
+
+
 def call(channel, service, method, request):
     path = f"/{service.full_name}/{method.name}"
     serialize = type(request).SerializeToString
     if method.server_streaming:
         stub = channel.unary_stream(path, request_serializer=serialize,
                                     response_deserializer=lambda b: b)
+        if method.name in ENDLESS:  # a report stream never ends by itself: read one
+            replies = stub(request, timeout=60)
+            first = next(replies)
+            replies.cancel()
+            return [first]
         return list(stub(request, timeout=60))
     stub = channel.unary_unary(path, request_serializer=serialize,
                                response_deserializer=lambda b: b)
