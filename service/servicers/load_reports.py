@@ -19,6 +19,7 @@ import uuid
 
 from millm.v1 import server_service_pb2
 from service.errors import EngineError, invalid_parameter
+from service.metrics import kv_capacity
 from service.models.lifecycle import Phase
 from service.models.registry import GGUF
 
@@ -28,10 +29,6 @@ MAX_WATCHERS = 64
 
 _SWITCHING = (Phase.FIRST_LOAD, Phase.LOADING, Phase.DRAINING, Phase.RELEASING)
 _STATE = server_service_pb2
-
-
-def _capacity(status, context_window: int) -> int:
-    return max(1, status.max_batch or 1) * max(1, context_window)
 
 
 class LoadReporter:
@@ -69,7 +66,7 @@ class LoadReporter:
                                                           status.queued_requests)
         reply.running_rows, reply.max_batch = status.running_rows, status.max_batch
         reply.kv_cache_utilization = min(
-            1.0, status.kv_tokens_in_use / _capacity(status, loaded.context_window))
+            1.0, status.kv_tokens_in_use / kv_capacity(status, loaded.context_window))
         return reply
 
     async def watch(self, request, context):
