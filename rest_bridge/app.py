@@ -35,6 +35,8 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
         engine = EngineClient(config.engine_targets, config.engine_tls_ca,
                               config.engine_tls_cert, config.engine_tls_key, config.routing)
         app.state.engine = engine
+        if engine.router is not None:
+            app.state.metrics.watch_router(engine.router)
         app.state.chat = ChatCompletionHandler(engine)
         app.state.completions = CompletionHandler(engine)
         app.state.models = ModelsHandler(engine)

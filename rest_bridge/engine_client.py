@@ -9,15 +9,18 @@ a switch sends its traffic to the others instead of answering model_busy. A
 lone engine is checked on "" instead: it must still take the request that
 asks it for another model.
 
-A call that fails UNAVAILABLE before the engine sent anything back (the engine
-died, or refused while draining or loading) is retried by gRPC on the next
-engine, for the calls that change nothing: generation, scoring, embeddings and
-the Get/List reads. A call that changes state (loading a model, saving a
-profile) is not: the dead engine may have done it. gRPC stops retrying once
-the first reply message arrives, which for a Generate stream is its metadata;
-rest_bridge/serving/failover.py carries generation on from there. The channel
-pings the engines (common/grpc_limits.py), so a half-open connection is
-dropped in seconds.
+Over several engines, a call that fails UNAVAILABLE before the engine sent
+anything back (the engine died, or refused while draining or loading) is
+retried by gRPC on the next engine, for the calls that change nothing:
+generation, scoring, embeddings and the Get/List reads. A call that changes
+state (loading a model, saving a profile) is not: the dead engine may have
+done it. gRPC stops retrying once the first reply message arrives, which for
+a Generate stream is its metadata; rest_bridge/serving/failover.py carries
+generation on from there. The channel pings the engines
+(common/grpc_limits.py), so a half-open connection is dropped in seconds. A
+lone engine's channel has no retry policy: there is no other engine, and its
+own refusals (draining, model_busy) should reach the client at once rather
+than after three tries.
 
 Over replicas with MILLM_ROUTING=load_prefix (the default), the calls that
 carry a prompt (Generate, Embed) do not use that balanced channel: `generate`
@@ -107,11 +110,12 @@ def health_service(targets: tuple[str, ...]) -> str:
     return ROUTABLE_HEALTH if are_replicas(targets) else LONE_ENGINE_HEALTH
 
 
-def service_config(health: str) -> str:
+def service_config(health: str, retries: bool = True) -> str:
     return json.dumps({
         "loadBalancingConfig": [{"round_robin": {}}],
         "healthCheckConfig": {"serviceName": health},
-        "methodConfig": [{"name": _retried_names(), "retryPolicy": RETRY_POLICY}],
+        "methodConfig": [{"name": _retried_names(), "retryPolicy": RETRY_POLICY}]
+        if retries else [],
         # gRPC's retry budget: each failed attempt costs a token, each success
         # earns half of one, and retries pause below 50 tokens. A single dead
         # engine (a burst of in-flight failures) stays within it; a dead fleet
@@ -140,7 +144,8 @@ class EngineClient(AsyncClient):
                 root_certificates=_read(tls_ca), private_key=_read(tls_key),
                 certificate_chain=_read(tls_cert))
         super().__init__(self.target, credentials=credentials, options=[
-            ("grpc.service_config", service_config(health_service(targets))),
+            ("grpc.service_config", service_config(health_service(targets),
+                                                   retries=are_replicas(targets))),
             ("grpc.enable_retries", 1),
             *grpc_limits.channel_options()])
         self.health = health_pb2_grpc.HealthStub(self.channel)

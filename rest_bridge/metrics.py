@@ -1,11 +1,16 @@
 """The bridge's Prometheus metrics (GET /metrics; an admin key when keys are
 configured): requests by route, method, status and error code, latency, and
 time to first token of streamed responses, streams that failed after their 200,
-and engine calls retried after failover."""
+engine calls retried after failover, and with several engines the router's
+view of each (routing/router.py): requests it sent there and why, calls in
+flight, and whether it is routable."""
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
@@ -58,3 +63,29 @@ class BridgeMetrics:
                                registry=self.registry)
         self.draining = Gauge("millm_bridge_draining", "1 while shutting down",
                               registry=self.registry)
+
+    def watch_router(self, router) -> None:
+        """Export the router's per-replica figures (several engines only)."""
+        self.registry.register(_RouterCollector(router))
+
+
+class _RouterCollector:
+    def __init__(self, router):
+        self.router = router
+
+    def collect(self):
+        routed = CounterMetricFamily("millm_bridge_routed_requests", "calls the router sent to "
+                                     "each engine, by what decided (prefix or least_load)",
+                                     labels=["replica", "reason"])
+        in_flight = GaugeMetricFamily("millm_bridge_replica_in_flight", "this bridge's calls "
+                                      "running on each engine", labels=["replica"])
+        routable = GaugeMetricFamily("millm_bridge_replica_routable", "1 while the engine "
+                                     "reports SERVING over a live load stream",
+                                     labels=["replica"])
+        now = time.monotonic()
+        for replica in list(self.router.replicas.values()):
+            for reason, count in sorted(replica.routed.items()):
+                routed.add_metric([replica.target, reason], count)
+            in_flight.add_metric([replica.target], replica.in_flight)
+            routable.add_metric([replica.target], 1 if replica.routable(now) else 0)
+        yield from (routed, in_flight, routable)

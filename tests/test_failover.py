@@ -72,8 +72,8 @@ def test_sigkill_of_one_engine_loses_nothing_that_had_not_started(two_engines):
     with concurrent.futures.ThreadPoolExecutor(REQUESTS + STREAMS) as pool:
         answers = [pool.submit(post, http_port, CHAT, body(False)) for _ in range(REQUESTS)]
         streams = [pool.submit(post, http_port, CHAT, body(True)) for _ in range(STREAMS)]
-        # Kill an engine a few tokens into its share (round-robin gave each
-        # engine half), while the other is generating too.
+        # Kill an engine a few tokens into its share (the router spread the
+        # requests over both by load), while the other is generating too.
         deadline = time.monotonic() + 60
         while not (status(engines[0][1]).generated_tokens_total >= 4 * REQUESTS
                    and status(engines[1][1]).running_rows):

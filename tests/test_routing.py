@@ -131,10 +131,18 @@ def _spread(engines, http: int) -> tuple[list[tuple[int, int]], list[int]]:
 def test_requests_sharing_a_long_prefix_reach_one_replica_and_hit_its_cache(fleet):
     engines, bridge = fleet
     assert all(len(s) > 2 * BLOCK_CHARS for s in SYSTEMS)
-    spread, cached = _spread(engines, bridge(["a", "b"], "load_prefix"))
+    http = bridge(["a", "b"], "load_prefix")
+    spread, cached = _spread(engines, http)
     assert all(sorted(pair) == [0, 4] for pair in spread), spread
     assert {a > 0 for a, _ in spread} == {True, False}  # both replicas got prompts
     assert all(c > 0 for c in cached), cached
+    # The bridge's metrics say so: each prompt's 3 later requests went by prefix.
+    metrics = call(http, "GET", "/metrics").text
+    by_prefix = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                    if line.startswith("millm_bridge_routed_requests_total{")
+                    and 'reason="prefix"' in line)
+    assert by_prefix == 3 * len(SYSTEMS), metrics
+    assert metrics.count("millm_bridge_replica_routable{") == 2
     # Round-robin over the same engines splits every prompt's requests.
     rr_spread, _ = _spread(engines, bridge(["a", "b"], "round_robin"))
     assert all(pair == (2, 2) for pair in rr_spread), rr_spread

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from millm.v1 import server_service_pb2
 
@@ -40,7 +40,7 @@ class Replica:
     report: server_service_pb2.WatchLoadResponse | None = None
     streaming: bool = False  # the load stream is up
     in_flight: int = 0
-    sent: int = 0  # calls started here, for tests and benchmarks
+    routed: dict = field(default_factory=dict)  # reason -> calls the router sent here
     seen_at: float = 0.0  # time.monotonic() of the last report
 
     def routable(self, now: float) -> bool:

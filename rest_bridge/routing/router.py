@@ -87,6 +87,7 @@ class Router:
         if choice is None:
             return None
         replica = choice.replica
+        replica.routed[choice.reason] = replica.routed.get(choice.reason, 0) + 1
         if hashes:
             self.index.record(hashes, replica.target)
         return replica
@@ -95,7 +96,6 @@ class Router:
     def track(replica: Replica, call) -> None:
         """Count the call in flight on its replica until it ends, however it ends."""
         replica.in_flight += 1
-        replica.sent += 1
 
         def done(_call) -> None:
             replica.in_flight -= 1
