@@ -111,7 +111,14 @@ async function loadStatus() {
   const s = steering.steering;
   C.$("#status").textContent = `model ${C.model || "(none loaded)"} · steering ${s.enabled ? "enabled" : "disabled"}`
     + ` · attached: ${s.attached_sae_ids.join(", ") || "none"} · active profile: ${s.active_profile || "none"}`
-    + ` · ${steering.liveness.live ? "the default steering is live" : "default steering: " + steering.liveness.reason}`;
+    + ` · ${steering.liveness.live ? "the default steering is live" : "default steering: " + steering.liveness.reason}`
+    + replicaCount(steering.liveness);
+}
+
+// "applied on 2 of 2 replicas" when several engines share the state (a lone engine says nothing).
+function replicaCount(liveness) {
+  const replicas = liveness.replicas || 1;
+  return replicas > 1 ? ` (applied on ${liveness.replicas_applied || 0} of ${replicas} replicas)` : "";
 }
 
 // -- the feature browser -------------------------------------------------------------------
