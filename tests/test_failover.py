@@ -2,7 +2,8 @@
 had not reached the client is lost.
 
 Non-streamed requests have sent the client nothing, so every one is answered
-200 (those on the dead engine are sent again to the survivor). Streams that
+200 (those on the dead engine are sent again to the survivor), Responses API
+requests included. Streams that
 already carried tokens end with an error event and [DONE], and the bridge
 counts them as failed streams rather than as plain 200s.
 """
@@ -23,8 +24,10 @@ from tests.conftest import MODEL
 from tests.http_helpers import post, request
 
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 REQUESTS = 32  # the issue's Bar: 32 non-streamed requests, all answered 200
 STREAMS = 6
+RESPONSE_REQUESTS = 6  # the Responses API goes the same way
 
 
 @pytest.fixture
@@ -34,7 +37,9 @@ def two_engines(tmp_path):
     try:
         for name in ("a", "b"):
             (tmp_path / name).mkdir()
-            engines.append(harness.start_engine(tmp_path / name))
+            # A small batch, so each engine also holds requests waiting in
+            # its queue when it dies (the Responses requests, sent last).
+            engines.append(harness.start_engine(tmp_path / name, MILLM_MAX_BATCH="8"))
         for process, port in engines:
             harness.wait_serving(process, port)
         targets = ",".join(f"127.0.0.1:{port}" for _, port in engines)
@@ -69,9 +74,12 @@ def metric(port: int, name: str) -> float:
 
 def test_sigkill_of_one_engine_loses_nothing_that_had_not_started(two_engines):
     engines, http_port = two_engines
-    with concurrent.futures.ThreadPoolExecutor(REQUESTS + STREAMS) as pool:
+    with concurrent.futures.ThreadPoolExecutor(REQUESTS + STREAMS + RESPONSE_REQUESTS) as pool:
         answers = [pool.submit(post, http_port, CHAT, body(False)) for _ in range(REQUESTS)]
         streams = [pool.submit(post, http_port, CHAT, body(True)) for _ in range(STREAMS)]
+        responses = [pool.submit(post, http_port, RESPONSES, {
+            "model": MODEL, "input": "Tell me a story.", "max_output_tokens": 48,
+            "store": False}) for _ in range(RESPONSE_REQUESTS)]
         # Kill an engine a few tokens into its share (the router spread the
         # requests over both by load), while the other is generating too.
         deadline = time.monotonic() + 60
@@ -82,10 +90,16 @@ def test_sigkill_of_one_engine_loses_nothing_that_had_not_started(two_engines):
         engines[0][0].proc.kill()
         replies = [f.result(timeout=120) for f in answers]
         streamed = [f.result(timeout=120) for f in streams]
+        answered = [f.result(timeout=120) for f in responses]
 
     assert [reply.status for reply, _ in replies] == [200] * REQUESTS
     for _, content in replies:
         assert json.loads(content)["usage"]["completion_tokens"] == 48
+    for reply, content in answered:
+        assert reply.status == 200, content[:300]
+        done = json.loads(content)
+        assert done["status"] in ("completed", "incomplete")  # stop, or max_output_tokens
+        assert done["usage"]["output_tokens"] >= 1
     retried = metric(http_port, "millm_bridge_engine_retries_total")
     assert retried >= 1  # the dead engine held some of them
 

@@ -4,7 +4,8 @@ A Responses API request is served by the engine's one generation path: the
 earlier conversation of `previous_response_id` comes from ResponseService,
 the request becomes a GenerateRequest (responses_input.py), the generation
 stream is folded into output items (responses_output.py) and answered whole
-or as typed events (responses_stream.py), and with `store` (the default)
+or as typed events (responses_stream.py); like chat it survives losing an
+engine before the first token (failover.GenerateCall). With `store` (the default)
 the finished response and its input items go back to ResponseService, which
 keeps them for the key that made them. GET, DELETE and input_items read
 and change that store; nothing is held in the bridge.
@@ -21,8 +22,15 @@ from rest_bridge.access import call_metadata, request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.responses import ResponsesRequest
-from rest_bridge.serving import responses_input, responses_stream, sse, steering_fields
+from rest_bridge.serving import (
+    failover,
+    responses_input,
+    responses_stream,
+    sse,
+    steering_fields,
+)
 from rest_bridge.serving.disconnect import unless_disconnected
+from rest_bridge.serving.failover import RESTARTED, GenerateCall
 from rest_bridge.serving.generation import GenerationHandler, forward_unmapped, strict_mode
 from rest_bridge.serving.responses_json import item_json, response_json
 from rest_bridge.serving.responses_output import OutputBuilder
@@ -31,9 +39,12 @@ STORE_TIMEOUT_S = 30
 _ORDERS = {"asc": rpb.LIST_ORDER_ASC, "desc": rpb.LIST_ORDER_DESC}
 
 
-async def _rest_of(call):
-    while (message := await call.read()) is not grpc.aio.EOF:
-        yield message
+async def _stream_of(call: GenerateCall):
+    """A stream's messages; a retry happens only before its first token, so
+    nothing was folded yet and RESTARTED needs nothing undone."""
+    async for message in call.rest():
+        if message is not RESTARTED:
+            yield message
 
 
 def _param_error(exc: grpc.aio.AioRpcError, renames: dict[str, str]) -> OpenAIError:
@@ -90,9 +101,11 @@ class ResponsesHandler:
         steering_fields.add_to_request(request, pb)
         forward_unmapped(request, pb)
 
-        call, _ = self.engine.generate(pb, metadata=call_metadata.get())
+        app = http_request.app.state
+        call = GenerateCall(self.engine, pb, failover.deadline_s(app.config, pb), app.metrics,
+                            streamed=bool(request.stream))
         try:
-            first = await call.read()
+            first = await call.open()
         except grpc.aio.AioRpcError as exc:
             raise origins.relabel(from_rpc_error(exc)) from None
         if first is grpc.aio.EOF or not first.HasField("metadata"):
@@ -114,15 +127,22 @@ class ResponsesHandler:
             await self._save(response, [*replayed, *new])
 
         if request.stream:
-            body = responses_stream.events(_rest_of(call), builder, store,
+            call.pin_seed()
+            body = responses_stream.events(_stream_of(call), builder, store,
                                            save if store else None, origins.relabel,
                                            call.cancel)
             return StreamingResponse(body, media_type="text/event-stream",
                                      headers={**sse.SSE_HEADERS, **headers})
 
         async def collect() -> None:
+            nonlocal builder
             try:
-                async for message in _rest_of(call):
+                async for message in call.rest():
+                    if message is RESTARTED:  # sent again on another engine: start over
+                        del response.output[:]
+                        response.ClearField("usage")
+                        builder = OutputBuilder(response)
+                        continue
                     builder.feed(message)
             except grpc.aio.AioRpcError as exc:
                 raise origins.relabel(from_rpc_error(exc)) from None
