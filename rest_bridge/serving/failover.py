@@ -37,7 +37,7 @@ import grpc
 from millm.v1 import generation_service_pb2
 from rest_bridge.access import call_metadata, request_id
 from rest_bridge.config import BridgeConfig
-from rest_bridge.errors import engine_lost
+from rest_bridge.errors import OpenAIError, engine_lost, from_rpc_error
 
 log = logging.getLogger("millm.bridge")
 
@@ -145,3 +145,20 @@ class GenerateCall:
         if self.call is not None:
             self.call.cancel()
 
+
+
+async def start(engine, request: generation_service_pb2.GenerateRequest, app_state,
+                streamed: bool, relabel) -> tuple[GenerateCall, object]:
+    """Open a generation for a route: (the call, its ResponseMetadata). An engine
+    refusal is raised as the route's OpenAIError (`relabel` names its params)."""
+    call = GenerateCall(engine, request, deadline_s(app_state.config, request), app_state.metrics,
+                        streamed=streamed)
+    try:
+        first = await call.open()
+    except grpc.aio.AioRpcError as exc:
+        raise relabel(from_rpc_error(exc)) from None
+    if first is grpc.aio.EOF or not first.HasField("metadata"):
+        call.cancel()
+        raise OpenAIError(500, "The engine ended the stream without metadata.",
+                          type="server_error", code="internal_error")
+    return call, first.metadata

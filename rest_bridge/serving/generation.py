@@ -171,21 +171,11 @@ class GenerationHandler(abc.ABC):
 
     async def handle(self, request, http_request: Request):
         pb = self.request_pb(request, http_request)
-        app = http_request.app.state
-        call = GenerateCall(self.engine, pb, failover.deadline_s(app.config, pb), app.metrics,
-                            streamed=bool(request.stream))
-        try:
-            first = await call.open()
-        except grpc.aio.AioRpcError as exc:
-            raise self.relabel(from_rpc_error(exc)) from None
-        if first is grpc.aio.EOF or not first.HasField("metadata"):
-            call.cancel()
-            raise OpenAIError(500, "The engine ended the stream without metadata.",
-                              type="server_error", code="internal_error")
+        call, meta = await failover.start(self.engine, pb, http_request.app.state,
+                                          bool(request.stream), self.relabel)
         reply = Reply(request)
         if request.stream:
             call.pin_seed()
-            meta = first.metadata
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
             body = self.stream(call, meta, reply, self.choice_count(request), include_usage,
                                http_request)

@@ -101,18 +101,8 @@ class ResponsesHandler:
         steering_fields.add_to_request(request, pb)
         forward_unmapped(request, pb)
 
-        app = http_request.app.state
-        call = GenerateCall(self.engine, pb, failover.deadline_s(app.config, pb), app.metrics,
-                            streamed=bool(request.stream))
-        try:
-            first = await call.open()
-        except grpc.aio.AioRpcError as exc:
-            raise origins.relabel(from_rpc_error(exc)) from None
-        if first is grpc.aio.EOF or not first.HasField("metadata"):
-            call.cancel()
-            raise OpenAIError(500, "The engine ended the stream without metadata.",
-                              type="server_error", code="internal_error")
-        meta = first.metadata
+        call, meta = await failover.start(self.engine, pb, http_request.app.state,
+                                          bool(request.stream), origins.relabel)
         response = rpb.StoredResponse(
             id=responses_input.new_id("resp"), created_at=meta.created, model=meta.model,
             metadata=request.metadata or {}, settings=settings,
