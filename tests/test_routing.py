@@ -7,6 +7,7 @@ pure function it is."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -15,6 +16,7 @@ import pytest
 from millm.v1 import server_service_pb2, server_service_pb2_grpc
 from rest_bridge.routing import picker
 from rest_bridge.routing.prefix import BLOCK_CHARS, PrefixIndex, block_hashes
+from rest_bridge.routing.router import Router, dns_name
 from tests import harness
 from tests.conftest import MODEL
 from tests.grpc_helpers import error_info
@@ -160,6 +162,33 @@ def test_a_request_goes_to_the_replica_that_has_its_model(fleet):
     assert engines["a"].completed() - before[0] == 3
     assert engines["gguf"].completed() - before[1] == 3
     assert engines["a"].first_report().model == MODEL  # nothing switched
+
+
+def test_a_dns_target_is_resolved_into_one_replica_per_address(fleet):
+    engines, _ = fleet
+    port = engines["a"].port
+
+    async def follow() -> tuple[set[str], bool]:
+        router = Router((f"dns:///localhost:{port}",))
+        router.start()
+        try:
+            target = f"ipv4:127.0.0.1:{port}"
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                replica = router.replicas.get(target)
+                if replica is not None and replica.routable(time.monotonic()):
+                    break
+                await asyncio.sleep(0.05)
+            chosen = router.pick(MODEL)
+            return set(router.replicas), chosen is not None and chosen.target == target
+        finally:
+            await router.close()
+
+    found, picked = asyncio.run(follow())
+    assert f"ipv4:127.0.0.1:{port}" in found and picked
+    assert dns_name("dns:///engines:50051") == ("engines", 50051)
+    assert dns_name("dns://8.8.8.8/engines.svc:7000") == ("engines.svc", 7000)
+    assert dns_name("10.0.0.1:50051") is None
 
 
 # -- the policy, as a pure function -------------------------------------------------

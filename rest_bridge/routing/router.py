@@ -104,8 +104,12 @@ class Router:
 
     # -- replicas ---------------------------------------------------------------------
 
-    def _add(self, target: str) -> None:
-        client = AsyncClient(target, credentials=self.credentials, options=self.options)
+    def _add(self, target: str, host: str | None = None) -> None:
+        options = self.options
+        if host is not None and self.credentials is not None:
+            # An address found through DNS: its certificate names the host, not the IP.
+            options = [*options, ("grpc.ssl_target_name_override", host)]
+        client = AsyncClient(target, credentials=self.credentials, options=options)
         replica = Replica(target, client)
         self.replicas[target] = replica
         self._tasks[target] = asyncio.create_task(self._watch(replica))
@@ -138,19 +142,19 @@ class Router:
     async def _resolve(self, names: list[tuple[str, int]]) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            found: set[str] = set()
+            found: dict[str, str] = {}
             for host, port in names:
                 try:
                     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
                 except OSError as exc:
                     log.warning("cannot resolve %s: %s", host, exc)
-                    found = set(self.replicas)  # keep what we have
+                    found = dict.fromkeys(self.replicas, "")  # keep what we have
                     break
                 for family, *_rest, address in infos:
-                    found.add(f"ipv6:[{address[0]}]:{address[1]}" if family == socket.AF_INET6
-                              else f"ipv4:{address[0]}:{address[1]}")
-            for target in found - set(self.replicas):
-                self._add(target)
-            for target in set(self.replicas) - found:
+                    found[f"ipv6:[{address[0]}]:{address[1]}" if family == socket.AF_INET6
+                          else f"ipv4:{address[0]}:{address[1]}"] = host
+            for target in found.keys() - self.replicas.keys():
+                self._add(target, found[target])
+            for target in self.replicas.keys() - found.keys():
                 await self._remove(target)
             await asyncio.sleep(RESOLVE_S)
