@@ -44,6 +44,21 @@ def fuzz_stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def steer(tmp_path_factory):
+    """A stack of the steering tests' own, on an SAE dir of theirs
+    (tests/steering_helpers.py): they change steering state, which the session
+    stack's tests must not see. Session-scoped so that test_steering.py,
+    test_steering_management.py and test_steering_readout.py share one."""
+    from tests import steering_helpers
+
+    own = steering_helpers.steer_stack(tmp_path_factory.mktemp("steer"))
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture(scope="session")
 def channel(stack):
     with grpc.insecure_channel(stack.grpc_target) as ch:
         yield ch

@@ -8,6 +8,13 @@ replaces the in-memory snapshot; requests read the snapshot when they are
 validated and carry what they resolved (a SteeringPlan) into the batch, so no
 request ever writes global state and an operator's change is never undone by
 one. A change applies to requests validated after it.
+
+This module is the half that owns the state: the snapshot (and following
+other replicas' snapshots), binding to the loaded model, attaching SAEs,
+resolving a request's steering into a plan, and the live values. Writes to
+profiles, clusters and circuits are profiles.py's (a mixin of
+SteeringManager); the values both halves build and answer with are
+records.py's, exported here too for the callers that import them from here.
 """
 
 from __future__ import annotations
@@ -15,81 +22,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from service.errors import EngineError
 from service.steering import documents, intensity
 from service.steering.documents import Circuit, Cluster, SteeringEntry
+from service.steering.profiles import ProfileWrites
+from service.steering.records import (
+    CIRCUIT,
+    CLUSTER,
+    FEATURES,
+    UNSTEERED,
+    Live,
+    Profile,
+    Resolved,
+    steering_unavailable,
+)
 from service.steering.runtime import LayerSteering, SteeringPlan
 from service.steering.sae import SaeDirectory, SaeInfo, SaeWeights
 from service.steering.store import Snapshot, SteeringStore
 
 log = logging.getLogger(__name__)
-
-FEATURES, CLUSTER, CIRCUIT = "features", "cluster", "circuit"
-
-
-def not_found(code: str, what: str, name: str) -> EngineError:
-    return EngineError(code, f"No {what} named '{name}'.", "name")
-
-
-def steering_unavailable(message: str) -> EngineError:
-    return EngineError("steering_unavailable", message)
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    kind: str  # FEATURES, CLUSTER or CIRCUIT
-    entries: tuple[SteeringEntry, ...] = ()
-    target: str = ""  # the cluster's or circuit's name
-    description: str = ""
-    created: int = 0
-    updated: int = 0
-
-    def row(self) -> dict:
-        return {"name": self.name, "description": self.description, "kind": self.kind,
-                "entries": [e.to_json() for e in self.entries], "target": self.target,
-                "created": self.created, "updated": self.updated}
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """A request's steering: the plan (None: unsteered), the λ to echo in
-    X-miLLM-Steering-Intensity (None: omit), and the circuit's rung when a
-    circuit is genuinely steering (None: omit X-miLLM-Circuit-Rung)."""
-
-    plan: SteeringPlan | None = None
-    echo: float | None = None
-    rung: int | None = None
-
-    @property
-    def language(self) -> str:
-        return documents.RUNG_LANGUAGE[self.rung] if self.rung is not None else ""
-
-
-UNSTEERED = Resolved()
-
-
-@dataclass(frozen=True)
-class Live:
-    """Whether a management write is what steers the next request (with
-    replicas: on every replica that answered, steering/acks.py)."""
-
-    live: bool
-    reason: str = ""
-    replicas: int = 1
-    replicas_applied: int = 1
-
-
-@dataclass(frozen=True)
-class CircuitSteering:
-    steering: bool
-    rung: int | None
-    language: str
-    intensity: float
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -103,7 +56,7 @@ class _Base:
     rung: int | None = None
 
 
-class SteeringManager:
+class SteeringManager(ProfileWrites):
     def __init__(self, store: SteeringStore, saes_dir: pathlib.Path,
                  limits: intensity.IntensityLimits | None = None):
         self.store = store
@@ -423,222 +376,3 @@ class SteeringManager:
                             "the live values")
             return self.default_live()
 
-    # -- profiles ---------------------------------------------------------------------------
-
-    def get_profile(self, name: str) -> Profile:
-        profile = self.profiles.get(name)
-        if profile is None:
-            raise EngineError("profile_not_found", f"No steering profile named '{name}'.", "name")
-        return profile
-
-    def _profile_live(self, name: str) -> Live:
-        if self.active != name:
-            return Live(False, f"profile '{name}' is not active")
-        return self.default_live()
-
-    async def create_profile(self, name: str, description: str,
-                             entries: tuple[SteeringEntry, ...]) -> tuple[Profile, Live]:
-        async with self._lock:
-            documents.parse_name(name)
-            if name in self.profiles:
-                raise EngineError("already_exists", f"A profile named '{name}' exists.", "name")
-            self._check_entries(entries, "entries")
-            now = int(time.time())
-            profile = Profile(name, FEATURES, entries, "", description, now, now)
-            await self.store.put_profile(profile.row())
-            self.profiles[name] = profile
-            return profile, self._profile_live(name)
-
-    async def update_profile(self, name: str, description: str | None,
-                             entries: tuple[SteeringEntry, ...] | None) -> tuple[Profile, Live]:
-        async with self._lock:
-            profile = self.get_profile(name)
-            if entries is not None:
-                if profile.kind != FEATURES:
-                    raise EngineError("invalid_parameter", f"Profile '{name}' is backed by "
-                                      f"{profile.kind} '{profile.target}'; change that instead.",
-                                      "entries")
-                self._check_entries(entries, "entries")
-            profile = replace(profile, entries=profile.entries if entries is None else entries,
-                              description=profile.description if description is None
-                              else description, updated=int(time.time()))
-            await self.store.put_profile(profile.row())
-            self.profiles[name] = profile
-            return profile, self._profile_live(name)
-
-    async def delete_profile(self, name: str) -> None:
-        async with self._lock:
-            profile = self.get_profile(name)
-            if profile.kind != FEATURES:
-                raise EngineError("invalid_parameter", f"Profile '{name}' belongs to "
-                                  f"{profile.kind} '{profile.target}'; delete that instead.",
-                                  "name")
-            await self._delete_profiles([name])
-
-    async def _delete_profiles(self, names: list[str], *also) -> None:
-        deactivate = self.active in names
-        statements = [*(SteeringStore.delete_profile_sql(n) for n in names), *also]
-        if deactivate:
-            statements.append(SteeringStore.setting_sql("active_profile", ""))
-        await self.store.write(*statements)
-        for n in names:
-            self.profiles.pop(n, None)
-        if deactivate:
-            self.active = ""
-
-    async def activate_profile(self, name: str | None) -> Live:
-        """Make `name` the default steering base; None deactivates."""
-        async with self._lock:
-            if name:
-                profile = self.get_profile(name)
-                base = self._base_of(profile)
-                if base is not None:
-                    self._plan(base.entries, self._level(base, None), "profile")
-            await self.store.put_settings(active_profile=name or "")
-            self.active = name or ""
-            return self.default_live()
-
-    # -- clusters -------------------------------------------------------------------------
-
-    def get_cluster(self, name: str) -> Cluster:
-        cluster = self.clusters.get(name)
-        if cluster is None:
-            raise not_found("cluster_not_found", "cluster", name)
-        return cluster
-
-    def _backs_default(self, cluster_name: str) -> bool:
-        profile = self._default_profile()
-        if profile is None:
-            return False
-        if profile.kind == CLUSTER:
-            return profile.target == cluster_name
-        circuit = self.circuits.get(profile.target) if profile.kind == CIRCUIT else None
-        return (circuit is not None and circuit.mode == documents.SLICE_FALLBACK
-                and circuit.fallback_cluster == cluster_name)
-
-    def _written_live(self, steers_default: bool, what: str) -> Live:
-        if not steers_default:
-            return Live(False, f"{what} is not the active steering base")
-        return self.default_live()
-
-    async def _add_imported(self, kind: str, item, held: dict) -> Live:
-        """Store an imported cluster or circuit with the profile that names it
-        (one transaction). Lock held."""
-        if item.name in held or item.name in self.profiles:
-            raise EngineError("already_exists", f"A {kind} or profile named '{item.name}' "
-                              "exists.", "name")
-        self._check_entries(item.members, "members")
-        now = int(time.time())
-        profile = Profile(item.name, kind, (), item.name, item.description, now, now)
-        await self.store.write(SteeringStore.put_document_sql(f"{kind}s", item.document()),
-                         SteeringStore.profile_sql(profile.row()))
-        held[item.name] = item
-        self.profiles[item.name] = profile
-        # Imported is not active: nothing steers with it until its profile is.
-        return self._written_live(False, f"{kind} '{item.name}'")
-
-    async def _store_dial(self, kind: str, item, high: float, level: float, held: dict):
-        """A cluster's or circuit's dial, within [0, high]. Lock held."""
-        item = replace(item, intensity=documents.check_dial(level, high))
-        await self.store.write(SteeringStore.put_document_sql(f"{kind}s", item.document()))
-        held[item.name] = item
-        return item
-
-    async def import_cluster(self, document) -> tuple[Cluster, Live]:
-        async with self._lock:
-            cluster = documents.parse_cluster(document, self.limits.cluster_max)
-            return cluster, await self._add_imported(CLUSTER, cluster, self.clusters)
-
-    async def set_cluster_intensity(self, name: str, level: float) -> tuple[Cluster, Live]:
-        async with self._lock:
-            cluster = self.get_cluster(name)
-            high = intensity.cluster_bounds(cluster.intensity_range, self.limits)[1]
-            cluster = await self._store_dial(CLUSTER, cluster, high, level, self.clusters)
-            return cluster, self._written_live(self._backs_default(name), f"cluster '{name}'")
-
-    async def delete_cluster(self, name: str) -> None:
-        async with self._lock:
-            self.get_cluster(name)
-            users = [c.name for c in self.circuits.values() if c.fallback_cluster == name]
-            if users:
-                raise EngineError("invalid_parameter", f"Circuit(s) {', '.join(users)} fall "
-                                  f"back to cluster '{name}'; delete them first.", "name")
-            await self._delete_profiles(
-                [p.name for p in self.profiles.values() if p.kind == CLUSTER and p.target == name],
-                SteeringStore.delete_document_sql("clusters", name))
-            del self.clusters[name]
-
-    # -- circuits -------------------------------------------------------------------------
-
-    def get_circuit(self, name: str) -> Circuit:
-        circuit = self.circuits.get(name)
-        if circuit is None:
-            raise not_found("circuit_not_found", "circuit", name)
-        return circuit
-
-    async def import_circuit(self, document) -> tuple[Circuit, Live]:
-        async with self._lock:
-            circuit = documents.parse_circuit(document, self.limits.circuit_max)
-            if circuit.mode == documents.SLICE_FALLBACK and \
-                    circuit.fallback_cluster not in self.clusters:
-                raise documents.invalid_document("fallback_cluster", f"No cluster named "
-                                                 f"'{circuit.fallback_cluster}' to fall back to.")
-            return circuit, await self._add_imported(CIRCUIT, circuit, self.circuits)
-
-    async def set_circuit_intensity(self, name: str, level: float) -> tuple[Circuit, Live]:
-        async with self._lock:
-            circuit = self.get_circuit(name)
-            high = intensity.circuit_bounds(circuit.intensity_range, self.limits)[1]
-            circuit = await self._store_dial(CIRCUIT, circuit, high, level, self.circuits)
-            if circuit.mode == documents.SLICE_FALLBACK:
-                return circuit, Live(False, f"circuit '{name}' is served by cluster "
-                                     f"'{circuit.fallback_cluster}' (slice_fallback); its dial "
-                                     "applies")
-            return circuit, self._written_live(self.active == name, f"circuit '{name}'")
-
-    async def delete_circuit(self, name: str) -> None:
-        async with self._lock:
-            self.get_circuit(name)
-            await self._delete_profiles(
-                [p.name for p in self.profiles.values() if p.kind == CIRCUIT and p.target == name],
-                SteeringStore.delete_document_sql("circuits", name))
-            del self.circuits[name]
-
-    async def activate_circuit(self, name: str | None) -> Live:
-        """Activate a circuit's profile; None deactivates the active circuit,
-        never another kind of active profile."""
-        if name:
-            self.get_circuit(name)
-            return await self.activate_profile(name)
-        profile = self._default_profile()
-        if profile is not None and profile.kind == CIRCUIT:
-            return await self.activate_profile(None)
-        return self.default_live()
-
-    def active_circuit(self) -> tuple[Circuit | None, CircuitSteering]:
-        """The circuit whose profile is active, and whether it is genuinely
-        steering (what X-miLLM-Circuit-Rung reports per response)."""
-        profile = self._default_profile()
-        circuit = (self.circuits.get(profile.target)
-                   if profile is not None and profile.kind == CIRCUIT else None)
-        if circuit is None:
-            return None, CircuitSteering(False, None, "", 0.0, "no circuit is active")
-
-        def off(reason: str) -> tuple[Circuit, CircuitSteering]:
-            return circuit, CircuitSteering(False, None, "", circuit.intensity, reason)
-
-        if circuit.mode == documents.SLICE_FALLBACK:
-            return off(f"served in slice_fallback mode by cluster '{circuit.fallback_cluster}'")
-        if not self.enabled:
-            return off("steering is disabled")
-        layers = {w.info.layer for w in self.attached.values()}
-        if not any(m.layer in layers for m in circuit.members):
-            return off("no SAE is attached on any member layer")
-        try:
-            resolved = self.resolve(None, None)
-        except EngineError as exc:
-            return off(exc.message)
-        if resolved.plan is None or resolved.rung is None:
-            return off("the circuit's dial is 0")
-        return circuit, CircuitSteering(True, circuit.rung, circuit.language, circuit.intensity,
-                                        "")
