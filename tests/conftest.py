@@ -1,6 +1,8 @@
-"""One engine and one bridge per test session, on free loopback ports, serving
-the real demo model. Tests talk to them with the openai SDK, generated gRPC
-stubs, grpcurl and raw HTTP."""
+"""The shared stacks of a test session, on free loopback ports, serving the
+real demo model: the default engine and bridge, and the steering stack
+(`steer`) the steering test files share; other files start their own.
+Tests talk to them with the openai SDK, generated gRPC stubs, grpcurl and
+raw HTTP."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@ steering against it.
 
 State: SAEs (on disk; which are attached), the live values and whether
 steering is enabled, profiles, clusters (with their dial), circuits (with
-theirs) and the active profile. Every write goes to SQLite first, then
-replaces the in-memory snapshot; requests read the snapshot when they are
+theirs) and the active profile. Every write goes to the state database
+first (SQLite, or the PostgreSQL replicas share), then replaces the
+in-memory snapshot; requests read the snapshot when they are
 validated and carry what they resolved (a SteeringPlan) into the batch, so no
 request ever writes global state and an operator's change is never undone by
 one. A change applies to requests validated after it.
