@@ -10,16 +10,14 @@ temporary database; if a process exits, the rest are stopped too.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tests.postgres import PostgresCluster  # noqa: E402
+from tools.run_stack import supervise  # noqa: E402
 
 ENGINES = ((50051, 9464), (50052, 9465))
 
@@ -28,14 +26,6 @@ def main() -> int:
     pg = PostgresCluster()
     print(f"PostgreSQL: {pg.url}", flush=True)
     procs: list[subprocess.Popen] = []
-    stopping = False
-
-    def stop(*_):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
     try:
         base = dict(os.environ, MILLM_DATABASE_URL=pg.url)
         for grpc_port, metrics_port in ENGINES:
@@ -47,29 +37,12 @@ def main() -> int:
         targets = ",".join(f"127.0.0.1:{g}" for g, _ in ENGINES)
         procs.append(subprocess.Popen([sys.executable, "-m", "rest_bridge"],
                                       env=dict(base, MILLM_ENGINE_TARGETS=targets)))
-        announced = False
-        while not stopping:
-            if any(p.poll() is not None for p in procs):
-                print("a process exited; stopping the cluster", file=sys.stderr)
-                return 1
-            if not announced:
-                try:
-                    with urllib.request.urlopen("http://127.0.0.1:8000/readyz", timeout=1):
-                        print("cluster ready: http://127.0.0.1:8000/v1 (two engines, one "
-                              "PostgreSQL); Ctrl-C stops it", flush=True)
-                        announced = True
-                except OSError:
-                    pass
-            time.sleep(0.5)
-        return 0
+        return supervise(procs, "http://127.0.0.1:8000/readyz",
+                         "cluster ready: http://127.0.0.1:8000/v1 (two engines, one PostgreSQL); "
+                         "Ctrl-C stops it", stop_timeout=40)
     finally:
-        for p in procs:
+        for p in procs:  # started before something failed
             if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=40)
-            except subprocess.TimeoutExpired:
                 p.kill()
         pg.close()
 

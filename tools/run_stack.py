@@ -14,6 +14,49 @@ import time
 import urllib.request
 
 
+def supervise(procs: list[subprocess.Popen], ready_url: str, ready_message: str,
+              stop_timeout: float = 15) -> int:
+    """Run until Ctrl-C or SIGTERM, or until a process exits (its status, or 1,
+    is returned); print ready_message once ready_url answers 200. Then every
+    process gets SIGTERM, and a kill after stop_timeout seconds."""
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    announced = False
+    code = 0
+    try:
+        while not stopping:
+            exited = [p for p in procs if p.poll() is not None]
+            if exited:
+                print("a process exited; stopping the others", file=sys.stderr)
+                code = exited[0].returncode or 1
+                break
+            if not announced:
+                try:
+                    with urllib.request.urlopen(ready_url, timeout=1) as reply:
+                        announced = reply.status == 200
+                except OSError:
+                    pass
+                if announced:
+                    print(ready_message, flush=True)
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=stop_timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return code
+
+
 def main() -> int:
     env = dict(os.environ)
     env.setdefault("MILLM_METRICS_PORT", "9464")  # the engine's Prometheus endpoint
@@ -23,44 +66,12 @@ def main() -> int:
         subprocess.Popen([sys.executable, "-m", "service"], env=env),
         subprocess.Popen([sys.executable, "-m", "rest_bridge"], env=env),
     ]
-    stopping = False
-
-    def stop(*_):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
     ready_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{http_port}/readyz"
-    announced = False
-    code = 0
-    while not stopping:
-        exited = [p for p in procs if p.poll() is not None]
-        if exited:
-            code = exited[0].returncode or 1
-            break
-        if not announced:
-            try:
-                with urllib.request.urlopen(ready_url, timeout=1) as reply:
-                    announced = reply.status == 200
-            except OSError:
-                pass
-            if announced:
-                print(f"\nmiLLM is ready: OpenAI API at http://{host}:{http_port}/v1 , gRPC at "
-                      f"{host}:{env.get('MILLM_GRPC_PORT', '50051')} , metrics at "
-                      f"http://{host}:{http_port}/metrics and "
-                      f"http://{host}:{env['MILLM_METRICS_PORT']}/metrics "
-                      "(Ctrl-C stops both)\n", flush=True)
-        time.sleep(0.5)
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-    return code
+    return supervise(procs, ready_url, (
+        f"\nmiLLM is ready: OpenAI API at http://{host}:{http_port}/v1 , gRPC at "
+        f"{host}:{env.get('MILLM_GRPC_PORT', '50051')} , metrics at "
+        f"http://{host}:{http_port}/metrics and "
+        f"http://{host}:{env['MILLM_METRICS_PORT']}/metrics (Ctrl-C stops both)\n"))
 
 
 if __name__ == "__main__":
