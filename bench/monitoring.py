@@ -22,7 +22,6 @@ import pathlib
 import statistics
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -30,7 +29,6 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 
 from millm.v1 import (  # noqa: E402
-    generation_service_pb2_grpc,
     monitoring_pb2,
     monitoring_service_pb2,
     monitoring_service_pb2_grpc,
@@ -38,7 +36,7 @@ from millm.v1 import (  # noqa: E402
     steering_service_pb2_grpc,
 )
 from tests import harness  # noqa: E402
-from tests.grpc_helpers import chat_request, timed_generate  # noqa: E402
+from tests.grpc_helpers import chat_request, closed_loop  # noqa: E402
 
 SAES = ("sae_millm-tiny-res-l1", "sae_millm-tiny-res-l0")
 PROMPTS = ["Tell me about the sea.", "What is a library?", "Describe a garden.",
@@ -69,23 +67,8 @@ async def switch(target: str, enabled: bool) -> None:
 
 
 async def load(target: str, clients: int, requests: int, tokens: int) -> dict:
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
-        await timed_generate(stub, chat_request("Hi", max_tokens=4))  # warm up
-        samples: list[tuple[float, int]] = []
-
-        async def client(c: int):
-            for r in range(requests):
-                request = chat_request(PROMPTS[(c + r) % len(PROMPTS)], max_tokens=tokens,
-                                       temperature=1.0, ignore_eos=True)
-                first, produced = await timed_generate(stub, request)
-                samples.append((first or 0.0, produced))
-
-        started = time.perf_counter()
-        await asyncio.gather(*(client(c) for c in range(clients)))
-        wall = time.perf_counter() - started
-    return {"tok_s": sum(s[1] for s in samples) / wall,
-            "p50": statistics.median(s[0] for s in samples) * 1000}
+    return await closed_loop(target, clients, requests, lambda c, r: chat_request(
+        PROMPTS[(c + r) % len(PROMPTS)], max_tokens=tokens, temperature=1.0, ignore_eos=True))
 
 
 def main() -> int:

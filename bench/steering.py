@@ -23,10 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import pathlib
-import statistics
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -34,13 +32,12 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 
 from millm.v1 import (  # noqa: E402
-    generation_service_pb2_grpc,
     steering_pb2,
     steering_service_pb2,
     steering_service_pb2_grpc,
 )
 from tests import harness  # noqa: E402
-from tests.grpc_helpers import chat_request, timed_generate  # noqa: E402
+from tests.grpc_helpers import chat_request, closed_loop  # noqa: E402
 
 SAE = "sae_millm-tiny-res-l1"
 PROMPTS = ["Tell me about the sea.", "What is a library?", "Describe a garden.",
@@ -59,33 +56,15 @@ async def setup(target: str, clients: int) -> None:
                                                strength=-2.0)]))
 
 
-async def one(stub, c: int, r: int, tokens: int, steered: bool) -> tuple[float, int]:
-    request = chat_request(PROMPTS[(c + r) % len(PROMPTS)], max_tokens=tokens,
-                           temperature=1.0, ignore_eos=True)
-    if steered:
-        request.profile = f"client-{c}"
-    first, produced = await timed_generate(stub, request)
-    return first or 0.0, produced
-
-
 async def load(target: str, mix: str, clients: int, requests: int, tokens: int) -> dict:
-    def steered(c: int) -> bool:
-        return mix == "steered" or (mix == "mixed" and c % 2 == 0)
+    def request(c: int, r: int):
+        pb = chat_request(PROMPTS[(c + r) % len(PROMPTS)], max_tokens=tokens,
+                          temperature=1.0, ignore_eos=True)
+        if mix == "steered" or (mix == "mixed" and c % 2 == 0):
+            pb.profile = f"client-{c}"
+        return pb
 
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
-        await one(stub, 0, 0, 4, False)  # warm up
-        samples: list[tuple[float, int]] = []
-
-        async def client(c: int):
-            for r in range(requests):
-                samples.append(await one(stub, c, r, tokens, steered(c)))
-
-        started = time.perf_counter()
-        await asyncio.gather(*(client(c) for c in range(clients)))
-        wall = time.perf_counter() - started
-    return {"tok_s": sum(s[1] for s in samples) / wall,
-            "p50": statistics.median(s[0] for s in samples) * 1000}
+    return await closed_loop(target, clients, requests, request)
 
 
 def main() -> int:

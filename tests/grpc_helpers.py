@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import statistics
+import time
+
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from millm.v1 import generation_pb2, generation_service_pb2
+from millm.v1 import generation_pb2, generation_service_pb2, generation_service_pb2_grpc
 
 MODEL = "millm-tiny"
 
@@ -64,8 +68,6 @@ def run(stub, request):
 async def timed_generate(stub, request) -> tuple[float | None, int]:
     """Stream one generation on an aio stub: (seconds to the first choice delta,
     completion tokens from usage). The benches' one way to time a request."""
-    import time
-
     started = time.perf_counter()
     first, produced = None, 0
     async for response in stub.Generate(request, timeout=600):
@@ -74,3 +76,25 @@ async def timed_generate(stub, request) -> tuple[float | None, int]:
         if response.HasField("usage"):
             produced = response.usage.completion_tokens
     return first, produced
+
+
+async def closed_loop(target: str, clients: int, requests: int, make_request) -> dict:
+    """`clients` closed-loop clients on one aio channel, each sending `requests`
+    generations one after another (make_request(client, n) builds each), after
+    one warm-up request: tokens per second over the wall time, and the median
+    time to the first token in ms. The benches' one load loop."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        await timed_generate(stub, chat_request("Hi", max_tokens=4))
+        samples: list[tuple[float, int]] = []
+
+        async def client(c: int):
+            for n in range(requests):
+                first, produced = await timed_generate(stub, make_request(c, n))
+                samples.append((first or 0.0, produced))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in range(clients)))
+        wall = time.perf_counter() - started
+    return {"tok_s": sum(s[1] for s in samples) / wall,
+            "p50": statistics.median(s[0] for s in samples) * 1000}
