@@ -52,6 +52,7 @@ from millm.v1 import (  # noqa: E402
     model_service_pb2_grpc,
 )
 from service.demo_model import gguf_export  # noqa: E402
+from service.demo_model.build import VOCAB_SIZE  # noqa: E402
 from service.demo_model.families import TOKENIZER_FILES  # noqa: E402
 from tests import harness  # noqa: E402
 from tests.grpc_helpers import prompt_request  # noqa: E402
@@ -62,7 +63,7 @@ SIZES = {
     "100m": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 16,
              "num_attention_heads": 12, "num_key_value_heads": 4,
              "max_position_embeddings": 2048},
-    # Llama 3.2 1B's shape, with the demo tokenizer's 768 tokens.
+    # Llama 3.2 1B's shape, with the demo tokenizer's vocabulary.
     "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
            "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 2048},
 }
@@ -79,7 +80,7 @@ def build(models: pathlib.Path, dtype: str, gguf: bool) -> int:
 
     demo = harness.models_dir() / "millm-tiny"
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=768, bos_token_id=None, eos_token_id=2, pad_token_id=0,
+    config = LlamaConfig(vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=2, pad_token_id=0,
                          tie_word_embeddings=True, **CONFIG)
     model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
