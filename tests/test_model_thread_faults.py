@@ -7,6 +7,7 @@ that dies answers everyone, turns NOT_SERVING and exits non-zero."""
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 
 import grpc
@@ -149,27 +150,26 @@ def test_a_dead_model_thread_answers_everyone_turns_not_serving_and_exits(engine
 
 def test_health_is_not_serving_as_soon_as_the_thread_dies(engine_with):
     engine = engine_with("turn:death:100")
-    stub = engine.stub
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        call = pool.submit(_outcome, stub, prompt_request("Row", **LONG))
-        seen = set()
-        while not call.done():
-            try:
-                reply = engine.health.Check(health_pb2.HealthCheckRequest(service=""),
-                                            timeout=1)
-                seen.add(reply.status)
-            except grpc.RpcError:
-                seen.add("gone")
-            time.sleep(0.02)
-        outcome = call.result()[0]
-    assert outcome[0] == grpc.StatusCode.UNAVAILABLE
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and engine.proc.alive():
+    # A health watch sees every change, so NOT_SERVING cannot slip between polls
+    # (or be mistaken for the process having gone).
+    watch = engine.health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
+    statuses: list[int] = []
+
+    def follow():
         try:
-            reply = engine.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-            seen.add(reply.status)
+            for reply in watch:
+                statuses.append(reply.status)
         except grpc.RpcError:
-            seen.add("gone")
-        time.sleep(0.02)
-    assert health_pb2.HealthCheckResponse.NOT_SERVING in seen or "gone" in seen
+            pass  # the engine stopped
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    deadline = time.monotonic() + 10
+    while not statuses and time.monotonic() < deadline:
+        time.sleep(0.01)
+    outcome = _outcome(engine.stub, prompt_request("Row", **LONG))[0]
+    assert outcome[0] == grpc.StatusCode.UNAVAILABLE
+    follower.join(30)
+    assert statuses[0] == health_pb2.HealthCheckResponse.SERVING
+    assert health_pb2.HealthCheckResponse.NOT_SERVING in statuses[1:], statuses
     assert engine.proc.proc.wait(timeout=30) == EXIT_MODEL_THREAD_DIED

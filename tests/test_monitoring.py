@@ -254,13 +254,14 @@ def test_over_grpc(clean, mon):
 
 
 def test_probes_and_the_switch_survive_a_restart(tmp_path):
-    def engine_state() -> monitoring_service_pb2.MonitoringState:
+    def engine_state(write: bool) -> monitoring_service_pb2.MonitoringState:
+        """The second engine only reads: what it lists came from the data dir."""
         process, port = harness.start_engine(tmp_path)
         try:
             harness.wait_serving(process, port)
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = monitoring_grpc.MonitoringServiceStub(channel)
-                if not stub.ListProbes(monitoring_service_pb2.ListProbesRequest()).probes:
+                if write:
                     stub.CreateProbe(monitoring_service_pb2.CreateProbeRequest(
                         name="kept", sae_id=L0, feature=9, threshold=2.5))
                     stub.SetMonitoring(monitoring_service_pb2.SetMonitoringRequest(
@@ -270,7 +271,7 @@ def test_probes_and_the_switch_survive_a_restart(tmp_path):
         finally:
             process.stop()
 
-    first, second = engine_state(), engine_state()
+    first, second = engine_state(write=True), engine_state(write=False)
     assert second.enabled and [(p.name, p.layer, p.threshold) for p in second.probes] == [
         ("kept", 0, 2.5)]
     assert second.probes[0].features[0].index == 9 and first.probes == second.probes
