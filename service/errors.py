@@ -217,6 +217,16 @@ def engine_failure(message: str) -> EngineError:
     return EngineError("engine_failure", message)
 
 
+def batch_reset() -> EngineError:
+    """A step of the shared batch failed: its rows' requests fail, the engine goes on."""
+    return engine_failure("The engine's running batch failed and was reset; retry the request.")
+
+
+def thread_died() -> EngineError:
+    """The model thread is gone: the engine stops and its supervisor restarts it."""
+    return engine_failure("The engine's model thread stopped; it is restarting. Retry shortly.")
+
+
 def store_unavailable(exc: BaseException) -> EngineError:
     # The class only: SQLite's text can quote paths.
     return EngineError("state_store_unavailable", "The engine could not save this change "

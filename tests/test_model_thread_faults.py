@@ -1,8 +1,9 @@
-"""The supervised model thread (engines/transformers/scheduler.py), proven by
-injected faults (engines/faults.py, MILLM_FAULT_INJECTION): a failing part or
-row fails its own request only; a failure in shared batch state fails that
-batch's rows with 503 engine_failure and the engine keeps serving; a thread
-that dies answers everyone, turns NOT_SERVING and exits non-zero."""
+"""The supervised model thread (engines/transformers/scheduler.py, and the
+GGUF engine's, engines/gguf/), proven by injected faults (engines/faults.py,
+MILLM_FAULT_INJECTION): a failing part or row fails its own request only; a
+failure in shared batch state fails that batch's rows with 503 engine_failure
+and the engine keeps serving; a thread that dies answers everyone, turns
+NOT_SERVING and exits non-zero."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from millm.v1 import generation_service_pb2_grpc
 from service.server import EXIT_MODEL_THREAD_DIED
+from tests.conftest import MODEL
 from tests.grpc_helpers import error_info, prompt_request, run
 from tests.harness import start_engine, wait_serving
 
@@ -44,9 +46,12 @@ def _when_running(pool, stub, request):
     return future
 
 
+GGUF = "millm-tiny-gguf:Q8_0"
+
+
 class _Engine:
-    def __init__(self, tmp, faults: str):
-        self.proc, port = start_engine(tmp, MILLM_FAULT_INJECTION=faults)
+    def __init__(self, tmp, faults: str, **env):
+        self.proc, port = start_engine(tmp, MILLM_FAULT_INJECTION=faults, **env)
         wait_serving(self.proc, port)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = generation_service_pb2_grpc.GenerationServiceStub(self.channel)
@@ -61,8 +66,8 @@ class _Engine:
 def engine_with(tmp_path):
     made = []
 
-    def make(faults: str) -> _Engine:
-        made.append(_Engine(tmp_path, faults))
+    def make(faults: str, **env) -> _Engine:
+        made.append(_Engine(tmp_path, faults, **env))
         return made[-1]
 
     yield make
@@ -78,9 +83,9 @@ def _outcome(stub, request):
         return (exc.code(), info.reason, info.metadata["http_status"]), None
 
 
-def _healthy_afterwards(stub):
+def _healthy_afterwards(stub, model: str = MODEL):
     status, texts = _outcome(stub, prompt_request("The river ran", max_tokens=5,
-                                                  temperature=0))
+                                                  temperature=0, model=model))
     assert status == "ok" and len(texts[0]) > 0
 
 
@@ -134,6 +139,29 @@ def test_a_failing_row_fails_its_own_request_only(engine_with):
     assert sorted(map(str, outcomes)) == sorted(map(str, [
         "ok", (grpc.StatusCode.INTERNAL, "internal_error", "500")]))
     _healthy_afterwards(stub)
+
+
+def test_a_failing_gguf_row_fails_its_own_request_only(engine_with):
+    # The GGUF engine batches too (MILLM_GGUF_SLOTS): the 40th token taken fails
+    # one row, and only its request.
+    engine = engine_with("row:error:40", MILLM_MODEL=GGUF)
+    stub = engine.stub
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(_outcome, stub, prompt_request(f"Row {i}", model=GGUF, **LONG))
+                   for i in range(2)]
+        outcomes = [f.result()[0] for f in futures]
+    assert sorted(map(str, outcomes)) == sorted(map(str, [
+        "ok", (grpc.StatusCode.INTERNAL, "internal_error", "500")]))
+    _healthy_afterwards(stub, GGUF)
+    assert engine.proc.alive()
+
+
+def test_a_failed_gguf_decode_step_fails_the_batch_with_503_and_serving_goes_on(engine_with):
+    engine = engine_with("decode:error:20", MILLM_MODEL=GGUF)
+    assert _outcome(engine.stub, prompt_request("Row", model=GGUF, **LONG))[0] == (
+        grpc.StatusCode.UNAVAILABLE, "engine_failure", "503")
+    _healthy_afterwards(engine.stub, GGUF)
+    assert engine.proc.alive()
 
 
 def test_a_dead_model_thread_answers_everyone_turns_not_serving_and_exits(engine_with):

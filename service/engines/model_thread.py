@@ -1,7 +1,8 @@
 """What both engines' model threads share: a read of the model handed to the
 thread (ModelCall), the answer to whatever is still queued when a thread
 stops (answer_unrun), and the news that a thread died (report_death, heard by
-the server, which stops serving and exits for its supervisor to restart it).
+the server, which stops serving and exits for its supervisor to restart it),
+and what a failure on the thread is answered (failure_of).
 
 Each engine owns exactly one model thread, because neither torch's caches nor
 llama.cpp's contexts may be touched from two threads; everything that reads
@@ -19,9 +20,22 @@ import queue
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from service.errors import EngineError
+import torch
+
+from service.errors import EngineError, internal_error
 
 log = logging.getLogger(__name__)
+
+
+def out_of_memory() -> EngineError:
+    return EngineError("insufficient_memory", "The engine ran out of memory for this request; "
+                       "retry, or send a shorter prompt or a smaller n.")
+
+
+def failure_of(exc: Exception) -> EngineError:
+    """What a generation part that cannot run is answered: out of memory is the
+    server's state (503, retry with less), anything else the server's fault."""
+    return out_of_memory() if isinstance(exc, torch.OutOfMemoryError) else internal_error()
 
 
 @dataclass
@@ -61,16 +75,12 @@ class ModelCall:
             return False
         except StopIteration as done:
             self._hand_back(done.value, None)
+        except torch.OutOfMemoryError:
+            log.warning("a read ran out of memory; answered insufficient_memory")
+            self._hand_back(None, out_of_memory())
         except BaseException as exc:  # handed to the caller, who decides what it means
             self._hand_back(None, exc)
         return True
-
-    def run_to_end(self, ctx) -> None:
-        """All its chunks at once (a serial engine), stopping if the caller left."""
-        while not self.run(ctx):
-            if self.abandoned:
-                self.drop()
-                return
 
     def drop(self) -> None:
         """The caller left: stop a chunked read where it is."""

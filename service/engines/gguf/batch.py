@@ -24,7 +24,8 @@ import collections
 import logging
 from dataclasses import dataclass, field
 
-from service.errors import engine_failure
+from service.engines import faults
+from service.errors import batch_reset, internal_error
 from service.generation.job import (
     ChoiceDelta,
     FinishReason,
@@ -257,7 +258,12 @@ class Runner:
                 self.groups_left[id(job)] = len(job.spec.groups)
                 self.counts("running", 1)
             self.counts("cache_hits", same)
-            sampler, mask = self.new_row_tools(job.spec, group.row_seeds[0] & 0xFFFFFFFF)
+            try:
+                sampler, mask = self.new_row_tools(job.spec, group.row_seeds[0] & 0xFFFFFFFF)
+            except Exception:
+                log.exception("a row could not be set up; its request fails alone")
+                self.fail_job(job, internal_error())
+                continue
             self.slots.clock += 1
             slot.used = self.slots.clock
             slot.row = Row(job, group, slot, sampler, mask, list(group.prompt_ids[same:]), same,
@@ -273,33 +279,40 @@ class Runner:
         if self.batch.batch.n_tokens == 0:
             return
         try:
+            faults.hit("decode")
             self.ctx.decode(self.batch)
         except Exception:
             log.exception("llama_decode failed; failing the batch's requests")
-            self.fail_running(engine_failure("The engine's running batch failed and was "
-                                             "reset; retry the request."))
+            self.fail_running(batch_reset())
             return
         per_job: dict[int, tuple[GenerationJob, list[ChoiceDelta]]] = {}
         finished: list[Row] = []
+        failed: dict[int, GenerationJob] = {}
         for row in sampling:
-            spec = row.job.spec
-            if row.mask is not None:
-                row.mask.apply(self.ctx, row.batch_index)
-            token = row.sampler.sample(self.ctx, row.batch_index)
-            if row.mask is not None and not row.mask.accept(token):
-                # The mask allowed only tokens the grammar accepts; the document
-                # check after the choice ends refuses the output.
-                log.error("grammar refused a token its own mask allowed")
-            delta, done = take_token(row, token, self.eog, spec.ignore_eos)
+            if id(row.job) in failed:
+                continue
+            try:
+                faults.hit("row")
+                delta, done = self._take(row)
+            except Exception:
+                log.exception("a row failed to take its token; its request fails alone")
+                failed[id(row.job)] = row.job
+                continue
             per_job.setdefault(id(row.job), (row.job, []))[1].append(delta)
             if done:
                 finished.append(row)
+        for job in failed.values():
+            self.fail_job(job, internal_error())
         self.counts("generated", len(sampling))
-        for job, deltas in per_job.values():
+        for key, (job, deltas) in per_job.items():
+            if key in failed:
+                continue
             job.post(StepOutput(tuple(deltas)))
             if job.stalled(self.stall_s):
                 job.abandon()  # its rows leave at the next turn
         for row in finished:
+            if id(row.job) in failed:
+                continue
             row.slot.row = None
             row.job.post(GroupDone(row.generated, row.cached))
             key = id(row.job)
@@ -307,6 +320,30 @@ class Runner:
                 self.groups_left[key] -= 1
                 if self.groups_left[key] == 0:
                     self._end(row.job, "done")
+
+    def _take(self, row: Row) -> tuple[ChoiceDelta, bool]:
+        """Sample the row's token (under its grammar mask) and take it."""
+        if row.mask is not None:
+            row.mask.apply(self.ctx, row.batch_index)
+        token = row.sampler.sample(self.ctx, row.batch_index)
+        if row.mask is not None and not row.mask.accept(token):
+            # The mask allowed only tokens the grammar accepts; the document
+            # check after the choice ends refuses the output.
+            log.error("grammar refused a token its own mask allowed")
+        return take_token(row, token, self.eog, row.job.spec.ignore_eos)
+
+    def fail_job(self, job: GenerationJob, error) -> None:
+        """One request fails alone: its rows leave their slots (emptied: a row
+        may have failed halfway through its step) and its waiting groups go."""
+        job.fail_from_thread(error)
+        for row in self.slots.rows:
+            if row.job is job:
+                row.slot.row = None
+                self.forget(row.slot, 0)
+        for waiting in [w for w in self.waiting if w.job is job]:
+            self.waiting.remove(waiting)
+            self.counts("waiting", -1)
+        self._end(job, "failed")
 
     def fail_running(self, error) -> None:
         """Fail every running row's request and empty its slot (its cells may

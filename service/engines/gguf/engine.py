@@ -21,6 +21,7 @@ import queue
 import threading
 
 from service.chat_template import CHATML, render_folding_system
+from service.engines import faults
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.batch import Runner, Slots
 from service.engines.gguf.constraint import GrammarMask
@@ -28,7 +29,7 @@ from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.model_thread import ModelCall, answer_unrun, report_death, run_one_chunk
 from service.engines.scores import TokenTable, score_logits
-from service.errors import engine_failure, invalid_parameter, queue_full
+from service.errors import batch_reset, invalid_parameter, queue_full, thread_died
 from service.generation.job import GenerationJob
 from service.models.registry import GGUF
 from service.structured_output import GrammarCache
@@ -213,7 +214,7 @@ class GgufEngine(Engine):
     def submit(self, job: GenerationJob) -> None:
         with self._lock:
             if self._dead:
-                raise engine_failure("The engine's model thread stopped; it is restarting.")
+                raise thread_died()
             if self._waiting >= self.max_queued:
                 raise queue_full(self.max_queued)
             self._waiting += 1
@@ -223,6 +224,10 @@ class GgufEngine(Engine):
         """Run fn(engine) on the model thread; await the returned future."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        with self._lock:
+            if self._dead:
+                future.set_exception(thread_died())
+                return future
         self._inbox.put(ModelCall(fn, future, loop))
         return future
 
@@ -245,8 +250,7 @@ class GgufEngine(Engine):
             log.critical("GGUF model thread died; the engine stops serving", exc_info=True)
             with self._lock:
                 self._dead = True
-            error = engine_failure("The engine's model thread stopped; it is restarting. "
-                                   "Retry shortly.")
+            error = thread_died()
             self._runner.fail_all(error)
             for call in self._reads:
                 self._inbox.put(call)
@@ -265,9 +269,15 @@ class GgufEngine(Engine):
         while not self._stopping and self._take_inbox(runner):
             runner.drop_cancelled()
             run_one_chunk(self._reads, self)
-            runner.admit()
-            if runner.slots.rows:
-                runner.step()
+            faults.hit("turn")
+            try:
+                runner.admit()
+                if runner.slots.rows:
+                    runner.step()
+            except Exception:
+                log.exception("GGUF model thread: a turn failed in shared batch state; "
+                              "failing the running rows")
+                runner.fail_running(batch_reset())
 
     def _take_inbox(self, runner: Runner) -> bool:
         """Queue the reads and jobs the inbox holds, waiting for one while there

@@ -44,12 +44,24 @@ import torch
 
 from service.engines import faults
 from service.engines.base import EngineStatus
-from service.engines.model_thread import ModelCall, answer_unrun, report_death, run_one_chunk
+from service.engines.model_thread import (
+    ModelCall,
+    answer_unrun,
+    failure_of,
+    report_death,
+    run_one_chunk,
+)
 from service.engines.transformers.admission import SchedulerLimits, Waiting, split_parts
 from service.engines.transformers.batch import GroupProgress, ModelContext, Row, prefill
 from service.engines.transformers.lane import Lane
 from service.engines.transformers.prefix_cache import PrefixCache
-from service.errors import EngineError, engine_failure, internal_error, queue_full
+from service.errors import (
+    EngineError,
+    batch_reset,
+    internal_error,
+    queue_full,
+    thread_died,
+)
 from service.generation.job import GenerationJob, GroupDone, GroupFailed, StepOutput
 
 log = logging.getLogger(__name__)
@@ -91,7 +103,7 @@ class Scheduler:
     def submit(self, job: GenerationJob) -> None:
         with self._lock:
             if self._dead:
-                raise _died()
+                raise thread_died()
             if self._submitted >= self.limits.max_queued:
                 raise queue_full(self.limits.max_queued)
             self._submitted += 1
@@ -104,7 +116,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if self._dead:
-            future.set_exception(_died())
+            future.set_exception(thread_died())
             return future
         self._inbox.put(ModelCall(fn, future, loop))
         return future
@@ -174,14 +186,13 @@ class Scheduler:
         with self._lock:
             self._shared, self._isolated = Lane(self.ctx), []
         for job in jobs:
-            self._fail(job, engine_failure("The engine's running batch failed and was reset; "
-                                           "retry the request."))
+            self._fail(job, batch_reset())
 
     def _die(self) -> None:
         """The thread cannot go on: answer everything, refuse new work, tell the server."""
         with self._lock:
             self._dead = True
-        error = _died()
+        error = thread_died()
         for job in [*self._running_jobs(), *(w.job for w in self._waiting)]:
             self._fail(job, error)
         self._waiting.clear()
@@ -294,7 +305,7 @@ class Scheduler:
                     self._prefill([progress], isolated)
                 return
             log.exception("prefill failed")
-            self._fail(progresses[0].job, _failure_of(exc))
+            self._fail(progresses[0].job, failure_of(exc))
             return
         self._deliver(new.results)
         lane = Lane(self.ctx) if isolated else self._shared
@@ -311,8 +322,7 @@ class Scheduler:
                 else:
                     self._shared = Lane(self.ctx)
             for job in jobs.values():
-                self._fail(job, engine_failure("The engine's running batch failed and was "
-                                               "reset; retry the request."))
+                self._fail(job, batch_reset())
             return
         if isolated and lane.rows:
             with self._lock:
@@ -333,8 +343,7 @@ class Scheduler:
                     else:
                         lane.rows = []
                 for job in jobs.values():
-                    self._fail(job, engine_failure("The engine's running batch failed and was "
-                                                   "reset; retry the request."))
+                    self._fail(job, batch_reset())
                 continue
             self._deliver(results)
         with self._lock:
@@ -377,16 +386,3 @@ class Scheduler:
         job.cancelled.set()  # its other rows and waiting groups leave at the next turn
         with self._lock:
             self._end_job(job, "failed")
-
-
-def _died() -> EngineError:
-    return engine_failure("The engine's model thread stopped; it is restarting. Retry shortly.")
-
-
-def _failure_of(exc: Exception) -> EngineError:
-    """What a part that cannot run is answered: out of memory is the server's
-    state (503, retry with less), anything else the server's fault."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return EngineError("insufficient_memory", "The engine ran out of memory for this "
-                           "request; retry, or send a shorter prompt or a smaller n.")
-    return internal_error()
