@@ -141,6 +141,16 @@ def test_a_failing_row_fails_its_own_request_only(engine_with):
     _healthy_afterwards(stub)
 
 
+def test_a_part_that_cannot_be_set_up_fails_its_request_and_nothing_hangs(engine_with):
+    # Taken from the queue, it fails before it runs: its caller is answered.
+    engine = engine_with("admit:error:1")
+    request = prompt_request("First", max_tokens=3)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        outcome = pool.submit(_outcome, engine.stub, request).result(timeout=60)[0]
+    assert outcome == (grpc.StatusCode.INTERNAL, "internal_error", "500")
+    _healthy_afterwards(engine.stub)
+
+
 def test_a_failing_gguf_row_fails_its_own_request_only(engine_with):
     # The GGUF engine batches too (MILLM_GGUF_SLOTS): the 40th token taken fails
     # one row, and only its request.

@@ -4,10 +4,11 @@ survives them (tests/test_model_thread_faults.py).
 MILLM_FAULT_INJECTION lists `point:kind:nth` items, comma-separated: the nth
 time the model thread passes `point`, it raises `kind` once. Points: `prefill`
 (a forward pass over new prompts), `decode` (a lane's step), `merge` (new rows
-joining a lane), `row` (one row taking its token), `turn` (the loop itself,
-outside every guard). Kinds: `oom` (torch's OutOfMemoryError, as a too-large
-batch raises on a GPU), `error` (a RuntimeError) and `death` (an exception no
-guard catches, as if the thread itself broke).
+joining a lane), `row` (one row taking its token), `admit` (a waiting part
+being set up to run), `turn` (the loop itself, outside every guard). Kinds:
+`oom` (torch's OutOfMemoryError, as a too-large batch raises on a GPU),
+`error` (a RuntimeError) and `death` (an exception no guard catches, as if the
+thread itself broke). The GGUF engine has `row`, `decode` and `turn`.
 
 Unset, as in production, `hit` is one lookup in an empty dict.
 """
@@ -29,7 +30,7 @@ _KINDS = {
     "error": lambda point: RuntimeError(f"simulated failure at {point}"),
     "death": lambda point: SimulatedDeath(f"simulated thread death at {point}"),
 }
-POINTS = ("prefill", "decode", "merge", "row", "turn")
+POINTS = ("prefill", "decode", "merge", "row", "admit", "turn")
 
 
 def _parse(spec: str) -> dict[str, list[tuple[int, str]]]:

@@ -278,11 +278,20 @@ class Scheduler:
                     if not waiting.groups:
                         self._waiting.remove(waiting)
                         self._submitted -= 1
-                progress = GroupProgress(job, group, rows_left=group.n,
-                                         continuation=continuation)
+                try:
+                    faults.hit("admit")
+                    progress = GroupProgress(job, group, rows_left=group.n,
+                                             continuation=continuation)
+                    cached = (job.spec.seed is None and not progress.steered_or_reading
+                              and self.prefix_cache.peek(group.prompt_ids))
+                except Exception as exc:
+                    # Out of the queue but not running: fail it here, or nothing would.
+                    log.exception("a part could not be set up; its request fails alone")
+                    self._fail(job, failure_of(exc))
+                    break
                 if job.spec.seed is not None:
                     self._prefill([progress], isolated=True)
-                elif not progress.steered_or_reading and self.prefix_cache.peek(group.prompt_ids):
+                elif cached:
                     self._prefill([progress], isolated=False)
                 else:
                     together.append(progress)
