@@ -327,5 +327,6 @@ def _prefill_steering(ctx: ModelContext, progresses: list[GroupProgress], width:
         if p.recorder is not None:
             captures.setdefault(p.recorder.spec.layer, []).append(
                 Capture(i, width - len(prompt), list(range(len(prompt))), prompt, p.recorder))
-        add_reads(monitors, p.monitor, i, width - len(prompt), list(range(len(prompt))))
+        if not p.continuation:  # a request's later parts share the prompt already read
+            add_reads(monitors, p.monitor, i, width - len(prompt), list(range(len(prompt))))
     return ForwardSteering(deltas, captures, monitors)
