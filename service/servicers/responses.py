@@ -53,8 +53,12 @@ class ResponseServicer(response_service_pb2_grpc.ResponseServiceServicer):
         return response
 
     async def _items(self, response_id: str) -> list[pb.ResponseItem]:
-        rows = await asyncio.to_thread(self._store.items, response_id)
-        return [_parse(document, pb.ResponseItem()) for _, document in rows]
+        """Every input item, parsed off the event loop (a chain may hold many)."""
+        def read() -> list[pb.ResponseItem]:
+            return [_parse(document, pb.ResponseItem())
+                    for _, document in self._store.items(response_id)]
+
+        return await asyncio.to_thread(read)
 
     @unary_errors
     async def SaveResponse(self, request, context):
@@ -98,14 +102,15 @@ class ResponseServicer(response_service_pb2_grpc.ResponseServiceServicer):
     @unary_errors
     async def ListInputItems(self, request, context):
         await self._found(request.response_id, "response_id")
-        items = await self._items(request.response_id)
         order = _ORDERS.get(request.order)
         if order is None:
             raise EngineError("invalid_parameter", "'order' must be asc or desc.", "order")
-        page = rules.page([i.id for i in items],
+        rows = await asyncio.to_thread(self._store.items, request.response_id)
+        page = rules.page([item_id for item_id, _ in rows],
                           request.limit if request.HasField("limit") else None, order,
                           request.after, request.before)
-        chosen = [items[i] for i in page.positions]
+        # Only the page's items are parsed, not the whole (up to MAX_ITEMS) list.
+        chosen = [_parse(rows[i][1], pb.ResponseItem()) for i in page.positions]
         return pb.ListInputItemsResponse(
             items=chosen, first_id=chosen[0].id if chosen else "",
             last_id=chosen[-1].id if chosen else "", has_more=page.has_more)
