@@ -24,13 +24,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_a
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from common import api_keys
+from service.engines.transformers.prefix_cache import BLOCK_TOKENS  # vLLM's cache block size
 from service.request_metrics import RequestMetrics
 
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-# The prefix cache's block, reported as vLLM's cache block size.
-PREFIX_BLOCK_TOKENS = 16
 
 
 def kv_capacity(status, context_window: int) -> int:
@@ -54,7 +53,7 @@ def _autoscaler_gauges(status, model: str, context_window: int):
         yield gauge
     info = GaugeMetricFamily("vllm:cache_config_info", "KV-cache layout",
                              labels=["block_size", "num_gpu_blocks"])
-    info.add_metric([str(PREFIX_BLOCK_TOKENS), str(capacity // PREFIX_BLOCK_TOKENS)], 1)
+    info.add_metric([str(BLOCK_TOKENS), str(capacity // BLOCK_TOKENS)], 1)
     yield info
     tokens = CounterMetricFamily("vllm:generation_tokens", "Tokens generated",
                                  labels=["model_name"])

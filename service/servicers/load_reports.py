@@ -15,13 +15,16 @@ no caller can make the engine run many report loops.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 from millm.v1 import server_service_pb2
-from service.errors import EngineError, invalid_parameter
+from service.errors import EngineError, internal_error, invalid_parameter
 from service.metrics import kv_capacity
 from service.models.lifecycle import Phase
 from service.models.registry import GGUF
+
+log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_MS = 250
 MIN_INTERVAL_MS, MAX_INTERVAL_MS = 50, 10_000
@@ -84,7 +87,13 @@ class LoadReporter:
         self.watchers += 1
         try:
             while True:
-                await context.write(self.report())
+                try:
+                    report = self.report()
+                except Exception:  # never the exception's text to the caller
+                    log.exception("a load report failed")
+                    status = internal_error().to_status()
+                    await context.abort(status.code, status.details, status.trailing_metadata)
+                await context.write(report)
                 await asyncio.sleep(interval / 1000)
         finally:
             self.watchers -= 1
