@@ -147,10 +147,6 @@ class SteeringStore:
 
     # -- SAEs attached at start -----------------------------------------------------
 
-    def attached_saes(self) -> list[str]:
-        return [r[0] for r in self._rows("SELECT sae_id FROM attached_saes "
-                                         "ORDER BY attached_at, sae_id")]
-
     async def set_attached(self, sae_id: str, attached: bool) -> None:
         if attached:
             await self.write((_ATTACHED, (sae_id, time.time_ns())))
@@ -175,9 +171,6 @@ class SteeringStore:
         await self.write(self.profile_sql(profile), *also)
 
     # -- clusters and circuits (their documents, dial included) -------------------------
-
-    def documents(self, table: str) -> list[dict]:
-        return self.db.read(lambda tx: _documents(tx, table))
 
     @staticmethod
     def put_document_sql(table: str, document: dict) -> tuple[str, tuple]:

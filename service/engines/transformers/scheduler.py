@@ -325,10 +325,8 @@ class Scheduler:
             # The lane's shared state is in doubt: its rows and the new ones fail.
             log.exception("new rows could not join the running batch; resetting it")
             jobs = {id(r.job): r.job for r in [*lane.rows, *new.rows]}
-            with self._lock:
-                if isolated:
-                    lane = Lane(self.ctx)
-                else:
+            if not isolated:  # an isolated lane that failed to start is simply dropped
+                with self._lock:
                     self._shared = Lane(self.ctx)
             for job in jobs.values():
                 self._fail(job, batch_reset())
