@@ -8,8 +8,9 @@ names, types, units and `model_name` label lets miLLM replicas sit in such a
 pool unchanged. The semantics follow GIE's model server protocol
 (docs/proposals/003-model-server-protocol): waiting and running requests are
 gauges, KV-cache usage is a 0-1 fraction. Scrape-time gauges are in
-service/metrics.py; this module holds what is recorded as requests run
-(generation/run.py calls `observe`), once per request.
+service/metrics.py; this module holds what is recorded as requests run:
+generation/run.py calls a RequestTimer's `step` as output leaves the model
+thread, `queued` when the request is admitted and `finished` at its end.
 
 Definitions (docs/operations.md has the table):
 - time to first token: from the request's validation starting to its first
@@ -71,6 +72,7 @@ class RequestTimer:
     def __init__(self, metrics: RequestMetrics, model: str, started: float):
         self._m, self._model, self._started = metrics, model, started
         self._last: float | None = None
+        self._itl = metrics.itl.labels(model)  # looked up once, not every step
 
     def step(self, tokens_per_row: int) -> None:
         """A step of output left the model thread; tokens_per_row: the most
@@ -81,16 +83,14 @@ class RequestTimer:
         if self._last is None:
             self._m.ttft.labels(self._model).observe(now - self._started)
             # Tokens that came with the first one came at the same moment.
-            itl = self._m.itl.labels(self._model)
             for _ in range(tokens_per_row - 1):
-                itl.observe(0.0)
+                self._itl.observe(0.0)
         else:
             # One observation per token, as vLLM counts them, even when a slow
             # reader got several steps merged into one output.
             gap = (now - self._last) / tokens_per_row
-            itl = self._m.itl.labels(self._model)
             for _ in range(tokens_per_row):
-                itl.observe(gap)
+                self._itl.observe(gap)
         self._last = now
 
     def queued(self, seconds: float) -> None:

@@ -10,8 +10,9 @@ attached SAEs, rebuilt only when probes or attachments change); scoring and
 embeddings never do. When a monitored generation ends, its verdicts are
 recorded here: totals since start (the Prometheus counters) and a window of
 the last WINDOW generations (hit rates). Feature activity is counted per SAE
-as the batch reads it (probes.FeatureTally, once per forward pass rather than
-per row), over the tokens of the last one to two windows.
+as the batch reads it (probes.FeatureTally): at a decode step once for all
+the step's monitored rows, at prefill per monitored prompt; over the tokens
+of the last one to two windows.
 """
 
 from __future__ import annotations
