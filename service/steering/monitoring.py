@@ -89,7 +89,7 @@ class MonitoringManager:
         # Another replica's change arrives as a new snapshot (replication.py).
         steering.followers.append(lambda snapshot: self._take(snapshot.probes,
                                                               snapshot.settings))
-        self._compiled: tuple[tuple, MonitorSpec | None] = ((), None)
+        self._compiled: tuple[tuple | None, MonitorSpec | None] = (None, None)
         self._window: collections.deque[tuple[Verdict, ...]] = collections.deque(maxlen=WINDOW)
         # Per SAE: feature activity over the monitored tokens of the last one
         # to two windows (rotated every WINDOW generations).
@@ -153,9 +153,11 @@ class MonitoringManager:
         if not self.enabled.get(model):
             return None
         attached = self.steering.attached
-        key = (tuple(sorted(self.probes.items())),
-               tuple(sorted((i, id(w)) for i, w in attached.items())))
-        if self._compiled[0] != key:
+        # Probes are replaced, never changed in place, so the dict itself is the
+        # key (held, so its id cannot be reused); every request comes here.
+        key = (self.probes, tuple((i, id(w)) for i, w in attached.items()))
+        cached = self._compiled[0]
+        if cached is None or cached[0] is not key[0] or cached[1] != key[1]:
             by_sae: dict[str, list[Probe]] = {}
             for _, p in sorted(self.probes.items()):
                 if p.sae_id in attached:
