@@ -136,7 +136,7 @@ class EngineClient(AsyncClient):
 
     def __init__(self, targets: tuple[str, ...], tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
-                 routing: str = "load_prefix"):
+                 routing: str = "load_prefix", drain_grace_s: float = 600.0):
         self.target = channel_target(targets)
         credentials = None
         if tls_ca is not None:
@@ -152,7 +152,8 @@ class EngineClient(AsyncClient):
         self.router: Router | None = None
         if routing == "load_prefix" and are_replicas(targets):
             self.router = Router(targets, credentials, options=[
-                ("grpc.enable_retries", 0), *grpc_limits.channel_options()])
+                ("grpc.enable_retries", 0), *grpc_limits.channel_options()],
+                drain_grace_s=drain_grace_s)
             self.router.start()
 
     async def close(self) -> None:

