@@ -9,7 +9,7 @@ import asyncio
 import grpc
 
 from millm.v1 import generation_pb2
-from rest_bridge.routing.router import Router
+from rest_bridge.routing.router import Router, dns_name
 from tests.grpc_helpers import chat_request
 
 
@@ -61,3 +61,12 @@ def test_router_close_ends_a_draining_replica_at_once(stack):
 
     assert asyncio.run(run()) == grpc.StatusCode.CANCELLED
 
+
+def test_a_dns_name_without_a_port_gets_grpcs_default():
+    assert dns_name("dns:///engines") == ("engines", 443)
+    assert dns_name("dns://8.8.8.8/engines.svc") == ("engines.svc", 443)
+    assert dns_name("dns:///engines:50051") == ("engines", 50051)
+    assert dns_name("dns:///[::1]:7000") == ("::1", 7000)
+    assert dns_name("dns:///[::1]") == ("::1", 443)
+    assert dns_name("dns:///::1") == ("::1", 443)
+    assert dns_name("127.0.0.1:50051") is None

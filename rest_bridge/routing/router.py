@@ -54,8 +54,14 @@ def dns_name(target: str) -> tuple[str, int] | None:
     rest = target[4:].lstrip("/")
     if "/" in rest:  # dns://authority/host:port
         rest = rest.split("/", 1)[1]
+    # gRPC's default port when the name has none: dns:///engines is engines:443.
+    if rest.startswith("["):  # [v6 address] or [v6 address]:port
+        host, _, after = rest[1:].partition("]")
+        return host, int(after[1:]) if after.startswith(":") else 443
+    if rest.count(":") != 1:  # no port, or a bare v6 address
+        return rest, 443
     host, _, port = rest.rpartition(":")
-    return host.strip("[]"), int(port or 443)
+    return host, int(port or 443)
 
 
 class Router:
