@@ -11,6 +11,7 @@ import grpc
 from millm.v1 import generation_pb2
 from rest_bridge.routing.router import Router, dns_name
 from tests.grpc_helpers import chat_request
+from tests.http_helpers import call
 
 
 def test_a_replica_dropped_from_dns_finishes_its_running_calls(stack):
@@ -70,3 +71,23 @@ def test_a_dns_name_without_a_port_gets_grpcs_default():
     assert dns_name("dns:///[::1]") == ("::1", 443)
     assert dns_name("dns:///::1") == ("::1", 443)
     assert dns_name("127.0.0.1:50051") is None
+
+
+def test_query_integers_are_checked_alike_on_every_route(stack):
+    paths = ("/v1/responses/resp_none/input_items?limit={}",
+             "/api/saes/sae_millm-tiny-res-l1/features?limit={}")
+    for path in paths:
+        for bad in ("--5", "%C2%B2", "1_0", "+5", "5.0", "9" * 30, ""):
+            reply = call(stack.http_port, "GET", path.format(bad))
+            assert reply.status_code == 400, (path, bad, reply.text)
+            error = reply.json()["error"]
+            assert (error["code"], error["param"]) == ("invalid_parameter", "limit"), error
+    reply = call(stack.http_port, "GET",
+                 "/api/saes/sae_millm-tiny-res-l1/features?limit=2&offset=x")
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "offset"
+    # A well-formed integer gets through to the engine (an unknown id: 404).
+    for good in ("5", "-5"):
+        reply = call(stack.http_port, "GET", paths[0].format(good))
+        assert reply.status_code == 404, reply.text
+        assert reply.json()["error"]["code"] == "response_not_found"

@@ -21,6 +21,7 @@ from millm.v1 import response_service_pb2 as rpb
 from rest_bridge.access import call_metadata, request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
+from rest_bridge.protocol.base import query_int
 from rest_bridge.protocol.responses import ResponsesRequest
 from rest_bridge.serving import (
     failover,
@@ -168,12 +169,9 @@ class ResponsesHandler:
         listing = rpb.ListInputItemsRequest(response_id=response_id,
                                             after=query.get("after", ""),
                                             before=query.get("before", ""))
-        limit = query.get("limit")
+        limit = query_int(query, "limit")
         if limit is not None:
-            if not limit.lstrip("-").isdigit() or len(limit) > 18:
-                raise OpenAIError(400, "'limit' must be an integer.", param="limit",
-                                  code="invalid_type")
-            listing.limit = int(limit)
+            listing.limit = limit
         order = query.get("order")
         if order is not None:
             if order not in _ORDERS:
