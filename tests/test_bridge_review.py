@@ -91,3 +91,20 @@ def test_query_integers_are_checked_alike_on_every_route(stack):
         reply = call(stack.http_port, "GET", paths[0].format(good))
         assert reply.status_code == 404, reply.text
         assert reply.json()["error"]["code"] == "response_not_found"
+
+
+def test_a_huge_integer_in_an_unknown_field_is_a_400(stack):
+    huge = "9" * 400  # no double holds it
+    for path, body in (
+        ("/v1/chat/completions",
+         '{"model": "millm-tiny", "messages": [{"role": "user", "content": "Hi"}], '
+         '"foo": HUGE}'),
+        ("/v1/embeddings", '{"model": "millm-tiny", "input": "Hi", "bar": [1, {"x": HUGE}]}'),
+        ("/v1/responses", '{"model": "millm-tiny", "input": "Hi", "baz": HUGE}'),
+    ):
+        body = body.replace("HUGE", huge)
+        reply = call(stack.http_port, "POST", path, raw=body.encode())
+        assert reply.status_code == 400, (path, reply.text)
+        error = reply.json()["error"]
+        assert error["code"] == "invalid_parameter", error
+        assert error["param"] in ("foo", "bar", "baz"), error

@@ -87,7 +87,11 @@ def forward_unmapped(request, pb) -> None:
         if json_depth(value) > MAX_EXTRA_FIELD_DEPTH:
             raise OpenAIError(400, f"'{name}' is nested deeper than {MAX_EXTRA_FIELD_DEPTH} "
                               "levels.", param=name, code="invalid_parameter")
-    pb.extra_fields.update(extras)
+        try:
+            pb.extra_fields.update({name: value})
+        except (OverflowError, ValueError):  # an integer no double holds
+            raise OpenAIError(400, f"'{name}' holds a number out of range.", param=name,
+                              code="invalid_parameter") from None
     pb.unused_fields.extend(request.nested_unused())
     if request.user is not None:
         pb.user = request.user
