@@ -5,11 +5,15 @@ numbers are 400s, bounded error messages, and the helpers behind them."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 
-from millm.v1 import generation_pb2
+from millm.v1 import embedding_service_pb2, generation_pb2, server_service_pb2
+from rest_bridge.engine_client import EngineClient
 from rest_bridge.routing.router import Router, dns_name
+from tests import harness
+from tests.conftest import MODEL
 from tests.grpc_helpers import chat_request
 from tests.http_helpers import call
 
@@ -108,3 +112,37 @@ def test_a_huge_integer_in_an_unknown_field_is_a_400(stack):
         error = reply.json()["error"]
         assert error["code"] == "invalid_parameter", error
         assert error["param"] in ("foo", "bar", "baz"), error
+
+
+def test_an_embed_routed_to_a_lost_engine_is_sent_to_another(stack):
+    dead = f"127.0.0.1:{harness.free_port()}"  # nothing listens: the engine is gone
+
+    async def run():
+        engine = EngineClient((stack.grpc_target, dead))
+        try:
+            live = engine.router.replicas[stack.grpc_target]
+            for _ in range(200):
+                if live.routable(time.monotonic()):
+                    break
+                await asyncio.sleep(0.05)
+            # The lost replica still looks routable (its loss not yet seen) and
+            # is the least loaded, so the router gives it the call first.
+            lost = engine.router.replicas[dead]
+            engine.router._tasks[dead].cancel()
+            await asyncio.sleep(0)
+            lost.report = server_service_pb2.WatchLoadResponse()
+            lost.report.CopyFrom(live.report)
+            lost.streaming, lost.seen_at = True, time.monotonic()
+            live.in_flight = 5
+            retries = []
+            request = embedding_service_pb2.EmbedRequest(
+                model=MODEL, inputs=[generation_pb2.Prompt(text="hello")])
+            reply = await engine.embed(request, timeout=30, on_retry=retries.append)
+            return reply, retries, lost.routed, live.routed
+        finally:
+            await engine.close()
+
+    reply, retries, lost_routed, live_routed = asyncio.run(run())
+    assert len(reply.embeddings) == 1 and len(reply.embeddings[0].values) > 0
+    assert retries == [1]
+    assert sum(lost_routed.values()) == 1 and sum(live_routed.values()) == 1

@@ -18,8 +18,9 @@ after the calls running on it end, within the bridge's longest engine deadline
 (`drain_grace_s`), so their streams finish instead of being cut off.
 
 The per-engine channels have no retry policy: a call that fails UNAVAILABLE
-before any reply is sent again by the caller (serving/failover.py), which
-asks the router for another replica.
+before any reply is sent again by the caller (serving/failover.py for
+Generate, EngineClient.embed for Embed), which asks the router for another
+replica.
 """
 
 from __future__ import annotations
