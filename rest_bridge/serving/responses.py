@@ -18,21 +18,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
 from millm.v1 import response_service_pb2 as rpb
-from rest_bridge.access import call_metadata, request_id
+from rest_bridge.access import call_metadata
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import query_int
 from rest_bridge.protocol.responses import ResponsesRequest
-from rest_bridge.serving import (
-    failover,
-    responses_input,
-    responses_stream,
-    sse,
-    steering_fields,
-)
+from rest_bridge.serving import failover, responses_input, responses_stream, sse
 from rest_bridge.serving.disconnect import unless_disconnected
 from rest_bridge.serving.failover import RESTARTED, GenerateCall
-from rest_bridge.serving.generation import GenerationHandler, forward_unmapped, strict_mode
+from rest_bridge.serving.generation import GenerationHandler, common_fields, strict_mode
 from rest_bridge.serving.responses_json import item_json, response_json
 from rest_bridge.serving.responses_output import OutputBuilder
 
@@ -96,11 +90,8 @@ class ResponsesHandler:
                               code="missing_required_parameter")
         settings = responses_input.settings(request)
         chat, origins = responses_input.conversation(request.instructions, replayed, new)
-        pb = responses_input.generate_request(request, chat, settings)
-        pb.strict = strict
-        pb.request_id = request_id.get()
-        steering_fields.add_to_request(request, pb)
-        forward_unmapped(request, pb)
+        pb = common_fields(request, responses_input.generate_request(request, chat, settings),
+                           strict)
 
         call, meta = await failover.start(self.engine, pb, http_request.app.state,
                                           bool(request.stream), origins.relabel)
@@ -142,6 +133,10 @@ class ResponsesHandler:
             builder.finish()
 
         await unless_disconnected(http_request, collect())
+        # A retried request is answered from the call that completed.
+        meta = call.metadata
+        response.created_at, response.model = meta.created, meta.model
+        headers = GenerationHandler.response_headers(meta)
         if store:
             await save()
         return JSONResponse(response_json(response, store=store), headers=headers)
