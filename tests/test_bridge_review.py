@@ -11,6 +11,7 @@ import grpc
 
 from millm.v1 import embedding_service_pb2, generation_pb2, server_service_pb2
 from rest_bridge.engine_client import EngineClient
+from rest_bridge.errors import OpenAIError
 from rest_bridge.routing.router import Router, dns_name
 from tests import harness
 from tests.conftest import MODEL
@@ -146,3 +147,19 @@ def test_an_embed_routed_to_a_lost_engine_is_sent_to_another(stack):
     assert len(reply.embeddings) == 1 and len(reply.embeddings[0].values) > 0
     assert retries == [1]
     assert sum(lost_routed.values()) == 1 and sum(live_routed.values()) == 1
+
+
+def test_bridge_made_errors_are_bounded(stack):
+    huge = "x" * 500_000
+    reply = call(stack.http_port, "POST", "/v1/responses",
+                 {"model": MODEL, "input": [{"type": huge, "content": "hi"}]})
+    assert reply.status_code == 400, reply.text[:300]
+    error = reply.json()["error"]
+    assert len(error["message"].encode()) <= 1024, len(error["message"])
+    assert error["message"].endswith("… (truncated)")
+    assert len(reply.text) < 4096
+    made = OpenAIError(400, "x" * 5000, param="p" * 5000)
+    assert len(made.message.encode()) == 1024 and len(made.param.encode()) == 256
+    made.param = "q" * 1000  # a relabel is bounded too
+    assert len(made.param.encode()) == 256 and made.param.startswith("q")
+    assert OpenAIError(400, "short", param="p").body()["error"]["message"] == "short"
