@@ -5,6 +5,7 @@ numbers are 400s, bounded error messages, and the helpers behind them."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import grpc
@@ -16,7 +17,7 @@ from rest_bridge.routing.router import Router, dns_name
 from tests import harness
 from tests.conftest import MODEL
 from tests.grpc_helpers import chat_request
-from tests.http_helpers import call
+from tests.http_helpers import call, post, request
 
 
 def test_a_replica_dropped_from_dns_finishes_its_running_calls(stack):
@@ -163,3 +164,28 @@ def test_bridge_made_errors_are_bounded(stack):
     made.param = "q" * 1000  # a relabel is bounded too
     assert len(made.param.encode()) == 256 and made.param.startswith("q")
     assert OpenAIError(400, "short", param="p").body()["error"]["message"] == "short"
+
+
+def _metric(port: int, name: str, **labels) -> float:
+    _, content = request(port, "GET", "/metrics")
+    total = 0.0
+    for line in content.decode().splitlines():
+        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_failed_responses_stream_is_counted_as_a_stream_failure(stack):
+    name = "millm_bridge_stream_failures_total"
+    before = _metric(stack.http_port, name, code="invalid_parameter")
+    # Generated, then refused by the store (too many metadata pairs): response.failed.
+    metadata = {f"k{i}": "v" for i in range(100)}
+    reply, content = post(stack.http_port, "/v1/responses",
+                          {"model": MODEL, "input": "Hi", "stream": True, "max_output_tokens": 4,
+                           "metadata": metadata})
+    assert reply.status == 200
+    last = content.decode().strip().split("\n\n")[-1]
+    assert last.startswith("event: response.failed"), last[:300]
+    assert json.loads(last.split("data: ", 1)[1])["response"]["error"]["code"] \
+        == "invalid_parameter"
+    assert _metric(stack.http_port, name, code="invalid_parameter") == before + 1

@@ -110,9 +110,15 @@ class ResponsesHandler:
 
         if request.stream:
             call.pin_seed()
+            def failed(code: str) -> None:
+                # The 200 is out: the access log and metrics count a failure,
+                # as for a chat stream's error event.
+                http_request.state.error_code = code
+                http_request.state.stream_failed = True
+
             body = responses_stream.events(_stream_of(call), builder, store,
                                            save if store else None, origins.relabel,
-                                           call.cancel)
+                                           call.cancel, failed)
             return StreamingResponse(body, media_type="text/event-stream",
                                      headers={**sse.SSE_HEADERS, **headers})
 
