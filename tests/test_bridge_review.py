@@ -13,10 +13,11 @@ import grpc
 from millm.v1 import embedding_service_pb2, generation_pb2, server_service_pb2
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError
+from rest_bridge.routing.prefix import HASHED_CHARS, MAX_BLOCKS, block_hashes, prompt_text
 from rest_bridge.routing.router import Router, dns_name
 from tests import harness
 from tests.conftest import MODEL
-from tests.grpc_helpers import chat_request
+from tests.grpc_helpers import chat_request, prompt_request
 from tests.http_helpers import call, post, request
 
 
@@ -189,3 +190,31 @@ def test_a_failed_responses_stream_is_counted_as_a_stream_failure(stack):
     assert json.loads(last.split("data: ", 1)[1])["response"]["error"]["code"] \
         == "invalid_parameter"
     assert _metric(stack.http_port, name, code="invalid_parameter") == before + 1
+
+
+def _whole_text(request) -> str:
+    """prompt_text as it was: every message, however long."""
+    if request.WhichOneof("input") == "chat":
+        parts = [request.model, "\x1d"]
+        parts += [f"{t.name}\x1f{t.description}\x1f{t.parameters_json}\x1e" for t in request.tools]
+        parts += [f"{m.role}\x1f{m.content}\x1e" for m in request.chat.messages]
+        return "".join(parts)
+    first = request.prompt.prompts[0]
+    body = first.text if first.HasField("text") else ",".join(map(str, first.token_ids.ids))
+    return f"{request.model}\x1d{body}"
+
+
+def test_prompt_text_gathers_only_what_is_hashed():
+    long_chat = chat_request("x" * 40_000)
+    long_chat.chat.messages.extend(
+        [generation_pb2.ChatMessage(role=generation_pb2.ROLE_ASSISTANT, content="y" * 30_000)] * 30)
+    long_chat.tools.add(name="t", description="d" * 1000, parameters_json="{}")
+    cases = [long_chat, chat_request("short"), chat_request("z" * (HASHED_CHARS - 20)),
+             prompt_request("p" * 200_000), prompt_request(list(range(100_000))),
+             prompt_request("short")]
+    for case in cases:
+        text, whole = prompt_text(case), _whole_text(case)
+        assert len(text) <= HASHED_CHARS
+        assert whole.startswith(text) and text == whole[:HASHED_CHARS]
+        assert block_hashes(text) == block_hashes(whole)
+    assert len(block_hashes(prompt_text(long_chat))) == MAX_BLOCKS
