@@ -3,8 +3,11 @@
 The engine sends a gRPC status whose google.rpc.ErrorInfo carries the OpenAI
 code as `reason` and `param`, `type` and `http_status` as metadata: the
 engine's table of error codes (service/errors.py ERROR_CODES) decides a code's
-HTTP status, and `from_rpc_error` reads it back. STATUS_TO_HTTP covers statuses
-that carry no ErrorInfo status (a peer that is not a miLLM engine).
+HTTP status, and `from_rpc_error` reads it back. STATUS_TO_HTTP maps the gRPC
+status only when an ErrorInfo lacks `http_status`. A status with no ErrorInfo
+at all (the engine unreachable, a deadline passed, gRPC's own size limits, a
+failure below the engine's handlers) becomes engine_unavailable (503),
+engine_timeout (504), request_too_large (413) or internal_error (500).
 """
 
 from __future__ import annotations
