@@ -10,11 +10,18 @@ import time
 
 import grpc
 
-from millm.v1 import embedding_service_pb2, generation_pb2, server_service_pb2
+from millm.v1 import (
+    embedding_service_pb2,
+    generation_pb2,
+    generation_service_pb2,
+    server_service_pb2,
+)
+from millm.v1 import response_service_pb2 as rpb
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError
 from rest_bridge.routing.prefix import HASHED_CHARS, MAX_BLOCKS, block_hashes, prompt_text
 from rest_bridge.routing.router import Router, dns_name
+from rest_bridge.serving.responses_output import OutputBuilder
 from tests import harness
 from tests.conftest import MODEL
 from tests.grpc_helpers import chat_request, prompt_request
@@ -218,3 +225,26 @@ def test_prompt_text_gathers_only_what_is_hashed():
         assert whole.startswith(text) and text == whole[:HASHED_CHARS]
         assert block_hashes(text) == block_hashes(whole)
     assert len(block_hashes(prompt_text(long_chat))) == MAX_BLOCKS
+
+
+def test_the_responses_fold_joins_each_items_text_once_closed():
+    response = rpb.StoredResponse(id="resp_x")
+    builder = OutputBuilder(response)
+    events = []
+    for word in ["Hel", "lo", " wor", "ld"]:
+        events += builder.feed(generation_service_pb2.GenerateResponse(
+            choices=[generation_pb2.ChoiceDelta(text=word)]))
+    assert [e for e in events if e[0] == "response.output_text.delta"][-1][1]["delta"] == "ld"
+    calls = [generation_pb2.ToolCallDelta(index=0, id="call_a", name="f", arguments='{"a"'),
+             generation_pb2.ToolCallDelta(index=1, id="call_b", name="g", arguments="{"),
+             generation_pb2.ToolCallDelta(index=0, arguments=": 1}"),  # its item closed
+             generation_pb2.ToolCallDelta(index=1, arguments="}")]
+    for fragment in calls:
+        events += builder.feed(generation_service_pb2.GenerateResponse(
+            choices=[generation_pb2.ChoiceDelta(tool_calls=[fragment])]))
+    events += builder.finish()
+    done = {e[1]["item_id"]: e[1]["text"] for e in events if e[0] == "response.output_text.done"}
+    assert list(done.values()) == ["Hello world"]
+    assert response.output[0].message.content[0].text == "Hello world"
+    assert [o.function_call.arguments_json for o in response.output[1:]] == ['{"a": 1}', "{}"]
+    assert response.status == rpb.RESPONSE_STATUS_COMPLETED
