@@ -25,15 +25,19 @@ than after three tries.
 Over replicas with MILLM_ROUTING=load_prefix (the default), the calls that
 carry a prompt (Generate, Embed) do not use that balanced channel: `generate`
 and `embed` ask rest_bridge/routing/ for a replica by state, loaded model,
-load and prompt prefix, and call it on its own channel. MILLM_ROUTING=
-round_robin keeps every call on the balanced channel.
+load and prompt prefix, and call it on its own channel. That channel has no
+retry policy: a Generate lost or refused there is sent on by
+serving/failover.py, an Embed by `embed` itself. MILLM_ROUTING=round_robin
+keeps every call on the balanced channel.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import pathlib
+import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -86,6 +90,12 @@ RETRY_POLICY = {
 }
 
 
+# An Embed the router sent to a replica that failed UNAVAILABLE goes to
+# another, as gRPC's policy (RETRY_POLICY) does on the balanced channel.
+EMBED_ATTEMPTS = 3
+EMBED_BACKOFF_S = 0.05  # times the attempt number
+
+
 def _retried_names() -> list[dict]:
     names = []
     for module in _RETRIED_SERVICES:
@@ -136,7 +146,7 @@ class EngineClient(AsyncClient):
 
     def __init__(self, targets: tuple[str, ...], tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
-                 routing: str = "load_prefix"):
+                 routing: str = "load_prefix", drain_grace_s: float = 600.0):
         self.target = channel_target(targets)
         credentials = None
         if tls_ca is not None:
@@ -152,7 +162,8 @@ class EngineClient(AsyncClient):
         self.router: Router | None = None
         if routing == "load_prefix" and are_replicas(targets):
             self.router = Router(targets, credentials, options=[
-                ("grpc.enable_retries", 0), *grpc_limits.channel_options()])
+                ("grpc.enable_retries", 0), *grpc_limits.channel_options()],
+                drain_grace_s=drain_grace_s)
             self.router.start()
 
     async def close(self) -> None:
@@ -172,13 +183,34 @@ class EngineClient(AsyncClient):
         self.router.track(replica, call)
         return call, replica.target
 
-    def embed(self, request, **kwargs):
-        replica = self.router.pick(request.model) if self.router is not None else None
-        if replica is None:
-            return self.embeddings.Embed(request, **kwargs)
-        call = replica.client.embeddings.Embed(request, **kwargs)
-        self.router.track(replica, call)
-        return call
+    async def embed(self, request, *, timeout: float, metadata=None, on_retry=None):
+        """The EmbedReply. On the router's replica, whose channel has no gRPC
+        retry policy, a call failing UNAVAILABLE (lost, or refused while
+        draining or switching) is sent to a replica not tried yet, at most
+        EMBED_ATTEMPTS in all within `timeout`; `on_retry(attempt)` is told of
+        each. On the balanced channel gRPC's own policy does the same."""
+        deadline = time.monotonic() + timeout
+        tried: frozenset[str] = frozenset()
+        attempt = 1
+        while True:
+            left = max(0.001, deadline - time.monotonic())
+            replica = (self.router.pick(request.model, exclude=tried)
+                       if self.router is not None else None)
+            if replica is None:
+                return await self.embeddings.Embed(request, timeout=left, metadata=metadata)
+            tried |= {replica.target}
+            call = replica.client.embeddings.Embed(request, timeout=left, metadata=metadata)
+            self.router.track(replica, call)
+            try:
+                return await call
+            except grpc.aio.AioRpcError as exc:
+                if (exc.code() != grpc.StatusCode.UNAVAILABLE or attempt >= EMBED_ATTEMPTS
+                        or time.monotonic() >= deadline):
+                    raise
+            if on_retry is not None:
+                on_retry(attempt)
+            await asyncio.sleep(EMBED_BACKOFF_S * attempt)
+            attempt += 1
 
     async def is_serving(self, timeout: float = 2.0) -> bool:
         try:

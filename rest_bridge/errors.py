@@ -3,8 +3,11 @@
 The engine sends a gRPC status whose google.rpc.ErrorInfo carries the OpenAI
 code as `reason` and `param`, `type` and `http_status` as metadata: the
 engine's table of error codes (service/errors.py ERROR_CODES) decides a code's
-HTTP status, and `from_rpc_error` reads it back. STATUS_TO_HTTP covers statuses
-that carry no ErrorInfo status (a peer that is not a miLLM engine).
+HTTP status, and `from_rpc_error` reads it back. STATUS_TO_HTTP maps the gRPC
+status only when an ErrorInfo lacks `http_status`. A status with no ErrorInfo
+at all (the engine unreachable, a deadline passed, gRPC's own size limits, a
+failure below the engine's handlers) becomes engine_unavailable (503),
+engine_timeout (504), request_too_large (413) or internal_error (500).
 """
 
 from __future__ import annotations
@@ -32,6 +35,21 @@ STATUS_TO_HTTP: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 
+# The bounds docs/operations.md gives error messages and params, the engine's too.
+MAX_MESSAGE_BYTES = 1024
+MAX_PARAM_BYTES = 256
+_TRUNCATED = "… (truncated)"
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text` in at most `limit` UTF-8 bytes, cut with "… (truncated)"."""
+    encoded = text.encode("utf-8", "replace")  # no unpaired surrogate survives
+    if len(encoded) <= limit:
+        return encoded.decode("utf-8")
+    room = limit - len(_TRUNCATED.encode())
+    return encoded[:room].decode("utf-8", "ignore") + _TRUNCATED
+
+
 # A 503 is temporary by definition: tell clients (the OpenAI SDKs honour it) when to retry.
 RETRY_SOON = {"Retry-After": "1"}
 
@@ -47,9 +65,27 @@ class OpenAIError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ):
-        super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.param, self.code, self.headers = param, code, headers or {}
+        super().__init__(self.message)
+
+    # Messages and params can quote what a client sent (a field's value, a
+    # name): bounded as the engine bounds its own, however they are set.
+    @property
+    def message(self) -> str:
+        return self._message
+
+    @message.setter
+    def message(self, value: str) -> None:
+        self._message = bounded(value, MAX_MESSAGE_BYTES)
+
+    @property
+    def param(self) -> str | None:
+        return self._param
+
+    @param.setter
+    def param(self, value: str | None) -> None:
+        self._param = None if value is None else bounded(value, MAX_PARAM_BYTES)
 
     def body(self) -> dict:
         return {

@@ -9,6 +9,7 @@ validation failure becomes a 400 envelope whose `param` names the field
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -21,6 +22,21 @@ INT64_MAX = 2**63 - 1
 # real ranges.
 Int64 = Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
 _RANGE_ERRORS = frozenset({"less_than_equal", "greater_than_equal"})
+_QUERY_INT = re.compile(r"-?[0-9]{1,19}")
+
+
+def query_int(query, name: str) -> int | None:
+    """An integer query parameter (`?limit=20`), None when absent. ASCII digits
+    with an optional minus, in int64 range: anything else ("--5", "²", "1_0",
+    " 5") is a 400 invalid_parameter naming it; the engine owns the real range."""
+    raw = query.get(name)
+    if raw is None:
+        return None
+    value = int(raw) if _QUERY_INT.fullmatch(raw) else None
+    if value is None or not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise OpenAIError(400, f"'{name}' must be an integer.", param=name,
+                          code="invalid_parameter")
+    return value
 
 
 class OpenAIBaseModel(BaseModel):

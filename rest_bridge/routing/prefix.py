@@ -21,21 +21,38 @@ MAX_BLOCKS = 256  # 64 KiB of prompt: past that, the beginning decides
 INDEX_ENTRIES = 65_536
 
 
+HASHED_CHARS = MAX_BLOCKS * BLOCK_CHARS
+
+
 def prompt_text(request) -> str:
     """A GenerateRequest's input in prompt order: tools (rendered before the
     conversation by chat templates), then each message's role and content; or
-    the first completion prompt."""
+    the first completion prompt. Only its first HASHED_CHARS characters, all
+    that block_hashes reads: the rest of a long conversation is not gathered."""
     kind = request.WhichOneof("input")
     if kind == "chat":
-        parts = [request.model, "\x1d"]
-        parts += [f"{t.name}\x1f{t.description}\x1f{t.parameters_json}\x1e" for t in request.tools]
+        parts, size = [request.model, "\x1d"], len(request.model) + 1
+
+        def add(*pieces: str) -> bool:
+            nonlocal size
+            for piece in pieces:
+                piece = piece[:HASHED_CHARS - size]
+                parts.append(piece)
+                size += len(piece)
+            return size < HASHED_CHARS
+
+        for t in request.tools:
+            if not add(t.name, "\x1f", t.description, "\x1f", t.parameters_json, "\x1e"):
+                return "".join(parts)
         for message in request.chat.messages:
-            parts.append(f"{message.role}\x1f{message.content}\x1e")
+            if not add(str(message.role), "\x1f", message.content, "\x1e"):
+                break
         return "".join(parts)
     if kind == "prompt" and request.prompt.prompts:
         first = request.prompt.prompts[0]
-        body = first.text if first.HasField("text") else ",".join(map(str, first.token_ids.ids))
-        return f"{request.model}\x1d{body}"
+        body = (first.text[:HASHED_CHARS] if first.HasField("text")
+                else ",".join(map(str, first.token_ids.ids[:HASHED_CHARS])))
+        return f"{request.model}\x1d{body}"[:HASHED_CHARS]
     return ""
 
 

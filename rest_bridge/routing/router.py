@@ -12,11 +12,15 @@ Engines come from MILLM_ENGINE_TARGETS: each host:port is one replica, and a
 `dns:///name:port` target is resolved again every RESOLVE_S, so replicas
 behind a Kubernetes headless Service come and go as pods do. A replica whose
 process restarted (a new replica_id) or that left is forgotten by the prefix
-index: its cache is gone.
+index: its cache is gone. A replica the name no longer lists (a pod that
+started draining) gets no new calls at once, but its channel closes only
+after the calls running on it end, within the bridge's longest engine deadline
+(`drain_grace_s`), so their streams finish instead of being cut off.
 
 The per-engine channels have no retry policy: a call that fails UNAVAILABLE
-before any reply is sent again by the caller (serving/failover.py), which
-asks the router for another replica.
+before any reply is sent again by the caller (serving/failover.py for
+Generate, EngineClient.embed for Embed), which asks the router for another
+replica.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ log = logging.getLogger("millm.bridge")
 REPORT_INTERVAL_MS = 100
 RECONNECT_S = 0.5
 RESOLVE_S = 5.0
+# How long a replica dropped from DNS keeps its channel for the calls running on
+# it; EngineClient passes MILLM_ENGINE_DEADLINE_MAX_S, whose default this is.
+DRAIN_GRACE_S = 600.0
 
 
 def dns_name(target: str) -> tuple[str, int] | None:
@@ -48,17 +55,26 @@ def dns_name(target: str) -> tuple[str, int] | None:
     rest = target[4:].lstrip("/")
     if "/" in rest:  # dns://authority/host:port
         rest = rest.split("/", 1)[1]
+    # gRPC's default port when the name has none: dns:///engines is engines:443.
+    if rest.startswith("["):  # [v6 address] or [v6 address]:port
+        host, _, after = rest[1:].partition("]")
+        return host, int(after[1:]) if after.startswith(":") else 443
+    if rest.count(":") != 1:  # no port, or a bare v6 address
+        return rest, 443
     host, _, port = rest.rpartition(":")
-    return host.strip("[]"), int(port or 443)
+    return host, int(port or 443)
 
 
 class Router:
-    def __init__(self, targets: tuple[str, ...], credentials=None, options=()):
+    def __init__(self, targets: tuple[str, ...], credentials=None, options=(),
+                 drain_grace_s: float = DRAIN_GRACE_S):
         self.targets, self.credentials, self.options = targets, credentials, list(options)
+        self.drain_grace_s = drain_grace_s
         self.replicas: dict[str, Replica] = {}
         self.index = PrefixIndex()
         self._tasks: dict[str, asyncio.Task] = {}
         self._resolver: asyncio.Task | None = None
+        self._draining: dict[asyncio.Task, AsyncClient] = {}  # dropped replicas' closes
 
     def start(self) -> None:
         names = [dns_name(t) for t in self.targets]
@@ -73,6 +89,11 @@ class Router:
             self._resolver.cancel()
         for target in list(self.replicas):
             await self._remove(target)
+        for task, client in list(self._draining.items()):  # shutdown: no more grace
+            task.cancel()
+            with contextlib.suppress(Exception):
+                await client.close()
+        self._draining.clear()
 
     # -- picking ----------------------------------------------------------------------
 
@@ -115,11 +136,31 @@ class Router:
         self._tasks[target] = asyncio.create_task(self._watch(replica))
 
     async def _remove(self, target: str) -> None:
+        """Forget a replica and close its channel at once (shutdown)."""
         replica = self.replicas.pop(target)
         self._tasks.pop(target).cancel()
         self.index.forget(target)
         with contextlib.suppress(Exception):
             await replica.client.close()
+
+    def _drop(self, target: str) -> None:
+        """A replica DNS no longer lists: no new calls from now on, while the
+        calls running on it finish (within drain_grace_s) before its channel
+        closes."""
+        replica = self.replicas.pop(target)
+        watch = self._tasks.pop(target)
+        watch.cancel()
+        self.index.forget(target)
+
+        async def drain() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch  # its load stream ends first: it is no call to wait for
+            with contextlib.suppress(Exception):
+                await replica.client.channel.close(grace=self.drain_grace_s)
+
+        task = asyncio.create_task(drain())
+        self._draining[task] = replica.client
+        task.add_done_callback(lambda done: self._draining.pop(done, None))
 
     async def _watch(self, replica: Replica) -> None:
         request = server_service_pb2.WatchLoadRequest(interval_ms=REPORT_INTERVAL_MS)
@@ -156,5 +197,5 @@ class Router:
             for target in found.keys() - self.replicas.keys():
                 self._add(target, found[target])
             for target in self.replicas.keys() - found.keys():
-                await self._remove(target)
+                self._drop(target)
             await asyncio.sleep(RESOLVE_S)

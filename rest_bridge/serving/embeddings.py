@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import struct
+import time
 
 import grpc
 from fastapi.responses import JSONResponse
@@ -16,6 +17,7 @@ from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.embeddings import EmbeddingRequest
 from rest_bridge.serving import ignored_fields
 from rest_bridge.serving.disconnect import unless_disconnected
+from rest_bridge.serving.failover import count_retry
 from rest_bridge.serving.generation import forward_unmapped, strict_mode
 
 ENCODINGS = ("float", "base64")
@@ -58,9 +60,16 @@ class EmbeddingsHandler:
         try:
             # A client that leaves cancels the call; the engine stops the read
             # at its next chunk (engines/model_thread.py).
+            started = time.time()
+
+            def retried(attempt: int) -> None:
+                nonlocal started
+                count_retry(http_request.app.state.metrics, "Embed", attempt, started)
+                started = time.time()
+
             reply = await unless_disconnected(http_request, self.engine.embed(
                 pb, timeout=http_request.app.state.config.engine_deadline_max_s,
-                metadata=call_metadata.get()))
+                metadata=call_metadata.get(), on_retry=retried))
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
         body = {

@@ -61,6 +61,15 @@ def deadline_s(config: BridgeConfig, request: generation_service_pb2.GenerateReq
                config.engine_deadline_base_s + tokens * config.engine_deadline_per_token_s)
 
 
+def count_retry(metrics, rpc: str, attempt: int, attempt_started: float) -> None:
+    """An engine call sent again: counted and logged as an engine_retry line."""
+    metrics.engine_retries.labels(rpc).inc()
+    log.warning(json.dumps({
+        "message": "engine_retry", "rpc": rpc, "request_id": request_id.get(),
+        "attempt": attempt, "attempt_started_ms": int(attempt_started * 1000),
+        "timestamp": int(time.time() * 1000)}))
+
+
 class GenerateCall:
     """One Generate request across engines: the current call, its messages, and
     a new call on another engine while the request is still retryable."""
@@ -134,11 +143,7 @@ class GenerateCall:
         if (self.committed or self.attempts >= MAX_ATTEMPTS
                 or not (engine_lost(exc) or refused) or time.monotonic() >= self.deadline):
             return False
-        self.metrics.engine_retries.labels("Generate").inc()
-        log.warning(json.dumps({
-            "message": "engine_retry", "rpc": "Generate", "request_id": request_id.get(),
-            "attempt": self.attempts, "attempt_started_ms": int(self._attempt_started * 1000),
-            "timestamp": int(time.time() * 1000)}))
+        count_retry(self.metrics, "Generate", self.attempts, self._attempt_started)
         return True
 
     def cancel(self) -> None:

@@ -87,10 +87,28 @@ def forward_unmapped(request, pb) -> None:
         if json_depth(value) > MAX_EXTRA_FIELD_DEPTH:
             raise OpenAIError(400, f"'{name}' is nested deeper than {MAX_EXTRA_FIELD_DEPTH} "
                               "levels.", param=name, code="invalid_parameter")
-    pb.extra_fields.update(extras)
+        try:
+            pb.extra_fields.update({name: value})
+        except (OverflowError, ValueError):  # an integer no double holds
+            raise OpenAIError(400, f"'{name}' holds a number out of range.", param=name,
+                              code="invalid_parameter") from None
     pb.unused_fields.extend(request.nested_unused())
     if request.user is not None:
         pb.user = request.user
+
+
+def common_fields(request, pb: generation_service_pb2.GenerateRequest,
+                  strict: bool) -> generation_service_pb2.GenerateRequest:
+    """What every generation route (chat, completions, responses) sends besides
+    its own translation: strict mode (the caller reads it first, as its first
+    check), whether it streams (the engine's stream rules), the request id, the
+    steering fields and what the schema does not map."""
+    pb.strict = strict
+    pb.stream = bool(request.stream)
+    pb.request_id = request_id.get()
+    steering_fields.add_to_request(request, pb)
+    forward_unmapped(request, pb)
+    return pb
 
 
 @dataclass
@@ -159,12 +177,7 @@ class GenerationHandler(abc.ABC):
         the fields this schema does not map (the engine judges them) and the
         user id (which the engine reports as unused)."""
         strict = strict_mode(http_request)
-        pb = self.to_pb(request)
-        pb.strict = strict
-        pb.stream = bool(request.stream)
-        pb.request_id = request_id.get()
-        steering_fields.add_to_request(request, pb)
-        forward_unmapped(request, pb)
+        pb = common_fields(request, self.to_pb(request), strict)
         if request.stream_options is not None and not request.stream:
             pb.unused_fields.append("stream_options")  # it shapes streams only
         return pb

@@ -18,20 +18,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
 from millm.v1 import response_service_pb2 as rpb
-from rest_bridge.access import call_metadata, request_id
+from rest_bridge.access import call_metadata
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
+from rest_bridge.protocol.base import query_int
 from rest_bridge.protocol.responses import ResponsesRequest
-from rest_bridge.serving import (
-    failover,
-    responses_input,
-    responses_stream,
-    sse,
-    steering_fields,
-)
+from rest_bridge.serving import failover, responses_input, responses_stream, sse
 from rest_bridge.serving.disconnect import unless_disconnected
 from rest_bridge.serving.failover import RESTARTED, GenerateCall
-from rest_bridge.serving.generation import GenerationHandler, forward_unmapped, strict_mode
+from rest_bridge.serving.generation import GenerationHandler, common_fields, strict_mode
 from rest_bridge.serving.responses_json import item_json, response_json
 from rest_bridge.serving.responses_output import OutputBuilder
 
@@ -95,11 +90,8 @@ class ResponsesHandler:
                               code="missing_required_parameter")
         settings = responses_input.settings(request)
         chat, origins = responses_input.conversation(request.instructions, replayed, new)
-        pb = responses_input.generate_request(request, chat, settings)
-        pb.strict = strict
-        pb.request_id = request_id.get()
-        steering_fields.add_to_request(request, pb)
-        forward_unmapped(request, pb)
+        pb = common_fields(request, responses_input.generate_request(request, chat, settings),
+                           strict)
 
         call, meta = await failover.start(self.engine, pb, http_request.app.state,
                                           bool(request.stream), origins.relabel)
@@ -118,9 +110,15 @@ class ResponsesHandler:
 
         if request.stream:
             call.pin_seed()
+            def failed(code: str) -> None:
+                # The 200 is out: the access log and metrics count a failure,
+                # as for a chat stream's error event.
+                http_request.state.error_code = code
+                http_request.state.stream_failed = True
+
             body = responses_stream.events(_stream_of(call), builder, store,
                                            save if store else None, origins.relabel,
-                                           call.cancel)
+                                           call.cancel, failed)
             return StreamingResponse(body, media_type="text/event-stream",
                                      headers={**sse.SSE_HEADERS, **headers})
 
@@ -141,6 +139,10 @@ class ResponsesHandler:
             builder.finish()
 
         await unless_disconnected(http_request, collect())
+        # A retried request is answered from the call that completed.
+        meta = call.metadata
+        response.created_at, response.model = meta.created, meta.model
+        headers = GenerationHandler.response_headers(meta)
         if store:
             await save()
         return JSONResponse(response_json(response, store=store), headers=headers)
@@ -168,12 +170,9 @@ class ResponsesHandler:
         listing = rpb.ListInputItemsRequest(response_id=response_id,
                                             after=query.get("after", ""),
                                             before=query.get("before", ""))
-        limit = query.get("limit")
+        limit = query_int(query, "limit")
         if limit is not None:
-            if not limit.lstrip("-").isdigit() or len(limit) > 18:
-                raise OpenAIError(400, "'limit' must be an integer.", param="limit",
-                                  code="invalid_type")
-            listing.limit = int(limit)
+            listing.limit = limit
         order = query.get("order")
         if order is not None:
             if order not in _ORDERS:

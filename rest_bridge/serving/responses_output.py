@@ -27,6 +27,9 @@ class OutputBuilder:
         self.finish_reason = generation_pb2.FINISH_REASON_UNSPECIFIED
         self._open: str | None = None  # the kind of the last item, while it grows
         self._calls: dict[int, int] = {}  # the engine's call index -> output index
+        # Text and arguments by output index, joined into the item once when it
+        # closes (appending to a protobuf string per token would be quadratic).
+        self._pending: dict[int, list[str]] = {}
 
     @property
     def _last(self) -> tuple[int, rpb.ResponseItem]:
@@ -70,7 +73,7 @@ class OutputBuilder:
         index, item = self._last
         if not text:
             return events
-        item.message.content[0].text += text
+        self._pending.setdefault(index, []).append(text)
         events.append(("response.output_text.delta", {
             "item_id": item.id, "output_index": index, "content_index": 0, "delta": text,
             "logprobs": []}))
@@ -89,7 +92,7 @@ class OutputBuilder:
         if index is None or not fragment.arguments:
             return events
         item = self.response.output[index]
-        item.function_call.arguments_json += fragment.arguments
+        self._pending.setdefault(index, []).append(fragment.arguments)
         events.append(("response.function_call_arguments.delta", {
             "item_id": item.id, "output_index": index, "delta": fragment.arguments}))
         return events
@@ -98,6 +101,7 @@ class OutputBuilder:
         if self._open is None:
             return []
         index, item = self._last
+        self._flush(index)
         item.status = status
         events = []
         if self._open == MESSAGE:
@@ -118,6 +122,21 @@ class OutputBuilder:
         self._open = None
         return events
 
+    def _flush(self, index: int) -> None:
+        pieces = self._pending.pop(index, None)
+        if not pieces:
+            return
+        item = self.response.output[index]
+        if item.HasField("message"):
+            item.message.content[0].text += "".join(pieces)
+        else:
+            item.function_call.arguments_json += "".join(pieces)
+
+    def _flush_all(self) -> None:
+        """Fragments for an item that closed earlier (a parallel call's)."""
+        for index in list(self._pending):
+            self._flush(index)
+
     def finish(self) -> list[Event]:
         """The last item's closing events; sets the response's status. A
         response that generated nothing still has its (empty) message."""
@@ -126,6 +145,7 @@ class OutputBuilder:
         if not self.response.output:
             events += self._text("")
         events += self._close(rpb.ITEM_STATUS_INCOMPLETE if cut else rpb.ITEM_STATUS_COMPLETED)
+        self._flush_all()
         if cut:
             self.response.status = rpb.RESPONSE_STATUS_INCOMPLETE
             self.response.incomplete_reason = rpb.INCOMPLETE_REASON_MAX_OUTPUT_TOKENS
@@ -135,6 +155,7 @@ class OutputBuilder:
 
     def fail(self, code: str, message: str) -> list[Event]:
         events = self._close(rpb.ITEM_STATUS_INCOMPLETE)
+        self._flush_all()
         self.response.status = rpb.RESPONSE_STATUS_FAILED
         self.response.error.code = code or "internal_error"
         self.response.error.message = message

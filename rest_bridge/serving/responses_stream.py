@@ -48,10 +48,12 @@ class _Writer:
 async def events(messages: AsyncIterator, builder: OutputBuilder, store: bool,
                  save: Callable[[], Awaitable[None]] | None,
                  relabel: Callable[[OpenAIError], OpenAIError],
-                 cancel: Callable[[], None]) -> AsyncIterator[bytes]:
+                 cancel: Callable[[], None],
+                 failed: Callable[[str], None] = lambda code: None) -> AsyncIterator[bytes]:
     """The SSE body: `messages` is the rest of the engine's stream, `save`
     stores the finished response (None: not stored), `cancel` stops the
-    engine's call when the client goes away."""
+    engine's call when the client goes away, `failed(code)` is told when the
+    stream ends in response.failed (for the access log and metrics)."""
     write, response = _Writer(), builder.response
 
     def snapshot(status: str | None = None) -> dict:
@@ -75,6 +77,8 @@ async def events(messages: AsyncIterator, builder: OutputBuilder, store: bool,
                 # Generated but not stored: the client must not think it can chain on it.
                 log.warning("a streamed response was not stored: %s", exc.message)
                 closing += builder.fail(exc.code, f"The response was not stored: {exc.message}")
+        if response.status == rpb.RESPONSE_STATUS_FAILED:
+            failed(response.error.code)
         yield write([*closing, (TERMINAL[response.status], snapshot())])
     finally:
         # A client that went away lands here too (Starlette cancels the body

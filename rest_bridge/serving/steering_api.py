@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 from millm.v1 import steering_service_pb2 as pb
 from rest_bridge.access import call_metadata
 from rest_bridge.errors import OpenAIError, from_rpc_error
-from rest_bridge.protocol.base import MAX_BODY_DEPTH, json_depth, refuse_surrogates
+from rest_bridge.protocol.base import MAX_BODY_DEPTH, json_depth, query_int, refuse_surrogates
 from rest_bridge.routes import read_body
 
 router = APIRouter()
@@ -93,12 +93,9 @@ def _features(path, raw, query=None):
     query = query or {}
     request = pb.ListSaeFeaturesRequest(sae_id=path["sae_id"], query=query.get("query", ""))
     for name in ("offset", "limit"):
-        if name in query:
-            try:
-                setattr(request, name, int(query[name]))
-            except ValueError:
-                raise OpenAIError(400, f"'{name}' must be an integer.", param=name,
-                                  code="invalid_parameter") from None
+        value = query_int(query, name)
+        if value is not None:
+            setattr(request, name, value)
     return request
 
 
