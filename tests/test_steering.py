@@ -22,9 +22,9 @@ import torch
 from millm.v1 import server_service_pb2_grpc
 from tests import harness, steering_helpers
 from tests.conftest import MODEL
+from tests.grpc_helpers import MaxRunningRows
 from tests.http_helpers import SseStream
 from tests.steering_helpers import L0, L1, MESSAGES, SteerStack, chat, error, profile
-from tests.test_batching import MaxRunningRows
 
 
 @pytest.fixture
