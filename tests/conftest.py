@@ -103,8 +103,10 @@ def async_client(stack):
                               timeout=60)
 
 
-def inference_status(server_stub) -> server_service_pb2.GetInferenceStatusResponse:
-    return server_stub.GetInferenceStatus(server_service_pb2.GetInferenceStatusRequest())
+def inference_status(server_stub, timeout: float | None = None
+                     ) -> server_service_pb2.GetInferenceStatusResponse:
+    return server_stub.GetInferenceStatus(server_service_pb2.GetInferenceStatusRequest(),
+                                          timeout=timeout)
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):
