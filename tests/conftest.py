@@ -60,6 +60,18 @@ def steer(tmp_path_factory):
         own.stop()
 
 
+@pytest.fixture
+def clean(steer):
+    """Each steering test starts from no steering at all, with the layer-1 SAE
+    attached, on `steer`. (test_monitoring.py's own `clean`, on its own stack,
+    overrides this one there.)"""
+    from tests import steering_helpers
+
+    steering_helpers.reset(steer)
+    yield steer
+    steering_helpers.reset(steer)
+
+
 @pytest.fixture(scope="session")
 def channel(stack):
     with grpc.insecure_channel(stack.grpc_target) as ch:

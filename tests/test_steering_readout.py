@@ -14,19 +14,8 @@ import json
 
 import pytest
 
-from tests import steering_helpers
 from tests.conftest import MODEL
 from tests.steering_helpers import L0, L1, MESSAGES, error, profile
-
-
-@pytest.fixture
-def clean(steer):
-    """Each test starts from no steering at all, with the layer-1 SAE attached
-    (steer: conftest.py's stack, shared by the steering test files)."""
-    steering_helpers.reset(steer)
-    yield steer
-    steering_helpers.reset(steer)
-
 
 # -- activations -----------------------------------------------------------------------------------
 
