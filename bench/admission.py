@@ -1,7 +1,7 @@
 """Fair admission, measured: the latency of small requests beside ordinary load,
 and beside ordinary load plus a maximal request, side by side in one run.
 
-Three engines from the same checkpoint, one after the other (never two busy at
+Two engines from the same checkpoint, one after the other (never two busy at
 once): "fair" (the defaults: a request holds at most half the batch, later
 requests pass one that does not fit for MILLM_ADMISSION_AGING_S), and "fifo"
 (one request may hold the whole batch and nothing passes: the admission before

@@ -42,6 +42,7 @@ import openai  # noqa: E402
 
 from millm.v1 import server_service_pb2, server_service_pb2_grpc  # noqa: E402
 from tests import harness  # noqa: E402
+from tests.http_helpers import call  # noqa: E402
 
 MODEL = "millm-tiny"
 POLICIES = ("round_robin", "load_prefix")
@@ -108,6 +109,31 @@ async def run_round(http: int, args, systems: list[str], seed: int) -> dict:
             "seconds": elapsed, "requests": len(ttfts)}
 
 
+def routable(http: int, replicas: int, timeout: float = 30.0) -> None:
+    """Wait until a load_prefix bridge's metrics call every replica routable
+    (a round_robin bridge has no router, nor these metrics)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        up = sum(line.startswith("millm_bridge_replica_routable{") and line.endswith(" 1.0")
+                 for line in call(http, "GET", "/metrics").text.splitlines())
+        if up == replicas:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {up} of {replicas} replicas became routable")
+        time.sleep(0.05)
+
+
+def served(stubs, before: list[int], requests: int, timeout: float = 10.0) -> list[int]:
+    """Per engine, the generations completed since `before`, once they add up to
+    the round's requests (or after `timeout` seconds, as they are then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        split = [completed(s) - b for s, b in zip(stubs, before, strict=True)]
+        if sum(split) >= requests or time.monotonic() > deadline:
+            return split
+        time.sleep(0.02)
+
+
 def engine_stub(port: int):
     return server_service_pb2_grpc.ServerServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
 
@@ -151,7 +177,7 @@ def main() -> None:
                 processes.append(process)
                 harness.wait_http(process, f"http://127.0.0.1:{http}/readyz")
                 bridges[policy] = http
-            time.sleep(1.0)  # the router's load streams are up
+            routable(bridges["load_prefix"], len(engines))  # its load streams are up
             stubs = [engine_stub(p) for p in engines]
             results = {p: [] for p in POLICIES}
             splits = {p: [0, 0] for p in POLICIES}
@@ -165,9 +191,10 @@ def main() -> None:
                     before = [completed(s) for s in stubs]
                     result = asyncio.run(run_round(bridges[policy], args, systems,
                                                    seed=round_))
-                    time.sleep(0.3)  # an engine counts a generation just after answering
-                    for i, stub in enumerate(stubs):
-                        splits[policy][i] += completed(stub) - before[i]
+                    # An engine counts a generation just after answering it.
+                    split = served(stubs, before, result["requests"])
+                    for i, n in enumerate(split):
+                        splits[policy][i] += n
                     results[policy].append(result)
                     print(f"  round {round_ + 1} {policy:12s} hit rate "
                           f"{result['cached'] / result['prompt_tokens']:.3f}  TTFT p50 "

@@ -5,8 +5,9 @@ chat and completions with n 1-4, 30 % of them dropped by the client mid-way
 (a closed connection, streamed or not), 5 % structured output, some steered by
 a saved profile, some scoring. Every 1,000 requests it prints the engine's and
 the bridge's resident memory and the KV tokens the engine holds; at the end KV
-must be back to 0 and resident memory must have grown less than 10 % since the
-first report (the first 1,000 requests warm caches and allocators up).
+must be back to 0, no request may have been answered 5xx, and resident memory
+must have grown less than 10 % since the first report (the first 1,000
+requests warm caches and allocators up). It exits 1 when a target is missed.
 
 Usage: python bench/soak.py [--requests 10000] [--clients 16]
 """
@@ -133,7 +134,7 @@ async def soak(port: int, grpc_port: int, engine_pid: int, bridge_pid: int,
     return reports
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--clients", type=int, default=16)
@@ -146,7 +147,7 @@ def main() -> None:
                     ("POST", "/api/profiles", {"name": "soak", "entries": [
                         {"layer": 1, "feature": 3, "strength": 4}]})]:
                 reply = call(stack.http_port, method, path, body)
-                assert reply.status_code in (200, 201), reply.text
+                assert reply.status_code == 200, reply.text
             started = time.perf_counter()
             reports = asyncio.run(soak(stack.http_port, stack.grpc_port, stack.engine.proc.pid,
                                        stack.bridge.proc.pid, args.requests, args.clients))
@@ -161,7 +162,16 @@ def main() -> None:
           f"{last['kv_tokens']} (target 0)")
     print(f"RSS growth since the first report: engine {engine_growth:+.1%}, bridge "
           f"{bridge_growth:+.1%} (target under +10%)")
+    missed = [what for what, bad in (
+        ("KV tokens held at the end", last["kv_tokens"] != 0),
+        ("5xx answers", five_xx > 0),
+        ("engine RSS growth", engine_growth >= 0.10),
+        ("bridge RSS growth", bridge_growth >= 0.10)) if bad]
+    if missed:
+        print(f"missed: {', '.join(missed)}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

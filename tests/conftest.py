@@ -60,6 +60,18 @@ def steer(tmp_path_factory):
         own.stop()
 
 
+@pytest.fixture
+def clean(steer):
+    """Each steering test starts from no steering at all, with the layer-1 SAE
+    attached, on `steer`. (test_monitoring.py's own `clean`, on its own stack,
+    overrides this one there.)"""
+    from tests import steering_helpers
+
+    steering_helpers.reset(steer)
+    yield steer
+    steering_helpers.reset(steer)
+
+
 @pytest.fixture(scope="session")
 def channel(stack):
     with grpc.insecure_channel(stack.grpc_target) as ch:
@@ -103,8 +115,10 @@ def async_client(stack):
                               timeout=60)
 
 
-def inference_status(server_stub) -> server_service_pb2.GetInferenceStatusResponse:
-    return server_stub.GetInferenceStatus(server_service_pb2.GetInferenceStatusRequest())
+def inference_status(server_stub, timeout: float | None = None
+                     ) -> server_service_pb2.GetInferenceStatusResponse:
+    return server_stub.GetInferenceStatus(server_service_pb2.GetInferenceStatusRequest(),
+                                          timeout=timeout)
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):

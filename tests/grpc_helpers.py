@@ -1,15 +1,23 @@
-"""Building GenerateRequests and reading ErrorInfo from gRPC errors in tests."""
+"""Building GenerateRequests, running them (alone or several at once) and
+reading ErrorInfo from gRPC errors in tests."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import statistics
+import threading
 import time
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from millm.v1 import generation_pb2, generation_service_pb2, generation_service_pb2_grpc
+from millm.v1 import (
+    generation_pb2,
+    generation_service_pb2,
+    generation_service_pb2_grpc,
+    server_service_pb2,
+)
 
 MODEL = "millm-tiny"
 
@@ -65,6 +73,42 @@ def run(stub, request):
     return responses[0].metadata, texts, tokens, finish, responses[-1].usage, responses
 
 
+class MaxRunningRows:
+    """Polls an engine's GetInferenceStatus while a block runs: `value` is the
+    most rows it saw running together, to prove requests really overlapped."""
+
+    def __init__(self, server_stub):
+        self.server_stub, self.value, self._stop = server_stub, 0, threading.Event()
+
+    def __enter__(self):
+        request = server_service_pb2.GetInferenceStatusRequest()
+
+        def poll():
+            while not self._stop.is_set():
+                rows = self.server_stub.GetInferenceStatus(request).running_rows
+                self.value = max(self.value, rows)
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def concurrently(stub, requests, stagger: float = 0.02, tokens: bool = False) -> list[dict]:
+    """Run `requests` at once, the i-th after i * stagger seconds (so that they
+    are admitted at different steps): each one's {index: text}, or with
+    tokens=True its {index: token ids}."""
+    def go(i_request):
+        i, request = i_request
+        threading.Event().wait(i * stagger)
+        return run(stub, request)[2 if tokens else 1]
+
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(go, enumerate(requests)))
+
+
 async def timed_generate(stub, request) -> tuple[float | None, int]:
     """Stream one generation on an aio stub: (seconds to the first choice delta,
     completion tokens from usage). The benches' one way to time a request."""
@@ -82,19 +126,21 @@ async def closed_loop(target: str, clients: int, requests: int, make_request) ->
     """`clients` closed-loop clients on one aio channel, each sending `requests`
     generations one after another (make_request(client, n) builds each), after
     one warm-up request: tokens per second over the wall time, and the median
-    time to the first token in ms. The benches' one load loop."""
+    time to the first token in ms over the requests that produced one (nan when
+    none did). The benches' one load loop."""
     async with grpc.aio.insecure_channel(target) as channel:
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
         await timed_generate(stub, chat_request("Hi", max_tokens=4))
-        samples: list[tuple[float, int]] = []
+        samples: list[tuple[float | None, int]] = []
 
         async def client(c: int):
             for n in range(requests):
                 first, produced = await timed_generate(stub, make_request(c, n))
-                samples.append((first or 0.0, produced))
+                samples.append((first, produced))
 
         started = time.perf_counter()
         await asyncio.gather(*(client(c) for c in range(clients)))
         wall = time.perf_counter() - started
+    firsts = [s[0] for s in samples if s[0] is not None]
     return {"tok_s": sum(s[1] for s in samples) / wall,
-            "p50": statistics.median(s[0] for s in samples) * 1000}
+            "p50": statistics.median(firsts) * 1000 if firsts else float("nan")}

@@ -11,40 +11,11 @@ import grpc
 import pytest
 
 from tests.conftest import MODEL, inference_status, wait_until
-from tests.grpc_helpers import chat_request, prompt_request, run
+from tests.grpc_helpers import MaxRunningRows, chat_request, concurrently, prompt_request, run
 
 
 def texts_of(stub, request) -> dict:
     return run(stub, request)[1]
-
-
-class MaxRunningRows:
-    """Polls the engine while a block runs, to prove requests really overlapped."""
-
-    def __init__(self, server_stub):
-        self.server_stub, self.value, self._stop = server_stub, 0, threading.Event()
-
-    def __enter__(self):
-        def poll():
-            while not self._stop.is_set():
-                self.value = max(self.value, inference_status(self.server_stub).running_rows)
-        self._thread = threading.Thread(target=poll, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
-def concurrently(stub, requests, stagger: float = 0.02) -> list[dict]:
-    def go(i_request):
-        i, request = i_request
-        threading.Event().wait(i * stagger)  # admitted at different steps
-        return texts_of(stub, request)
-
-    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-        return list(pool.map(go, enumerate(requests)))
 
 
 GREEDY = [

@@ -15,7 +15,7 @@ import re
 import pytest
 import yaml
 
-from service.server import ROUTABLE_HEALTH, SERVICE_NAMES, STATE_STORE_HEALTH
+from service.server import ROUTABLE_HEALTH, SERVICE_NAMES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -92,7 +92,6 @@ def test_engine_ports_and_probes_match_what_it_serves():
     # service that stays SERVING through one.
     assert c["readinessProbe"]["grpc"]["service"] == ROUTABLE_HEALTH
     assert c["livenessProbe"]["grpc"]["service"] in SERVICE_NAMES
-    assert STATE_STORE_HEALTH == "millm.state_store"
     assert c["command"] == ["python", "-m", "service"]
     database = next(m for m in c["volumeMounts"]
                     if variables["MILLM_DATABASE_URL_FILE"]["value"].startswith(m["mountPath"]))

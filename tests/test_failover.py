@@ -11,22 +11,23 @@ counts them as failed streams rather than as plain 200s.
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import re
-import time
 
 import grpc
 import pytest
 
 from millm.v1 import server_service_pb2, server_service_pb2_grpc
 from tests import harness
-from tests.conftest import MODEL
+from tests.conftest import MODEL, wait_until
 from tests.http_helpers import post, request
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 REQUESTS = 32  # the issue's Bar: 32 non-streamed requests, all answered 200
 STREAMS = 6
+STREAM_TOKENS = 900  # long: still running on the engine that dies
 RESPONSE_REQUESTS = 6  # the Responses API goes the same way
 
 
@@ -61,9 +62,35 @@ def status(port: int) -> server_service_pb2.GetInferenceStatusResponse:
                                        timeout=5)
 
 
-def body(stream: bool) -> dict:
+def body(stream: bool, tokens: int = 48) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}],
-            "max_tokens": 48, "ignore_eos": True, "stream": stream}
+            "max_tokens": tokens, "ignore_eos": True, "stream": stream}
+
+
+class StartedStream:
+    """A streamed chat read up to its first content chunk; finish() reads the rest."""
+
+    def __init__(self, port: int):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        self.conn.request("POST", CHAT, body=json.dumps(body(True, STREAM_TOKENS)).encode(),
+                          headers={"Content-Type": "application/json"})
+        self.reply = self.conn.getresponse()
+        assert self.reply.status == 200
+        self.head = b""
+        while True:
+            line = self.reply.readline()
+            assert line, self.head[-300:]
+            self.head += line
+            if line.startswith(b"data: {"):
+                choices = json.loads(line[len(b"data: "):])["choices"]
+                if choices and choices[0]["delta"].get("content"):
+                    return
+
+    def finish(self) -> tuple[http.client.HTTPResponse, bytes]:
+        try:
+            return self.reply, self.head + self.reply.read()
+        finally:
+            self.conn.close()
 
 
 def metric(port: int, name: str) -> float:
@@ -74,23 +101,28 @@ def metric(port: int, name: str) -> float:
 
 def test_sigkill_of_one_engine_loses_nothing_that_had_not_started(two_engines):
     engines, http_port = two_engines
-    with concurrent.futures.ThreadPoolExecutor(REQUESTS + STREAMS + RESPONSE_REQUESTS) as pool:
+    # Streams first, each until its first tokens: they are running, spread by load.
+    started = [StartedStream(http_port) for _ in range(STREAMS)]
+    rows = [status(port).running_rows for _, port in engines]
+    victim = max(range(2), key=lambda i: rows[i])  # it certainly holds started streams
+    (victim_process, victim_port), (survivor, survivor_port) = engines[victim], engines[1 - victim]
+    assert rows[victim] >= 1
+    with concurrent.futures.ThreadPoolExecutor(REQUESTS + RESPONSE_REQUESTS) as pool:
         answers = [pool.submit(post, http_port, CHAT, body(False)) for _ in range(REQUESTS)]
-        streams = [pool.submit(post, http_port, CHAT, body(True)) for _ in range(STREAMS)]
         responses = [pool.submit(post, http_port, RESPONSES, {
             "model": MODEL, "input": "Tell me a story.", "max_output_tokens": 48,
             "store": False}) for _ in range(RESPONSE_REQUESTS)]
-        # Kill an engine a few tokens into its share (the router spread the
-        # requests over both by load), while the other is generating too.
-        deadline = time.monotonic() + 60
-        while not (status(engines[0][1]).generated_tokens_total >= 4 * REQUESTS
-                   and status(engines[1][1]).running_rows):
-            assert time.monotonic() < deadline, "the engines never both generated"
-            time.sleep(0.02)
-        engines[0][0].proc.kill()
+        # Kill that engine once it also holds non-streamed requests (the router
+        # spread them over both by load), while the other is generating too.
+        def both_busy() -> bool:
+            held = status(victim_port)
+            return (held.active_generations + held.queued_requests > rows[victim]
+                    and status(survivor_port).running_rows > 0)
+        assert wait_until(both_busy, 60, 0.02), "the engines never both generated"
+        victim_process.proc.kill()
         replies = [f.result(timeout=120) for f in answers]
-        streamed = [f.result(timeout=120) for f in streams]
         answered = [f.result(timeout=120) for f in responses]
+    streamed = [stream.finish() for stream in started]
 
     assert [reply.status for reply, _ in replies] == [200] * REQUESTS
     for _, content in replies:
@@ -107,10 +139,11 @@ def test_sigkill_of_one_engine_loses_nothing_that_had_not_started(two_engines):
     for reply, content in streamed:
         failed += b'"engine_unavailable"' in content
         # A stream either ends normally or, when the dead engine had already sent
-        # it tokens, with an engine_unavailable event; never cut off. (Whether
-        # any stream had tokens on the dead engine at the kill is timing.)
+        # it tokens, with an engine_unavailable event; never cut off.
         assert reply.status == 200 and content.endswith(b"data: [DONE]\n\n")
         finished = b'"finish_reason":"length"' in content
         assert finished or b'"engine_unavailable"' in content, content[-300:]
+    # Those on the dead engine had tokens: they failed, and the bridge says so.
+    assert 1 <= failed <= rows[victim]
     assert metric(http_port, "millm_bridge_stream_failures_total") == failed
-    assert engines[1][0].alive()
+    assert survivor.alive()

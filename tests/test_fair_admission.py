@@ -16,8 +16,10 @@ import time
 import grpc
 import pytest
 
-from millm.v1 import generation_pb2, generation_service_pb2_grpc
+from millm.v1 import generation_pb2, generation_service_pb2_grpc, server_service_pb2_grpc
+from service.engines.transformers.prefix_cache import BLOCK_TOKENS
 from service.requests.generation import MAX_REQUEST_ROWS
+from tests.conftest import inference_status, wait_until
 from tests.grpc_helpers import error_info, prompt_request, run
 from tests.harness import start_engine, wait_serving
 
@@ -30,6 +32,7 @@ class _Engine:
         wait_serving(self.proc, port)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = generation_service_pb2_grpc.GenerationServiceStub(self.channel)
+        self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
 
     def close(self):
         self.channel.close()
@@ -67,12 +70,11 @@ def _scenario(engine, big_tokens: int = 150) -> dict:
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         streams = [pool.submit(_timeline, stub, prompt_request(f"Stream {i}", **LONG), marks,
                                f"s{i}") for i in range(4)]
-        deadline = time.monotonic() + 30
-        while sum(k.endswith(".first") for k in marks) < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert wait_until(lambda: sum(k.endswith(".first") for k in marks) == 4, 30, 0.01)
         big = pool.submit(_timeline, stub, prompt_request("Big", n=16, max_tokens=big_tokens,
                                                           temperature=1.0), marks, "big")
-        time.sleep(0.3)  # the big request is queued and cannot fit
+        # The big request is queued and cannot fit (whole, or past its share).
+        assert wait_until(lambda: inference_status(engine.server).queued_requests >= 1, 30)
         small = pool.submit(_timeline, stub, prompt_request("Small", max_tokens=2,
                                                             temperature=0), marks, "small")
         for future in [*streams, big, small]:
@@ -118,12 +120,21 @@ def test_parts_answer_every_choice_once_and_stay_reproducible(engine_factory):
 
 
 def test_prompt_tokens_and_cache_hits_count_a_split_prompt_once(engine_factory):
+    """n=20 runs in three parts (8 rows each by default), each starting from the
+    prompt's cached blocks; usage counts the prompt, and its cache hits, once."""
     stub = engine_factory().stub
-    one = run(stub, prompt_request("The lighthouse keeper", max_tokens=1, temperature=0))[4]
-    many = run(stub, prompt_request("The lighthouse keeper", n=20, max_tokens=3,
-                                    temperature=1.0))[4]
+    prompt = ("The lighthouse keeper climbed the stairs every evening to light the lamp "
+              "and watch the ships pass the rocks below the cliffs of the northern coast")
+    one = run(stub, prompt_request(prompt, max_tokens=1, temperature=0))[4]
+    assert one.prompt_tokens > 2 * BLOCK_TOKENS
+    assert one.cached_tokens == 0  # a fresh engine: nothing cached before
+    many = run(stub, prompt_request(prompt, n=20, max_tokens=3, temperature=1.0))[4]
+    again = run(stub, prompt_request(prompt, max_tokens=1, temperature=0))[4]
     assert many.prompt_tokens == one.prompt_tokens
-    assert many.cached_tokens <= many.prompt_tokens
+    # Every full block but the one holding the last prompt token came from the cache,
+    # counted once for the three parts: the same as an n=1 rerun.
+    reusable = (one.prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    assert many.cached_tokens == again.cached_tokens == reusable
 
 
 def test_a_request_asking_for_too_many_choices_is_refused_naming_the_field(engine_factory):

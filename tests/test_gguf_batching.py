@@ -6,14 +6,15 @@ while the others go on. Functional checks over gRPC, not timings."""
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 
 import grpc
 import pytest
 
-from millm.v1 import generation_service_pb2_grpc, server_service_pb2, server_service_pb2_grpc
+from millm.v1 import generation_service_pb2_grpc, server_service_pb2_grpc
 from tests import harness
-from tests.grpc_helpers import prompt_request, run
+from tests.conftest import inference_status as status
+from tests.conftest import wait_until
+from tests.grpc_helpers import MaxRunningRows, concurrently, prompt_request, run
 
 PROMPTS = ["The river ran past the mill and", "Cats sleep most of the day.",
            "Tell me a story about the sea.", "A", "The lighthouse keeper wrote",
@@ -33,10 +34,6 @@ def engine(request, tmp_path_factory):
         process.stop()
 
 
-def status(server):
-    return server.GetInferenceStatus(server_service_pb2.GetInferenceStatusRequest())
-
-
 def greedy(model: str, text: str, tokens: int, **extra):
     return prompt_request(text, model=model, max_tokens=tokens, temperature=0, ignore_eos=True,
                           **extra)
@@ -45,25 +42,9 @@ def greedy(model: str, text: str, tokens: int, **extra):
 def together(stub, server, requests, stagger: float = 0.02) -> tuple[list[dict], int]:
     """Run requests at once (staggered so they join at different steps):
     their token ids, and the most rows seen running together."""
-    peak, stop = [0], threading.Event()
-
-    def poll():
-        while not stop.is_set():
-            peak[0] = max(peak[0], status(server).running_rows)
-
-    def go(i):
-        threading.Event().wait(stagger * i)
-        return run(stub, requests[i])[2]
-
-    watcher = threading.Thread(target=poll, daemon=True)
-    watcher.start()
-    try:
-        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-            answers = list(pool.map(go, range(len(requests))))
-    finally:
-        stop.set()
-        watcher.join()
-    return answers, peak[0]
+    with MaxRunningRows(server) as rows:
+        answers = concurrently(stub, requests, stagger, tokens=True)
+    return answers, rows.value
 
 
 def test_the_engine_says_it_batches(engine):
@@ -84,14 +65,14 @@ def test_concurrent_requests_share_steps_and_answer_as_alone(engine):
 
 def test_more_requests_than_slots_wait_for_one(engine):
     model, stub, server = engine
-    requests = [greedy(model, PROMPTS[i % len(PROMPTS)], 12) for i in range(20)]
-    answers, peak = together(stub, server, requests)
-    assert peak <= 8
-    assert [len(a[0]) for a in answers] == [12] * 20
+    requests = [greedy(model, PROMPTS[i % len(PROMPTS)], 40) for i in range(20)]
+    answers, peak = together(stub, server, requests, stagger=0)
+    assert peak == 8  # every slot in use while the others waited, and never more
+    assert [len(a[0]) for a in answers] == [40] * 20
     assert answers[0] == answers[8] == answers[16]  # the same prompt, the same tokens
 
 
-def test_a_seeded_request_runs_alone_and_repeats_itself(engine):
+def test_a_seeded_request_repeats_itself_beside_other_traffic(engine):
     model, stub, server = engine
     seeded = prompt_request(PROMPTS[2], model=model, max_tokens=20, temperature=1.0, seed=11,
                             ignore_eos=True)
@@ -99,6 +80,22 @@ def test_a_seeded_request_runs_alone_and_repeats_itself(engine):
     busy = [greedy(model, text, 30) for text in PROMPTS[:5]]
     answers, _ = together(stub, server, [*busy[:3], seeded, *busy[3:]])
     assert answers[3] == first
+
+
+def test_a_seeded_request_runs_alone(engine):
+    model, stub, server = engine
+    seeded = prompt_request(PROMPTS[2], model=model, max_tokens=900, temperature=1.0, seed=11,
+                            ignore_eos=True)
+    stream = stub.Generate(seeded, timeout=60)
+    next(stream)  # metadata
+    next(stream)  # its first token: it runs
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        others = [pool.submit(run, stub, greedy(model, text, 10)) for text in PROMPTS[:3]]
+        # Free slots, yet the three wait while the seeded request runs: one row.
+        reply = wait_until(lambda: (r := status(server)).queued_requests == 3 and r)
+        stream.cancel()
+        assert reply and reply.running_rows == 1
+        assert [len(f.result()[2][0]) for f in others] == [10, 10, 10]
 
 
 def test_a_caller_who_leaves_frees_its_slot(engine):
@@ -111,10 +108,6 @@ def test_a_caller_who_leaves_frees_its_slot(engine):
     answers, _ = together(stub, server, others)
     stream.cancel()
     assert [len(a[0]) for a in answers] == [40, 40, 40]
-    deadline = threading.Event()
-    for _ in range(100):
-        reply = status(server)
-        if reply.running_rows == 0 and reply.cancelled_generations_total == before + 1:
-            break
-        deadline.wait(0.05)
+    reply = wait_until(lambda: (r := status(server)).running_rows == 0
+                       and r.cancelled_generations_total == before + 1 and r) or status(server)
     assert (reply.running_rows, reply.cancelled_generations_total) == (0, before + 1)

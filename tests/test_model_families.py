@@ -15,9 +15,7 @@ is named, with a named error.
 
 from __future__ import annotations
 
-import concurrent.futures
 import shutil
-import threading
 
 import grpc
 import pytest
@@ -30,7 +28,6 @@ from millm.v1 import (
     model_service_pb2_grpc,
     scoring_service_pb2,
     scoring_service_pb2_grpc,
-    server_service_pb2,
     server_service_pb2_grpc,
     steering_pb2,
     steering_service_pb2,
@@ -39,7 +36,14 @@ from millm.v1 import (
 from service.demo_model import families
 from tests import harness
 from tests.families_reference import Reference, demo_sae, sae_encode
-from tests.grpc_helpers import chat_request, error_info, prompt_request, run
+from tests.grpc_helpers import (
+    MaxRunningRows,
+    chat_request,
+    concurrently,
+    error_info,
+    prompt_request,
+    run,
+)
 
 TOL = 1e-5
 L1 = "sae_millm-tiny-res-l1"
@@ -63,10 +67,6 @@ class Engine:
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self.steering = steering_service_pb2_grpc.SteeringServiceStub(self.channel)
         self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
-
-    def running_rows(self) -> int:
-        return self.server.GetInferenceStatus(
-            server_service_pb2.GetInferenceStatusRequest()).running_rows
 
 
 @pytest.fixture(scope="module")
@@ -137,25 +137,9 @@ def test_greedy_text_in_a_busy_batch_equals_generate(family):
     fam, ref, engine = family
     requests = [greedy_request(fam, text, 10 + 4 * i, n=2 if i == 2 else 1)
                 for i, text in enumerate(PROMPTS)]
-    peak, stop = [0], threading.Event()
-
-    def poll():
-        while not stop.is_set():
-            peak[0] = max(peak[0], engine.running_rows())
-
-    def go(i):
-        threading.Event().wait(0.03 * i)  # joins at different steps
-        return generated(engine, requests[i])
-
-    watcher = threading.Thread(target=poll, daemon=True)
-    watcher.start()
-    try:
-        with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-            answers = list(pool.map(go, range(len(requests))))
-    finally:
-        stop.set()
-        watcher.join()
-    assert peak[0] >= 2  # the rows really shared forward passes
+    with MaxRunningRows(engine.server) as rows:
+        answers = concurrently(engine.generation, requests, stagger=0.03, tokens=True)
+    assert rows.value >= 2  # the rows really shared forward passes
     for i, (text, answer) in enumerate(zip(PROMPTS, answers, strict=True)):
         expected = ref.greedy(ref.ids(text), 10 + 4 * i)
         assert answer == ({0: expected, 1: expected} if i == 2 else {0: expected})

@@ -191,6 +191,8 @@ def test_stream_scoring_counters_and_aggregates(clean, mon):
                                      "features": [{"index": i, "weight": 1.0}
                                                   for i in range(64)]})
     clean.ok("PUT", "/api/monitoring", {"enabled": True})
+    state_before = clean.ok("GET", "/api/monitoring")["monitoring"]
+    stats_before = {s["probe"]: s for s in state_before["probe_stats"]}["any"]
     before = mon.counter("millm_engine_probe_reads_total", "any")
     fired_before = mon.counter("millm_engine_probe_fired_total", "any")
 
@@ -221,8 +223,11 @@ def test_stream_scoring_counters_and_aggregates(clean, mon):
 
     state = clean.ok("GET", "/api/monitoring")["monitoring"]
     stats = {s["probe"]: s for s in state["probe_stats"]}["any"]
-    assert stats["requests"] >= 1 and stats["hit_rate"] == 1.0
-    assert state["window_requests"] >= 1 and state["total_requests"] >= 1
+    # Two monitored generations: the streamed chat and the response.
+    assert stats["requests"] - stats_before["requests"] == 2 and stats["hit_rate"] == 1.0
+    assert stats["total_requests"] - stats_before["total_requests"] == 2
+    assert state["window_requests"] - state_before["window_requests"] == 2
+    assert state["total_requests"] - state_before["total_requests"] == 2
     frequencies = state["feature_frequencies"]
     assert frequencies and all(f["sae_id"] == L1 and 0 < f["frequency"] <= 1
                                for f in frequencies)
@@ -242,15 +247,20 @@ def test_over_grpc(clean, mon):
             enabled=True)).monitoring
         assert state.active and [p.name for p in state.probes] == ["g"]
         generation = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        read_before = stub.GetMonitoring(monitoring_service_pb2.GetMonitoringRequest(
+            model=MODEL)).monitoring.total_requests
         responses = list(generation.Generate(chat_request("Hello!", max_tokens=4)))
         kinds = [[f.name for f, _ in r.ListFields()] for r in responses]
         verdicts = [r.probe_verdicts for r in responses if r.HasField("probe_verdicts")]
         assert len(verdicts) == 1 and verdicts[0].verdicts[0].probe == "g"
         assert kinds[-1] == ["probe_verdicts"] and "usage" in kinds[-2]
         v = verdicts[0].verdicts[0]
-        assert v.positions_read > 0 and v.fired == v.HasField("first_position")
+        # Every token through the model: the prompt and each output but the last.
+        usage = responses[-2].usage
+        assert v.positions_read == usage.prompt_tokens + usage.completion_tokens - 1
+        assert v.fired == v.HasField("first_position")
         got = stub.GetMonitoring(monitoring_service_pb2.GetMonitoringRequest(model=MODEL))
-        assert got.monitoring.total_requests >= 1
+        assert got.monitoring.total_requests == read_before + 1
 
 
 def test_probes_and_the_switch_survive_a_restart(tmp_path):

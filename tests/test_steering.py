@@ -20,21 +20,11 @@ import pytest
 import torch
 
 from millm.v1 import server_service_pb2_grpc
-from tests import harness, steering_helpers
+from tests import harness
 from tests.conftest import MODEL
+from tests.grpc_helpers import MaxRunningRows
 from tests.http_helpers import SseStream
 from tests.steering_helpers import L0, L1, MESSAGES, SteerStack, chat, error, profile
-from tests.test_batching import MaxRunningRows
-
-
-@pytest.fixture
-def clean(steer):
-    """Each test starts from no steering at all, with the layer-1 SAE attached
-    (steer: conftest.py's stack, shared by the steering test files)."""
-    steering_helpers.reset(steer)
-    yield steer
-    steering_helpers.reset(steer)
-
 
 # -- SAEs ------------------------------------------------------------------------------------------
 

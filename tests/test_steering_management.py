@@ -20,18 +20,9 @@ import pytest
 
 from millm.v1 import generation_service_pb2_grpc, steering_pb2, steering_service_pb2
 from millm.v1 import steering_service_pb2_grpc as steering_grpc
-from tests import harness, steering_helpers
+from tests import harness
 from tests.grpc_helpers import chat_request, error_info
 from tests.steering_helpers import L0, L1, MESSAGES, chat, circuit_document, error, profile
-
-
-@pytest.fixture
-def clean(steer):
-    """Each test starts from no steering at all, with the layer-1 SAE attached
-    (steer: conftest.py's stack, shared by the steering test files)."""
-    steering_helpers.reset(steer)
-    yield steer
-    steering_helpers.reset(steer)
 
 
 def _start(tmp: pathlib.Path, saes_dir: pathlib.Path) -> tuple[harness.Process, int]:
