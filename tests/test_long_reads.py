@@ -59,6 +59,9 @@ def test_a_stream_keeps_flowing_while_a_large_embeddings_call_runs(channel, gene
     assert max(gaps) < (ended - started) / 3, (max(gaps), ended - started)
 
 
+GIVE_UP_AT = (0.6, 0.8, 0.9)  # shares of a whole read's time
+
+
 def test_a_read_whose_caller_gives_up_stops_at_its_next_chunk(stack, channel):
     from millm.v1 import embedding_service_pb2_grpc
 
@@ -67,14 +70,20 @@ def test_a_read_whose_caller_gives_up_stops_at_its_next_chunk(stack, channel):
     started = time.monotonic()
     embedder.Embed(request, timeout=120)
     whole = time.monotonic() - started
-    before = _cancellations(stack)
-    try:
-        # Give up past its tokenizing, before its end (the whole call timed just now).
-        embedder.Embed(request, timeout=whole * 0.6)
-        raise AssertionError("the read finished within 60 % of its own time")
-    except grpc.RpcError as exc:
-        assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert wait_until(lambda: _cancellations(stack) > before, timeout=30)
+    # Give up past its tokenizing, before its end (the whole call timed just
+    # now); on a loaded machine tokenizing may take longer, so later tries
+    # give up later.
+    for share in GIVE_UP_AT:
+        before = _cancellations(stack)
+        try:
+            embedder.Embed(request, timeout=whole * share)
+            continue  # it finished first: nothing to stop
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        if wait_until(lambda b=before: _cancellations(stack) > b, timeout=whole + 5):
+            break
+    else:
+        raise AssertionError("no read was stopped part-way")
 
 
 def test_an_http_client_that_leaves_stops_its_embeddings_read(stack):
@@ -82,11 +91,15 @@ def test_an_http_client_that_leaves_stops_its_embeddings_read(stack):
     started = time.monotonic()
     assert post(stack.http_port, "/v1/embeddings", body)[0].status == 200
     whole = time.monotonic() - started
-    before = _cancellations(stack)
-    sock = open_stream(stack.http_port, "/v1/embeddings", body)
-    time.sleep(whole * 0.6)  # past its tokenizing, before its end
-    sock.close()
-    assert wait_until(lambda: _cancellations(stack) > before, timeout=30)
+    for share in GIVE_UP_AT:  # past its tokenizing, before its end (as above)
+        before = _cancellations(stack)
+        sock = open_stream(stack.http_port, "/v1/embeddings", body)
+        time.sleep(whole * share)
+        sock.close()
+        if wait_until(lambda b=before: _cancellations(stack) > b, timeout=whole + 5):
+            break
+    else:
+        raise AssertionError("no read was stopped part-way")
     # The log names no client text, only how far the read got.
     line = [ln for ln in stack.engine.log().splitlines() if "a read was cancelled" in ln][-1]
     assert WORDS not in line and json.dumps(body)[:40] not in line
