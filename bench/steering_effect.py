@@ -126,22 +126,27 @@ def main() -> int:
           f"{args.tokens} tokens, temperature 1, same seeds steered and unsteered")
     print(f"{'topic':<9} {'feature':>7}  {'fires on':<34} {'unsteered':>9} "
           + " ".join(f"{'λ=' + str(d):>13}" for d in DIALS))
-    best = 0.0
+    best, growing = 0.0, []
     for topic, words in TOPICS.items():
         row = results[topic]
         feature = row["feature"]
         fires = ", ".join(t["token"].strip() for t in feature["top_tokens"][:4])
         base = count(results["unsteered"], words)
-        cells = []
+        cells, counts = [], []
         for dial in DIALS:
             n = count(row[dial], words)
+            counts.append(n)
             ratio = (n + 1) / (base + 1)
             if dial == 1.0:
                 best = max(best, ratio)
             cells.append(f"{n:>5} ({ratio:>4.1f}x)")
         print(f"{topic:<9} {feature['index']:>7}  {fires[:34]:<34} {base:>9} "
               + " ".join(f"{c:>13}" for c in cells))
+        if all(a <= b for a, b in zip(counts, counts[1:], strict=False)):
+            growing.append(topic)
     print(f"best steered / unsteered topic-word ratio at λ=1: {best:.1f}  (bar: > 1.5)")
+    print(f"topics whose count grows with the dial (λ = {', '.join(map(str, DIALS))}): "
+          f"{len(growing)} of {len(TOPICS)} ({', '.join(growing) or 'none'})")
     return 0
 
 
