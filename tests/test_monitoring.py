@@ -118,6 +118,18 @@ def test_probe_names_are_unique_and_deleting_an_unknown_one_is_404(clean):
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "probe_not_found"
 
 
+def test_the_number_of_probes_is_bounded(clean):
+    for i in range(63):  # 64 in all with "last"
+        clean.ok("POST", "/api/probes", {"name": f"q{i}", "sae_id": L0, "feature": 5,
+                                         "threshold": 0.5})
+    clean.ok("POST", "/api/probes", {"name": "last", "sae_id": L0, "feature": 5,
+                                     "threshold": 0.5})
+    over = clean.api("POST", "/api/probes", {"name": "over", "sae_id": L0, "feature": 5,
+                                             "threshold": 0.5})
+    assert over.status_code == 400 and over.json()["error"]["param"] == "name"
+    assert len(clean.ok("GET", "/api/probes")["probes"]) == 64
+
+
 def test_off_by_default_and_a_no_op_without_probes(clean):
     state = clean.ok("GET", "/api/monitoring")["monitoring"]
     assert (state["model"], state["enabled"], state["active"]) == (MODEL, False, False)

@@ -128,6 +128,9 @@ class MonitoringManager:
                                             threshold, int(time.time()))
             if name in self.probes:
                 raise EngineError("already_exists", f"A probe named '{name}' exists.", "name")
+            if len(self.probes) >= probe_rules.MAX_PROBES:
+                raise invalid_parameter("name", f"There are already {probe_rules.MAX_PROBES} "
+                                        "probes, the most kept; delete one first.")
             await self.store.put_probe(probe.name, probe.row())
             self.probes = {**self.probes, name: probe}
             return self._status(probe)

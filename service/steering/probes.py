@@ -32,6 +32,8 @@ MAX_FEATURES = 64
 MAX_WEIGHT = 1000.0
 MAX_THRESHOLD = 10000.0
 MAX_DESCRIPTION = 1024
+# Every monitored generation reads every probe: their number is bounded too.
+MAX_PROBES = 64
 
 
 @dataclass(frozen=True)
