@@ -57,7 +57,7 @@ async def stream_once(port: int, body: dict, timeout: float) -> str:
 async def _stream(port: int, payload: bytes) -> str:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      b"Content-Type: application/json\r\nConnection: close\r\n"
                      b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
         await writer.drain()

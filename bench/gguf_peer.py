@@ -52,7 +52,7 @@ async def one(port: int, body: dict) -> float:
     payload = json.dumps(body).encode()
     started = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                  b"Content-Type: application/json\r\nContent-Length: "
                  + str(len(payload)).encode() + b"\r\n\r\n" + payload)
     await writer.drain()

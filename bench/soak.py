@@ -73,7 +73,7 @@ async def send(port: int, path: str, body: dict, drop: bool, rng: random.Random)
     the HTTP status (0 when dropped before it came)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     data = json.dumps(body).encode()
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
     await writer.drain()
     try:

@@ -71,7 +71,7 @@ class AccessMiddleware:
         self.app, self.keys, self.state, self.metrics = app, keys, state, metrics
         self.max_header_bytes = max_header_bytes
 
-    def _refusal(self, path: str, presented: str | None,
+    def _refusal(self, method: str, path: str, presented: str | None,
                  header_bytes: int, url_bytes: int) -> tuple[OpenAIError | None, str]:
         if url_bytes > self.max_header_bytes:
             # (HTTP's parser refuses request lines past about 64 KiB itself.)
@@ -81,7 +81,8 @@ class AccessMiddleware:
             return OpenAIError(431, f"The request headers are larger than "
                                f"{self.max_header_bytes} bytes.",
                                code="request_headers_too_large"), "-"
-        if is_open(path):
+        if is_open(path) or method == "OPTIONS":
+            # (browser_guard.py answers every OPTIONS itself; no route runs.)
             return None, "-"
         if self.state.draining:
             return OpenAIError(503, "The server is shutting down; retry against another "
@@ -128,7 +129,7 @@ class AccessMiddleware:
 
         header_bytes = sum(len(k) + len(v) for k, v in headers)
         url_bytes = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
-        refusal, who = self._refusal(path, presented, header_bytes, url_bytes)
+        refusal, who = self._refusal(method, path, presented, header_bytes, url_bytes)
         code = None
         state = scope.setdefault("state", {})  # shared with the app's Request.state
         if refusal is not None:

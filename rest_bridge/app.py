@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common import api_keys
 from common.log_text import shown
 from rest_bridge.access import AccessMiddleware, BridgeState
+from rest_bridge.browser_guard import BrowserGuard, HostRule, OriginRule
 from rest_bridge.config import BridgeConfig
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import SERVER_ERROR, OpenAIError
@@ -56,6 +57,9 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
     app.include_router(steering_api.router)
     app.include_router(monitoring_api.router)
     app.include_router(console.router)
+    # Inside the access middleware, which logs and counts its refusals.
+    app.add_middleware(BrowserGuard, hosts=HostRule(config.host, config.allowed_hosts),
+                       origins=OriginRule(config.cors_origins), routes=app.router.routes)
     app.add_middleware(AccessMiddleware, keys=keys, state=app.state.access,
                        metrics=app.state.metrics, max_header_bytes=config.max_header_bytes)
 

@@ -37,6 +37,10 @@ class BridgeConfig:
     engine_deadline_max_s: float = 600.0
     # How calls carrying a prompt pick one of several engines (engine_client.py).
     routing: str = "load_prefix"
+    # Host names served besides loopback and the listening address, and web
+    # origins granted CORS (browser_guard.py): comma-separated, "*" for any.
+    allowed_hosts: str = ""
+    cors_origins: str = ""
 
 
 def _env(name: str, default: str) -> str:
@@ -104,6 +108,13 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
                         choices=("load_prefix", "round_robin"),
                         help="MILLM_ROUTING: with several engines, pick one per request by "
                         "state, model, load and prompt prefix (load_prefix), or round_robin")
+    parser.add_argument("--allowed-hosts", default=_env("MILLM_ALLOWED_HOSTS", ""),
+                        help="MILLM_ALLOWED_HOSTS: Host names served besides loopback and the "
+                        "listening address (comma-separated; '.example.com' for subdomains; "
+                        "'*' turns the check off, unsafe without keys)")
+    parser.add_argument("--cors-origins", default=_env("MILLM_CORS_ORIGINS", ""),
+                        help="MILLM_CORS_ORIGINS: web origins allowed to call the API from a "
+                        "browser (comma-separated, e.g. http://localhost:3000; '*' for any)")
     args = parser.parse_args(argv)
     if bool(args.engine_tls_cert) != bool(args.engine_tls_key):
         parser.error("--engine-tls-cert and --engine-tls-key go together")
@@ -129,4 +140,6 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
         engine_deadline_per_token_s=args.engine_deadline_per_token_s,
         engine_deadline_max_s=args.engine_deadline_max_s,
         routing=args.routing,
+        allowed_hosts=args.allowed_hosts,
+        cors_origins=args.cors_origins,
     )

@@ -83,8 +83,15 @@ def browser(stack, shots):
     assert chromium and driver_path, "Chromium and chromedriver are needed: run `make browser`"
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
+    # Nothing beyond loopback: no background networking, component updates,
+    # sync, default apps or metrics reporting (Chromium tries them all at start).
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1280,1000", "--disable-extensions"):
+                 "--window-size=1280,1000", "--disable-extensions", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-default-apps",
+                 "--metrics-recording-only", "--disable-domain-reliability",
+                 "--disable-client-side-phishing-detection", "--no-pings",
+                 "--disable-features=OptimizationHints,MediaRouter,Translate"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
     driver.set_page_load_timeout(30)

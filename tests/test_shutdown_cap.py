@@ -21,7 +21,7 @@ from tests.http_helpers import call
 
 def stalled_upload(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                  b"application/json\r\nContent-Length: 1000\r\n\r\n" + b'{"model": ' + b" " * 200)
     return sock
 
