@@ -174,18 +174,19 @@ class Runner:
         """One decode of the shared batch, then one of each lane."""
         shared = sorted(self.slots.rows, key=lambda r: len(r.pending) > 1)  # decoding first
         if shared:
-            self._decode(self.ctx, self.batch, self.n_batch, shared)
+            self._decode(self.ctx, self.batch, self.n_batch, shared, "decode")
         for lane in self.lanes.running():
             if lane.row is not None:  # (its request may have failed in this step)
-                self._decode(lane.ctx, lane.batch, lane.n_batch, [lane.row])
+                self._decode(lane.ctx, lane.batch, lane.n_batch, [lane.row], "seeded")
 
-    def _decode(self, ctx, batch, n_batch: int, rows: list[Row]) -> None:
-        """One llama_decode of `rows` (all in `ctx`), then their tokens."""
+    def _decode(self, ctx, batch, n_batch: int, rows: list[Row], point: str) -> None:
+        """One llama_decode of `rows` (all in `ctx`), then their tokens;
+        `point` names it for engines/faults.py."""
         sampling = step_batch(rows, n_batch, batch.batch)
         if batch.batch.n_tokens == 0:
             return
         try:
-            faults.hit("decode")
+            faults.hit(point)
             ctx.decode(batch)
         except Exception:
             log.exception("llama_decode failed; failing the batch's requests")
