@@ -13,10 +13,10 @@ places and its batches hold nothing but its own token, every time.
 The runner (engines/gguf/batch.py) decodes the shared batch and then each
 lane, one llama_decode each, every step: a seeded row moves one token a step
 beside the others and admission never waits for it. A lane's context costs
-one window of KV cells on top of the shared context while its row runs;
-seeded rows count against the slots, so at most `slots` lanes exist at once.
-One emptied lane is kept for the next seeded group (opening a context
-allocates its buffers); the others are closed when their row leaves.
+one window of KV cells on top of the shared context; seeded rows count
+against the slots, so at most `slots` lanes run at once. One emptied lane is
+kept for the next seeded group (opening a context allocates its buffers); the
+others are closed once their row has left.
 """
 
 from __future__ import annotations
