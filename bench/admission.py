@@ -1,8 +1,8 @@
 """Fair admission, measured: the latency of small requests beside ordinary load,
 and beside ordinary load plus a maximal request, side by side in one run.
 
-Two engines from the same checkpoint, one after the other (never two busy at
-once): "fair" (the defaults: a request holds at most half the batch, later
+Transformers engines from the same checkpoint, then a GGUF one, one after the
+other (never two busy at once): "fair" (the defaults: a request holds at most half the batch, later
 requests pass one that does not fit for MILLM_ADMISSION_AGING_S), and "fifo"
 (one request may hold the whole batch and nothing passes: the admission before
 issue 18). In each, 8 long streams run; then small requests (2 tokens) are sent
@@ -11,7 +11,15 @@ an n=64 request. Printed: p50/p95 of the small requests, the decode step time
 of the streams, and how many decode steps the maximal request adds to a small
 request's p95 (target: a few).
 
+"gguf" (the GGUF export, Q8_0): one seeded request of 800 tokens starts, and
+once its first token is back a 4-token unseeded request is sent beside it.
+Seeded rows decode in lanes of their own (engines/gguf/lanes.py), so the
+short request should not wait for the long one. Printed per run: the short
+request's latency, the long request's whole time, and their ratio (target:
+at most 0.2; while seeded GGUF requests ran alone it was 0.78).
+
 Usage: python bench/admission.py [--small 20] [--stream-tokens 600]
+                                 [--engines fair,fifo,gguf] [--gguf-runs 5]
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ ENGINES = {
     "fair": {},
     "fifo": {"MILLM_MAX_ROWS_PER_REQUEST": "64", "MILLM_ADMISSION_AGING_S": "0"},
 }
+GGUF_MODEL = "millm-tiny-gguf:Q8_0"
 
 
 async def stream_gaps(stub, request, gaps: list[float], stop: asyncio.Event) -> None:
@@ -94,35 +103,100 @@ async def scenario(port: int, small: int, stream_tokens: int, maximal: bool) -> 
         return {"p50": pct(latencies, 0.5), "p95": pct(latencies, 0.95), "step": step}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--small", type=int, default=20)
-    parser.add_argument("--stream-tokens", type=int, default=600)
-    args = parser.parse_args()
+async def short_beside_seeded(port: int, long_tokens: int, short_tokens: int
+                              ) -> tuple[float, float, float]:
+    """(the short request alone, the short request beside the seeded one, the
+    seeded one's whole time), in seconds."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+
+        def short():
+            return prompt_request("The short one", model=GGUF_MODEL, max_tokens=short_tokens,
+                                  temperature=0, ignore_eos=True)
+
+        async def timed(request) -> float:
+            started = time.perf_counter()
+            async for _ in stub.Generate(request, timeout=600):
+                pass
+            return time.perf_counter() - started
+
+        alone = await timed(short())
+        first = asyncio.Event()
+        started = time.perf_counter()
+
+        async def seeded() -> float:
+            async for response in stub.Generate(prompt_request(
+                    "A seeded story", model=GGUF_MODEL, max_tokens=long_tokens, temperature=1.0,
+                    seed=7, ignore_eos=True), timeout=600):
+                if response.choices:
+                    first.set()
+            return time.perf_counter() - started
+
+        long = asyncio.create_task(seeded())
+        await first.wait()
+        beside = await timed(short())
+        return alone, beside, await long
+
+
+def transformers_rows(args, tmp: pathlib.Path, names: list[str]) -> None:
     rows = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, env in ENGINES.items():
-            folder = pathlib.Path(tmp) / name
-            folder.mkdir()
-            engine, port = harness.start_engine(folder, **env)
-            try:
-                harness.wait_serving(engine, port)
-                for maximal in (False, True):
-                    rows[(name, maximal)] = asyncio.run(
-                        scenario(port, args.small, args.stream_tokens, maximal))
-            finally:
-                engine.stop()
+    for name in names:
+        folder = tmp / name
+        folder.mkdir()
+        engine, port = harness.start_engine(folder, **ENGINES[name])
+        try:
+            harness.wait_serving(engine, port)
+            for maximal in (False, True):
+                rows[(name, maximal)] = asyncio.run(
+                    scenario(port, args.small, args.stream_tokens, maximal))
+        finally:
+            engine.stop()
     print(f"small requests (2 tokens), {args.small} each, beside 8 streams of "
           f"{args.stream_tokens} tokens; n=64 = plus one request with n=64")
     print(f"{'admission':<10}{'load':<14}{'p50 ms':>10}{'p95 ms':>10}{'step ms':>10}")
     for (name, maximal), r in rows.items():
         print(f"{name:<10}{'+ n=64' if maximal else '8 streams':<14}{r['p50'] * 1e3:>10.1f}"
               f"{r['p95'] * 1e3:>10.1f}{r['step'] * 1e3:>10.1f}")
-    for name in ENGINES:
+    for name in names:
         plain, loaded = rows[(name, False)], rows[(name, True)]
         added = (loaded["p95"] - plain["p95"]) / loaded["step"]
         print(f"{name}: the n=64 request adds {added:.1f} decode steps to the small requests' "
               f"p95 ({loaded['p95'] / plain['p95']:.2f}x)")
+
+
+def gguf_rows(args, tmp: pathlib.Path) -> None:
+    folder = tmp / "gguf"
+    folder.mkdir()
+    engine, port = harness.start_engine(folder, MILLM_MODEL=GGUF_MODEL)
+    try:
+        harness.wait_serving(engine, port)
+        runs = [asyncio.run(short_beside_seeded(port, 800, 4)) for _ in range(args.gguf_runs)]
+    finally:
+        engine.stop()
+    print(f"GGUF ({GGUF_MODEL}): a 4-token request sent beside one seeded 800-token request")
+    print(f"{'run':<5}{'alone ms':>10}{'beside ms':>11}{'seeded ms':>11}{'ratio':>8}")
+    for i, (alone, beside, whole) in enumerate(runs):
+        print(f"{i:<5}{alone * 1e3:>10.1f}{beside * 1e3:>11.1f}{whole * 1e3:>11.1f}"
+              f"{beside / whole:>8.3f}")
+    worst = max(beside / whole for _, beside, whole in runs)
+    print(f"gguf: the short request took at most {worst:.3f} of the seeded request's time "
+          f"(target: at most 0.2)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--small", type=int, default=20)
+    parser.add_argument("--stream-tokens", type=int, default=600)
+    parser.add_argument("--engines", default="fair,fifo,gguf")
+    parser.add_argument("--gguf-runs", type=int, default=5)
+    args = parser.parse_args()
+    names = args.engines.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        chosen = [name for name in ENGINES if name in names]
+        if chosen:
+            transformers_rows(args, pathlib.Path(tmp), chosen)
+        if "gguf" in names:
+            gguf_rows(args, pathlib.Path(tmp))
 
 
 if __name__ == "__main__":

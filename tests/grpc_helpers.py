@@ -75,18 +75,21 @@ def run(stub, request):
 
 class MaxRunningRows:
     """Polls an engine's GetInferenceStatus while a block runs: `value` is the
-    most rows it saw running together, to prove requests really overlapped."""
+    most rows it saw running together, to prove requests really overlapped,
+    and `lanes` the most lanes (batches decoded apart) it saw at once."""
 
     def __init__(self, server_stub):
         self.server_stub, self.value, self._stop = server_stub, 0, threading.Event()
+        self.lanes = 0
 
     def __enter__(self):
         request = server_service_pb2.GetInferenceStatusRequest()
 
         def poll():
             while not self._stop.is_set():
-                rows = self.server_stub.GetInferenceStatus(request).running_rows
-                self.value = max(self.value, rows)
+                reply = self.server_stub.GetInferenceStatus(request)
+                self.value = max(self.value, reply.running_rows)
+                self.lanes = max(self.lanes, reply.lanes)
         self._thread = threading.Thread(target=poll, daemon=True)
         self._thread.start()
         return self

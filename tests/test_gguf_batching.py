@@ -1,11 +1,12 @@
 """Continuous batching on the GGUF engine (engines/gguf/batch.py): concurrent
 requests share llama.cpp decode steps, each still gets the tokens it gets
-alone, a seeded request runs alone, and a caller who leaves frees its slot
-while the others go on. Functional checks over gRPC, not timings."""
+alone, seeded requests decode in lanes of their own beside the others and keep
+their text, and a caller who leaves frees its slot while the others go on.
+Functional checks over gRPC, not timings: progress is counted in tokens."""
 
 from __future__ import annotations
 
-import concurrent.futures
+import threading
 
 import grpc
 import pytest
@@ -72,30 +73,55 @@ def test_more_requests_than_slots_wait_for_one(engine):
     assert answers[0] == answers[8] == answers[16]  # the same prompt, the same tokens
 
 
+def seeded_request(model: str, text: str, tokens: int, seed: int):
+    return prompt_request(text, model=model, max_tokens=tokens, temperature=1.0, seed=seed,
+                          ignore_eos=True)
+
+
 def test_a_seeded_request_repeats_itself_beside_other_traffic(engine):
     model, stub, server = engine
-    seeded = prompt_request(PROMPTS[2], model=model, max_tokens=20, temperature=1.0, seed=11,
-                            ignore_eos=True)
+    seeded = seeded_request(model, PROMPTS[2], 60, seed=11)
     first = run(stub, seeded)[2]
-    busy = [greedy(model, text, 30) for text in PROMPTS[:5]]
-    answers, _ = together(stub, server, [*busy[:3], seeded, *busy[3:]])
+    busy = [greedy(model, text, 60) for text in PROMPTS[:5]]
+    with MaxRunningRows(server) as seen:
+        answers = concurrently(stub, [*busy[:3], seeded, *busy[3:]], 0.005, tokens=True)
     assert answers[3] == first
+    assert seen.lanes >= 2  # it ran in a lane of its own beside the shared batch
 
 
-def test_a_seeded_request_runs_alone(engine):
+def test_seeded_requests_side_by_side_each_keep_their_text(engine):
     model, stub, server = engine
-    seeded = prompt_request(PROMPTS[2], model=model, max_tokens=900, temperature=1.0, seed=11,
-                            ignore_eos=True)
-    stream = stub.Generate(seeded, timeout=60)
+    seeded = [seeded_request(model, text, 80, seed=20 + i) for i, text in enumerate(PROMPTS[:3])]
+    alone = [run(stub, r)[2] for r in seeded]
+    busy = [greedy(model, text, 80) for text in PROMPTS[3:7]]
+    mixed = [seeded[0], busy[0], seeded[1], busy[1], seeded[2], busy[2], busy[3]]
+    with MaxRunningRows(server) as seen:
+        answers = concurrently(stub, mixed, 0.005, tokens=True)
+    assert [answers[0], answers[2], answers[4]] == alone
+    assert seen.lanes >= 3  # the shared batch and at least two seeded lanes at once
+    assert [len(a[0]) for a in answers] == [80] * 7
+
+
+def test_a_short_request_beside_a_long_seeded_one_finishes_long_before_it(engine):
+    model, stub, server = engine
+    stream = stub.Generate(seeded_request(model, PROMPTS[2], 900, seed=11), timeout=60)
     next(stream)  # metadata
-    next(stream)  # its first token: it runs
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        others = [pool.submit(run, stub, greedy(model, text, 10)) for text in PROMPTS[:3]]
-        # Free slots, yet the three wait while the seeded request runs: one row.
-        reply = wait_until(lambda: (r := status(server)).queued_requests == 3 and r)
-        stream.cancel()
-        assert reply and reply.running_rows == 1
-        assert [len(f.result()[2][0]) for f in others] == [10, 10, 10]
+    received = [len(next(stream).choices[0].token_ids)]  # its first token: it runs
+
+    def read():
+        for response in stream:
+            received.extend(len(d.token_ids) for d in response.choices)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    short = run(stub, greedy(model, PROMPTS[0], 4))
+    seeded_so_far = sum(received)
+    reader.join()
+    assert len(short[2][0]) == 4
+    assert sum(received) == 900
+    # Admission went on: the short request was done before the seeded one was
+    # half way (while seeded requests ran alone, it waited for all 900 tokens).
+    assert seeded_so_far < 450
 
 
 def test_a_caller_who_leaves_frees_its_slot(engine):

@@ -174,6 +174,21 @@ def test_a_failed_gguf_decode_step_fails_the_batch_with_503_and_serving_goes_on(
     assert engine.proc.alive()
 
 
+def test_a_failed_gguf_seeded_lane_fails_its_request_alone(engine_with):
+    # A seeded request decodes in a lane of its own (engines/gguf/lanes.py):
+    # when that lane's step fails, the shared batch beside it goes on.
+    engine = engine_with("seeded:error:30", MILLM_MODEL=GGUF)
+    stub = engine.stub
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        unseeded = _when_running(pool, stub, prompt_request("Row", model=GGUF, **LONG))
+        seeded = _outcome(stub, prompt_request("Seeded", model=GGUF, seed=3, **LONG))
+        assert seeded[0] == (grpc.StatusCode.UNAVAILABLE, "engine_failure", "503")
+        assert unseeded.result()[0] == "ok"
+    again = _outcome(stub, prompt_request("Seeded", model=GGUF, seed=3, max_tokens=5))
+    assert again[0] == "ok" and len(again[1][0]) > 0
+    assert engine.proc.alive()
+
+
 def test_a_dead_model_thread_answers_everyone_turns_not_serving_and_exits(engine_with):
     engine = engine_with("turn:death:150")
     stub = engine.stub

@@ -8,7 +8,8 @@ joining a lane), `row` (one row taking its token), `admit` (a waiting part
 being set up to run), `turn` (the loop itself, outside every guard). Kinds:
 `oom` (torch's OutOfMemoryError, as a too-large batch raises on a GPU),
 `error` (a RuntimeError) and `death` (an exception no guard catches, as if the
-thread itself broke). The GGUF engine has `row`, `decode` and `turn`.
+thread itself broke). The GGUF engine has `row`, `decode` (its shared batch's
+step), `seeded` (a seeded lane's step) and `turn`.
 
 Unset, as in production, `hit` is one lookup in an empty dict.
 """
@@ -30,7 +31,7 @@ _KINDS = {
     "error": lambda point: RuntimeError(f"simulated failure at {point}"),
     "death": lambda point: SimulatedDeath(f"simulated thread death at {point}"),
 }
-POINTS = ("prefill", "decode", "merge", "row", "admit", "turn")
+POINTS = ("prefill", "decode", "merge", "row", "admit", "turn", "seeded")
 
 
 def _parse(spec: str) -> dict[str, list[tuple[int, str]]]:

@@ -7,165 +7,36 @@ its slot's sequence id; one llama_decode computes them all, and each row draws
 from its own logits (llama_sampler_sample at its batch index) with its own
 sampler chain and grammar mask. A row that finishes or whose caller left
 frees its slot at once, and the next waiting prompt takes it at the next step,
-as in llama.cpp's own server.
+as in llama.cpp's own server. (Slots, rows and the batch filling are
+engines/gguf/slots.py's.)
 
 A slot keeps the tokens its last sequence left in the cache: a new prompt
 takes the free slot sharing its longest prefix with it and evaluates only the
 rest (the prefix cache, reported as cached_tokens).
 
-A seeded request runs alone, from an empty slot: batch shapes change the last
-bits of llama.cpp's logits, so its text would otherwise depend on what runs
-beside it (what SEED_SCOPE_REQUEST promises it does not).
+A seeded group runs in a lane, a context of its own (engines/gguf/lanes.py),
+because what shares a context with a sequence moves the last bits of its
+logits. Each step decodes the shared batch, then every lane, one after the
+other on this thread: seeded rows advance beside the others, and admission
+goes on while they run. Seeded and unseeded rows together never outnumber
+the slots.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from service.engines import faults
+from service.engines.gguf.lanes import Lanes
+from service.engines.gguf.slots import Row, Slot, Slots, step_batch, take_token
+from service.engines.model_thread import out_of_memory
 from service.errors import batch_reset, internal_error
-from service.generation.job import (
-    ChoiceDelta,
-    FinishReason,
-    GenerationJob,
-    GroupDone,
-    StepOutput,
-)
-from service.requests.generation import PromptGroup
+from service.generation.job import ChoiceDelta, GenerationJob, GroupDone, StepOutput
 from service.text_output import ByteLevelDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Slot:
-    seq: int
-    tokens: list[int] = field(default_factory=list)  # what its KV cells hold, in order
-    row: Row | None = None
-    used: int = 0  # step of its last use, to evict the least recent
-
-
-@dataclass
-class Row:
-    """One prompt group (one choice: n = 1 on GGUF) while it runs."""
-
-    job: GenerationJob
-    group: PromptGroup
-    slot: Slot
-    sampler: object
-    mask: object  # GrammarMask or None
-    pending: list[int]  # tokens still to evaluate (prompt, then the last sampled one)
-    cached: int
-    detokenizer: ByteLevelDetokenizer
-    stopper: StopMatcher
-    generated: int = 0
-    batch_index: int = -1  # where its logits are in this step's batch; -1: none
-
-    @property
-    def need(self) -> int:
-        """Cells this row may still fill."""
-        return len(self.pending) + self.group.max_tokens - self.generated
-
-
-def common_prefix(a: list[int], b: tuple[int, ...], limit: int) -> int:
-    same = 0
-    while same < limit and a[same] == b[same]:
-        same += 1
-    return same
-
-
-class Slots:
-    """The sequences of the batch context, and which row runs in each."""
-
-    def __init__(self, count: int, cells: int):
-        self.slots = [Slot(i) for i in range(count)]
-        self.cells = cells
-        self.clock = 0
-
-    @property
-    def rows(self) -> list[Row]:
-        return [s.row for s in self.slots if s.row is not None]
-
-    def held(self) -> int:
-        return sum(len(s.tokens) for s in self.slots)
-
-    def idle_tokens(self) -> int:
-        return sum(len(s.tokens) for s in self.slots if s.row is None)
-
-    def pick(self, prompt: tuple[int, ...], fresh: bool) -> tuple[Slot, int] | None:
-        """The free slot to run `prompt` in, and the tokens it can keep (at
-        least one prompt token is evaluated again, so its logits are fresh);
-        None while every slot is busy."""
-        free = [s for s in self.slots if s.row is None]
-        if not free:
-            return None
-        if fresh:
-            return min(free, key=lambda s: s.used), 0
-        best = max(free, key=lambda s: (common_prefix(s.tokens, prompt, min(
-            len(s.tokens), len(prompt) - 1)), -s.used))
-        return best, common_prefix(best.tokens, prompt, min(len(best.tokens), len(prompt) - 1))
-
-    def fits(self, need: int, keep: Slot, same: int) -> bool:
-        """Whether a row keeping `same` cells of `keep` and filling `need` more
-        fits beside what every other slot holds and the running rows may
-        still write."""
-        held = sum(len(s.tokens) for s in self.slots if s is not keep) + same
-        growth = sum(s.row.need for s in self.slots if s.row is not None)
-        return held + growth + need <= self.cells
-
-
-def step_batch(rows: list[Row], capacity: int, batch) -> list[Row]:
-    """Fill `batch` (a llama_batch) with each row's next tokens, prompt chunks
-    cut to fit `capacity`; returns the rows whose logits this step produces."""
-    batch.n_tokens = 0
-    sampling = []
-    room = capacity
-    for row in rows:
-        if room == 0:
-            row.batch_index = -1
-            continue
-        chunk = row.pending[:room]
-        start = len(row.slot.tokens)
-        for offset, token in enumerate(chunk):
-            j = batch.n_tokens + offset
-            batch.token[j] = token
-            batch.pos[j] = start + offset
-            batch.n_seq_id[j] = 1
-            batch.seq_id[j][0] = row.slot.seq
-            batch.logits[j] = False
-        batch.n_tokens += len(chunk)
-        room -= len(chunk)
-        row.slot.tokens.extend(chunk)
-        del row.pending[:len(chunk)]
-        if row.pending:
-            row.batch_index = -1  # still reading its prompt
-        else:
-            row.batch_index = batch.n_tokens - 1
-            batch.logits[row.batch_index] = True
-            sampling.append(row)
-    return sampling
-
-
-def take_token(row: Row, token: int, eog: frozenset[int], ignore_eos: bool
-               ) -> tuple[ChoiceDelta, bool]:
-    """The sampled token's delta, and whether the row is done."""
-    row.generated += 1
-    index = row.group.first_index
-    if token in eog and not ignore_eos:
-        text, hit = row.stopper.push(row.detokenizer.flush())
-        text = text if hit else text + row.stopper.flush()
-        return ChoiceDelta(index, text, (token,), FinishReason.STOP), True
-    text, hit = row.stopper.push(row.detokenizer.push(token))
-    if hit:
-        return ChoiceDelta(index, text, (token,), FinishReason.STOP), True
-    if row.generated >= row.group.max_tokens:
-        tail, hit = row.stopper.push(row.detokenizer.flush())
-        text += tail if hit else tail + row.stopper.flush()
-        return ChoiceDelta(index, text, (token,), FinishReason.LENGTH), True
-    row.pending.append(token)
-    return ChoiceDelta(index, text, (token,)), False
 
 
 @dataclass
@@ -175,29 +46,45 @@ class Waiting:
 
 
 class Runner:
-    """The GGUF model thread's generation work: admission into slots, one
-    batched decode per step, sampling, and the events each job gets.
+    """The GGUF model thread's generation work: admission into slots and
+    lanes, one decode per step for the shared batch and one per lane,
+    sampling, and the events each job gets.
 
     `new_row_tools(spec, seed)` gives a row its (sampler chain, grammar mask);
-    `counts` is the engine's counters (taken under its lock); a job whose
-    reader leaves its events untaken for `stall_s` is abandoned."""
+    `lanes` opens and keeps the seeded lanes; `counts` is the engine's
+    counters (taken under its lock); a job whose reader leaves its events
+    untaken for `stall_s` is abandoned."""
 
-    def __init__(self, ctx, batch, n_batch: int, slots: Slots, eog: frozenset[int],
-                 new_row_tools, token_bytes: list[bytes], counts, stall_s: float = 30.0):
+    def __init__(self, ctx, batch, n_batch: int, slots: Slots, lanes: Lanes,
+                 eog: frozenset[int], new_row_tools, token_bytes: list[bytes], counts,
+                 stall_s: float = 30.0):
         self.ctx, self.batch, self.n_batch, self.stall_s = ctx, batch, n_batch, stall_s
-        self.slots, self.eog, self.new_row_tools = slots, eog, new_row_tools
+        self.slots, self.lanes, self.eog, self.new_row_tools = slots, lanes, eog, new_row_tools
         self.token_bytes, self.counts = token_bytes, counts
         self.waiting: collections.deque[Waiting] = collections.deque()
         self.groups_left: dict[int, int] = {}  # id(job) -> groups not yet done, once admitted
 
+    @property
+    def rows(self) -> list[Row]:
+        """Every running row: the shared context's, then the lanes'."""
+        return [*self.slots.rows, *self.lanes.rows]
+
     # -- memory -------------------------------------------------------------------------
 
     def forget(self, slot: Slot, keep: int) -> None:
-        """Drop the cells of `slot` from position `keep` on."""
+        """Drop the cells of `slot` (a shared one) from position `keep` on."""
         from llama_cpp import llama_cpp as lib
 
         lib.llama_memory_seq_rm(self.ctx.memory, slot.seq, keep, -1)
         del slot.tokens[keep:]
+
+    def leave(self, row: Row, keep_cells: bool) -> None:
+        """The row leaves its slot; a shared slot's cells stay (a prefix a later
+        prompt may reuse) only when `keep_cells`. A lane is emptied before its
+        next use anyway."""
+        row.slot.row = None
+        if not keep_cells and not self.lanes.owns(row.slot):
+            self.forget(row.slot, 0)
 
     def clear_idle(self) -> int:
         freed = 0
@@ -225,31 +112,36 @@ class Runner:
             self.waiting.remove(waiting)
             self.counts("waiting", -1)
             self._end(waiting.job, "cancelled")
-        for row in self.slots.rows:
+        for row in self.rows:
             if row.job.cancelled.is_set():
-                row.slot.row = None  # its cells stay: a prefix a later prompt may reuse
+                self.leave(row, keep_cells=True)
                 self._end(row.job, "cancelled")
 
     def admit(self) -> None:
-        while self.waiting:
+        """Start waiting groups, oldest first, while the rows are fewer than
+        the slots: a seeded group in a lane of its own, any other in the
+        shared slot holding the longest prefix of its prompt, once the cells
+        it needs fit."""
+        self.lanes.release_free()
+        while self.waiting and len(self.rows) < len(self.slots.slots):
             waiting = self.waiting[0]
             job, group = waiting.job, waiting.groups[0]
-            running = self.slots.rows
             seeded = job.spec.seed is not None
-            if any(r.job.spec.seed is not None for r in running) or (seeded and running):
-                return  # a seeded group runs alone
-            picked = self.slots.pick(group.prompt_ids, fresh=seeded)
-            if picked is None:
-                return
-            slot, same = picked
-            need = len(group.prompt_ids) - same + group.max_tokens
-            if not self.slots.fits(need, slot, same):
-                for other in self.slots.slots:  # idle prefixes give their cells back
-                    if other.row is None and other is not slot and other.tokens:
-                        self.forget(other, 0)
-                if not self.slots.fits(need, slot, same) and running:
-                    return  # waits for running rows to leave
-            self.forget(slot, same)
+            slot, same = None, 0
+            if not seeded:
+                picked = self.slots.pick(group.prompt_ids)
+                if picked is None:
+                    return
+                slot, same = picked
+                need = len(group.prompt_ids) - same + group.max_tokens
+                running = self.slots.rows
+                if not self.slots.fits(need, slot, same):
+                    for other in self.slots.slots:  # idle prefixes give their cells back
+                        if other.row is None and other is not slot and other.tokens:
+                            self.forget(other, 0)
+                    if not self.slots.fits(need, slot, same) and running:
+                        return  # waits for running rows to leave
+                self.forget(slot, same)
             waiting.groups.popleft()
             if not waiting.groups:
                 self.waiting.popleft()
@@ -257,33 +149,48 @@ class Runner:
             if id(job) not in self.groups_left:
                 self.groups_left[id(job)] = len(job.spec.groups)
                 self.counts("running", 1)
-            self.counts("cache_hits", same)
             try:
                 sampler, mask = self.new_row_tools(job.spec, group.row_seeds[0] & 0xFFFFFFFF)
             except Exception:
                 log.exception("a row could not be set up; its request fails alone")
                 self.fail_job(job, internal_error())
                 continue
+            if seeded:
+                try:
+                    slot = self.lanes.take().slot
+                except Exception:
+                    log.exception("a seeded lane could not be opened; its request fails alone")
+                    self.fail_job(job, out_of_memory())
+                    continue
+            self.counts("cache_hits", same)
             self.slots.clock += 1
             slot.used = self.slots.clock
             slot.row = Row(job, group, slot, sampler, mask, list(group.prompt_ids[same:]), same,
                            ByteLevelDetokenizer(self.token_bytes), StopMatcher(job.spec.stop))
-            if seeded:
-                return
 
     # -- one step -----------------------------------------------------------------------
 
     def step(self) -> None:
-        rows = sorted(self.slots.rows, key=lambda r: len(r.pending) > 1)  # decoding first
-        sampling = step_batch(rows, self.n_batch, self.batch.batch)
-        if self.batch.batch.n_tokens == 0:
+        """One decode of the shared batch, then one of each lane."""
+        shared = sorted(self.slots.rows, key=lambda r: len(r.pending) > 1)  # decoding first
+        if shared:
+            self._decode(self.ctx, self.batch, self.n_batch, shared, "decode")
+        for lane in self.lanes.running():
+            if lane.row is not None:  # (its request may have failed in this step)
+                self._decode(lane.ctx, lane.batch, lane.n_batch, [lane.row], "seeded")
+
+    def _decode(self, ctx, batch, n_batch: int, rows: list[Row], point: str) -> None:
+        """One llama_decode of `rows` (all in `ctx`), then their tokens;
+        `point` names it for engines/faults.py."""
+        sampling = step_batch(rows, n_batch, batch.batch)
+        if batch.batch.n_tokens == 0:
             return
         try:
-            faults.hit("decode")
-            self.ctx.decode(self.batch)
+            faults.hit(point)
+            ctx.decode(batch)
         except Exception:
             log.exception("llama_decode failed; failing the batch's requests")
-            self.fail_running(batch_reset())
+            self.fail_rows(rows, batch_reset())
             return
         per_job: dict[int, tuple[GenerationJob, list[ChoiceDelta]]] = {}
         finished: list[Row] = []
@@ -293,7 +200,7 @@ class Runner:
                 continue
             try:
                 faults.hit("row")
-                delta, done = self._take(row)
+                delta, done = self._take(ctx, row)
             except Exception:
                 log.exception("a row failed to take its token; its request fails alone")
                 failed[id(row.job)] = row.job
@@ -313,7 +220,7 @@ class Runner:
         for row in finished:
             if id(row.job) in failed:
                 continue
-            row.slot.row = None
+            self.leave(row, keep_cells=True)
             row.job.post(GroupDone(row.generated, row.cached))
             key = id(row.job)
             if key in self.groups_left:
@@ -321,11 +228,11 @@ class Runner:
                 if self.groups_left[key] == 0:
                     self._end(row.job, "done")
 
-    def _take(self, row: Row) -> tuple[ChoiceDelta, bool]:
+    def _take(self, ctx, row: Row) -> tuple[ChoiceDelta, bool]:
         """Sample the row's token (under its grammar mask) and take it."""
         if row.mask is not None:
-            row.mask.apply(self.ctx, row.batch_index)
-        token = row.sampler.sample(self.ctx, row.batch_index)
+            row.mask.apply(ctx, row.batch_index)
+        token = row.sampler.sample(ctx, row.batch_index)
         if row.mask is not None and not row.mask.accept(token):
             # The mask allowed only tokens the grammar accepts; the document
             # check after the choice ends refuses the output.
@@ -336,23 +243,23 @@ class Runner:
         """One request fails alone: its rows leave their slots (emptied: a row
         may have failed halfway through its step) and its waiting groups go."""
         job.fail_from_thread(error)
-        for row in self.slots.rows:
+        for row in self.rows:
             if row.job is job:
-                row.slot.row = None
-                self.forget(row.slot, 0)
+                self.leave(row, keep_cells=False)
         for waiting in [w for w in self.waiting if w.job is job]:
             self.waiting.remove(waiting)
             self.counts("waiting", -1)
         self._end(job, "failed")
 
+    def fail_rows(self, rows: list[Row], error) -> None:
+        """Fail the requests of these rows (a batch whose decode failed: their
+        cells may hold half a step)."""
+        for job in {id(r.job): r.job for r in rows}.values():
+            self.fail_job(job, error)
+
     def fail_running(self, error) -> None:
-        """Fail every running row's request and empty its slot (its cells may
-        hold half a step)."""
-        for row in self.slots.rows:
-            row.job.fail_from_thread(error)
-            row.slot.row = None
-            self.forget(row.slot, 0)
-            self._end(row.job, "failed")
+        """Fail every running row's request and empty its slot."""
+        self.fail_rows(self.rows, error)
 
     def fail_all(self, error) -> None:
         """The thread cannot go on: fail what runs and what waits."""
@@ -365,5 +272,5 @@ class Runner:
     def stop(self) -> None:
         for waiting in self.waiting:
             waiting.job.cancelled.set()
-        for row in self.slots.rows:
+        for row in self.rows:
             row.job.cancelled.set()

@@ -7,9 +7,11 @@ contexts (they are not thread-safe). Generation is continuously batched over
 the next step, a finished one or one whose caller left frees its slot at
 once, and a prompt that starts like one a slot still holds (a system prompt,
 a chat's earlier turns) evaluates only the rest, reported as
-usage.prompt_tokens_details.cached_tokens. Scoring and embeddings read through
-contexts of their own (engines/gguf/reading.py); the sampler chain is built by
-engines/gguf/sampling.py.
+usage.prompt_tokens_details.cached_tokens. A seeded request's rows decode in
+lanes, contexts of their own (engines/gguf/lanes.py), between the shared
+batch's steps: a seed keeps its text without holding anyone back. Scoring and
+embeddings read through contexts of their own (engines/gguf/reading.py); the
+sampler chain is built by engines/gguf/sampling.py.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import threading
 from service.chat_template import CHATML, render_folding_system
 from service.engines import faults
 from service.engines.base import Engine, EngineStatus, LoadedModel
-from service.engines.gguf.batch import Runner, Slots
+from service.engines.gguf.batch import Runner
 from service.engines.gguf.constraint import GrammarMask
+from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
+from service.engines.gguf.slots import Slots
 from service.engines.model_thread import ModelCall, answer_unrun, report_death, run_one_chunk
 from service.engines.scores import TokenTable, score_logits
 from service.errors import batch_reset, invalid_parameter, queue_full, thread_died
@@ -163,7 +167,8 @@ class GgufEngine(Engine):
         params.n_seq_max, params.kv_unified = self.slots, True
         self._ctx = LlamaContext(model=self.llm._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
-        self._runner = Runner(self._ctx, self._batch, n_batch, Slots(self.slots, cells),
+        lanes = Lanes(lane_opener(self.llm._model, self.llm.context_params, window))
+        self._runner = Runner(self._ctx, self._batch, n_batch, Slots(self.slots, cells), lanes,
                               self._eog, self._row_tools, self._token_bytes, self._count,
                               self.stall_s)
 
@@ -272,7 +277,7 @@ class GgufEngine(Engine):
             faults.hit("turn")
             try:
                 runner.admit()
-                if runner.slots.rows:
+                if runner.rows:
                     runner.step()
             except Exception:
                 log.exception("GGUF model thread: a turn failed in shared batch state; "
@@ -282,7 +287,7 @@ class GgufEngine(Engine):
     def _take_inbox(self, runner: Runner) -> bool:
         """Queue the reads and jobs the inbox holds, waiting for one while there
         is nothing to do; False once shutdown is asked."""
-        idle = not runner.waiting and not runner.slots.rows and not self._reads
+        idle = not runner.waiting and not runner.rows and not self._reads
         try:
             item = self._inbox.get(block=idle)
             while item is not None:
@@ -341,8 +346,10 @@ class GgufEngine(Engine):
 
     def status(self) -> EngineStatus:
         with self._lock:
-            slots = self._runner.slots if self._runner is not None else None
-            rows = len(slots.rows) if slots is not None else 0
+            runner = self._runner
+            slots = runner.slots if runner is not None else None
+            shared = len(slots.rows) if slots is not None else 0
+            lanes = len(runner.lanes.running()) if runner is not None else 0
             return EngineStatus(
                 backend="gguf/continuous-batching",
                 active_generations=self._running,
@@ -351,11 +358,11 @@ class GgufEngine(Engine):
                 completed_generations_total=self._completed,
                 cancelled_generations_total=self._cancelled,
                 failed_generations_total=self._failed,
-                running_rows=rows,
-                lanes=1 if rows else 0,
+                running_rows=shared + lanes,
+                lanes=(1 if shared else 0) + lanes,
                 max_batch=self.slots,
                 max_queued=self.max_queued,
-                kv_tokens_in_use=slots.held() if slots is not None else 0,
+                kv_tokens_in_use=slots.held() + runner.lanes.held() if slots is not None else 0,
                 prefix_cache_tokens=slots.idle_tokens() if slots is not None else 0,
                 prefix_cache_hit_tokens_total=self._cache_hits,
             )
@@ -367,6 +374,8 @@ class GgufEngine(Engine):
             self._thread.join(timeout=10)
         if self._readers is not None:
             self._readers.close()
+        if self._runner is not None:
+            self._runner.lanes.close()
         for native in (self._batch, self._ctx, self.llm):
             if native is not None:
                 native.close()

@@ -1,0 +1,146 @@
+"""The GGUF engine's rows and the sequences (slots) they run in.
+
+A slot is one llama.cpp sequence and the tokens its KV cells hold, in order;
+a row is one prompt group while it runs in a slot. `Slots` are the shared
+context's sequences: which row runs in each, which free one a new prompt
+takes (the one holding the longest prefix of it: the prefix cache), and
+whether the cells the rows may still write fit the context. step_batch fills
+a llama_batch with rows' next tokens; take_token turns a sampled token into
+the row's text delta. The runner (engines/gguf/batch.py) uses them for the
+shared context and for the seeded lanes (engines/gguf/lanes.py) alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
+from service.requests.generation import PromptGroup
+from service.text_output import ByteLevelDetokenizer, StopMatcher
+
+
+@dataclass
+class Slot:
+    seq: int
+    tokens: list[int] = field(default_factory=list)  # what its KV cells hold, in order
+    row: Row | None = None
+    used: int = 0  # step of its last use, to evict the least recent
+
+
+@dataclass
+class Row:
+    """One prompt group (one choice: n = 1 on GGUF) while it runs."""
+
+    job: GenerationJob
+    group: PromptGroup
+    slot: Slot
+    sampler: object
+    mask: object  # GrammarMask or None
+    pending: list[int]  # tokens still to evaluate (prompt, then the last sampled one)
+    cached: int
+    detokenizer: ByteLevelDetokenizer
+    stopper: StopMatcher
+    generated: int = 0
+    batch_index: int = -1  # where its logits are in this step's batch; -1: none
+
+    @property
+    def need(self) -> int:
+        """Cells this row may still fill."""
+        return len(self.pending) + self.group.max_tokens - self.generated
+
+
+def common_prefix(a: list[int], b: tuple[int, ...], limit: int) -> int:
+    same = 0
+    while same < limit and a[same] == b[same]:
+        same += 1
+    return same
+
+
+class Slots:
+    """The sequences of the batch context, and which row runs in each."""
+
+    def __init__(self, count: int, cells: int):
+        self.slots = [Slot(i) for i in range(count)]
+        self.cells = cells
+        self.clock = 0
+
+    @property
+    def rows(self) -> list[Row]:
+        return [s.row for s in self.slots if s.row is not None]
+
+    def held(self) -> int:
+        return sum(len(s.tokens) for s in self.slots)
+
+    def idle_tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.slots if s.row is None)
+
+    def pick(self, prompt: tuple[int, ...]) -> tuple[Slot, int] | None:
+        """The free slot to run `prompt` in, and the tokens it can keep (at
+        least one prompt token is evaluated again, so its logits are fresh);
+        None while every slot is busy."""
+        free = [s for s in self.slots if s.row is None]
+        if not free:
+            return None
+        best = max(free, key=lambda s: (common_prefix(s.tokens, prompt, min(
+            len(s.tokens), len(prompt) - 1)), -s.used))
+        return best, common_prefix(best.tokens, prompt, min(len(best.tokens), len(prompt) - 1))
+
+    def fits(self, need: int, keep: Slot, same: int) -> bool:
+        """Whether a row keeping `same` cells of `keep` and filling `need` more
+        fits beside what every other slot holds and the running rows may
+        still write."""
+        held = sum(len(s.tokens) for s in self.slots if s is not keep) + same
+        growth = sum(s.row.need for s in self.slots if s.row is not None)
+        return held + growth + need <= self.cells
+
+
+def step_batch(rows: list[Row], capacity: int, batch) -> list[Row]:
+    """Fill `batch` (a llama_batch) with each row's next tokens, prompt chunks
+    cut to fit `capacity`; returns the rows whose logits this step produces."""
+    batch.n_tokens = 0
+    sampling = []
+    room = capacity
+    for row in rows:
+        if room == 0:
+            row.batch_index = -1
+            continue
+        chunk = row.pending[:room]
+        start = len(row.slot.tokens)
+        for offset, token in enumerate(chunk):
+            j = batch.n_tokens + offset
+            batch.token[j] = token
+            batch.pos[j] = start + offset
+            batch.n_seq_id[j] = 1
+            batch.seq_id[j][0] = row.slot.seq
+            batch.logits[j] = False
+        batch.n_tokens += len(chunk)
+        room -= len(chunk)
+        row.slot.tokens.extend(chunk)
+        del row.pending[:len(chunk)]
+        if row.pending:
+            row.batch_index = -1  # still reading its prompt
+        else:
+            row.batch_index = batch.n_tokens - 1
+            batch.logits[row.batch_index] = True
+            sampling.append(row)
+    return sampling
+
+
+def take_token(row: Row, token: int, eog: frozenset[int], ignore_eos: bool
+               ) -> tuple[ChoiceDelta, bool]:
+    """The sampled token's delta, and whether the row is done."""
+    row.generated += 1
+    index = row.group.first_index
+    if token in eog and not ignore_eos:
+        text, hit = row.stopper.push(row.detokenizer.flush())
+        text = text if hit else text + row.stopper.flush()
+        return ChoiceDelta(index, text, (token,), FinishReason.STOP), True
+    text, hit = row.stopper.push(row.detokenizer.push(token))
+    if hit:
+        return ChoiceDelta(index, text, (token,), FinishReason.STOP), True
+    if row.generated >= row.group.max_tokens:
+        tail, hit = row.stopper.push(row.detokenizer.flush())
+        text += tail if hit else tail + row.stopper.flush()
+        return ChoiceDelta(index, text, (token,), FinishReason.LENGTH), True
+    row.pending.append(token)
+    return ChoiceDelta(index, text, (token,)), False
