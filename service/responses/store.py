@@ -15,6 +15,10 @@ past `max_count` responses the oldest are removed, both checked whenever one
 is saved. Ownership: `owner` is the name of the API key that saved it; a
 reader passes its own key name, or None for an admin (or an engine without
 keys), which sees every response.
+
+An id holding NUL is never stored (stored text cannot hold one: see
+service/state/database.py), so a lookup of one finds nothing without asking
+the database, which on PostgreSQL could not even compare with it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from service.state.migrations import migrate
 
 # LIMIT needs a number on PostgreSQL (SQLite's -1 is not one): "all the rest".
 _ALL = 1 << 62
+
+
+def _unstorable(text: str) -> bool:
+    return "\x00" in text
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,8 @@ class ResponseStore:
 
     def exists(self, response_id: str) -> bool:
         """Whether the id is taken, by any owner (expired rows included)."""
+        if _unstorable(response_id):
+            return False
         return self.db.read(lambda tx: tx.one("SELECT 1 FROM responses WHERE id = ?",
                                               (response_id,))) is not None
 
@@ -105,6 +115,8 @@ class ResponseStore:
     def get(self, response_id: str, owner: str | None) -> Stored | None:
         """The response if `owner` may see it (None: any owner) and it has not
         expired; else None, whether it is missing or someone else's."""
+        if _unstorable(response_id):
+            return None
         row = self.db.read(lambda tx: tx.one(
             "SELECT owner, document FROM responses WHERE id = ? AND stored_at >= ?",
             (response_id, self._oldest_kept())))
@@ -114,11 +126,16 @@ class ResponseStore:
 
     def items(self, response_id: str) -> list[tuple[str, str]]:
         """(item id, document) of a response's input items, oldest first."""
+        if _unstorable(response_id):
+            return []
         return [tuple(r) for r in self.db.read(lambda tx: tx.rows(
             "SELECT item_id, document FROM response_input_items WHERE response_id = ? "
             "ORDER BY position", (response_id,)))]
 
     def delete(self, response_id: str, owner: str | None) -> bool:
+        if _unstorable(response_id):
+            return False
+
         def work(tx: Tx) -> bool:
             row = tx.one("SELECT owner FROM responses WHERE id = ? AND stored_at >= ?",
                          (response_id, self._oldest_kept()))

@@ -13,9 +13,17 @@ that both accept, so the same code runs on either:
   SQLite's `INSERT OR REPLACE`; `RETURNING` works on both.
 
 Every call is synchronous and meant to run off the event loop
-(asyncio.to_thread). A transaction is all or nothing; any database error
-(disk full, connection lost) rolls it back and becomes the EngineError
-state_store_unavailable (503), and the next call works once the database does.
+(asyncio.to_thread). A transaction is all or nothing; a database error rolls
+it back and becomes an EngineError by its DB-API class (`store_error`, the
+same table for both drivers): the database failing (disk full, connection
+lost, a timeout) is state_store_unavailable (503), and the next call works
+once the database does; a value the database refuses (DataError,
+IntegrityError) is the caller's 400; a statement the database cannot run is
+the engine's own fault, internal_error (500), never "retry later".
+
+Text the state database stores holds no NUL character: PostgreSQL's text
+cannot, so SQLite's may not either, and the engine refuses one where it
+validates the field (`check_storable`), naming it, on both databases alike.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from service.errors import EngineError, store_unavailable
+from service.errors import EngineError, internal_error, invalid_parameter, store_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,29 @@ T = TypeVar("T")
 
 # The channel a steering write announces its new version on (PostgreSQL).
 STATE_CHANNEL = "millm_state"
+
+
+def check_storable(value: str, param: str, error=invalid_parameter) -> str:
+    """A text field the state database will store: refused (400 naming it) if
+    it holds NUL, which PostgreSQL's text cannot hold."""
+    if "\x00" in value:
+        raise error(param, f"'{param}' holds a NUL character (U+0000), which stored text "
+                    "cannot hold.")
+    return value
+
+
+def store_error(exc: BaseException, api) -> EngineError:
+    """A driver's error (`api` is its DB-API module: sqlite3 or psycopg) as
+    the engine answers it; see the module docstring. Only the class is told:
+    a driver's text can quote file paths or stored values."""
+    name = type(exc).__name__
+    if isinstance(exc, (api.DataError, api.IntegrityError)):
+        return EngineError("invalid_parameter", f"The state database refused a value of this "
+                           f"request ({name}); nothing was changed.")
+    if isinstance(exc, (api.ProgrammingError, api.NotSupportedError)):
+        log.error("the state database refused a statement: %r", exc)
+        return internal_error()
+    return store_unavailable(exc)
 
 
 class Tx:
@@ -139,7 +170,7 @@ class SqliteDatabase(Database):
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 if isinstance(exc, sqlite3.Error):
-                    raise store_unavailable(exc) from exc
+                    raise store_error(exc, sqlite3) from exc
                 raise
             return result
 
@@ -148,7 +179,7 @@ class SqliteDatabase(Database):
             try:
                 return work(_SqliteTx(self._conn))
             except sqlite3.Error as exc:
-                raise store_unavailable(exc) from exc
+                raise store_error(exc, sqlite3) from exc
 
     def close(self) -> None:
         self._conn.close()

@@ -13,6 +13,13 @@ holds the cluster-wide write lock while a management write runs, and one in
 the listener's thread. Each is reopened on its next use after the server went
 away; until then every call answers state_store_unavailable. TCP keepalives
 and a statement timeout bound how long a call can hang on a dead server.
+Errors are classed as on SQLite (database.store_error): only the server or
+the connection failing is 503; a value PostgreSQL refuses is a 400.
+
+The write lock is a session advisory lock, held across the transactions of
+one management write (catch up, then write). Whoever takes it must release
+it whatever happens to its caller: replication.WriteGate sees to that, since
+a lock left held stalls every replica's writes until this connection drops.
 """
 
 from __future__ import annotations
@@ -23,8 +30,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from service.errors import store_unavailable
-from service.state.database import STATE_CHANNEL, Database, Tx
+from service.state.database import STATE_CHANNEL, Database, Tx, store_error
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +116,7 @@ class PostgresDatabase(Database):
                         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
                     return work(_PgTx(conn))
             except psycopg.Error as exc:
-                raise store_unavailable(exc) from exc
+                raise store_error(exc, psycopg) from exc
 
     def transaction(self, work, *, migration_lock=False):
         return self._run(work, migration_lock=migration_lock)
@@ -124,7 +130,7 @@ class PostgresDatabase(Database):
                 self._writer.get().execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK,))
                 self._holding = True
             except psycopg.Error as exc:
-                raise store_unavailable(exc) from exc
+                raise store_error(exc, psycopg) from exc
 
     def unlock_writes(self) -> None:
         with self._writer.lock:

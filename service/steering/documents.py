@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from service.errors import EngineError
+from service.state.database import check_storable
 from service.steering.intensity import ENVELOPE, MAX_STRENGTH
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -179,7 +180,7 @@ class Circuit:
         return doc
 
 
-def _common(doc, fmt: str, extra: tuple[str, ...]) -> None:
+def _common(doc, fmt: str, extra: tuple[str, ...], stored: bool) -> None:
     if not isinstance(doc, dict):
         raise invalid_document("", "The document must be a JSON object.")
     _only(doc, "", ("format", "name", "description", "members", "intensity_range", "intensity",
@@ -188,6 +189,8 @@ def _common(doc, fmt: str, extra: tuple[str, ...]) -> None:
         raise invalid_document("format", f"'format' must be {fmt!r}; got {doc['format']!r}.")
     if not isinstance(doc.get("description", ""), str):
         raise invalid_document("description", "'description' must be a string.")
+    if not stored:  # the profile made from it stores it as text
+        check_storable(doc.get("description", ""), "description", invalid_document)
 
 
 def _declared_max(declared, default_max: float) -> float:
@@ -204,7 +207,7 @@ def _dial(doc, high: float, stored: bool) -> float:
 
 
 def parse_cluster(doc, cluster_max: float, stored: bool = False) -> Cluster:
-    _common(doc, CLUSTER_FORMAT, ())
+    _common(doc, CLUSTER_FORMAT, (), stored)
     declared = parse_range(doc.get("intensity_range"))
     high = _declared_max(declared, cluster_max)
     return Cluster(
@@ -217,7 +220,7 @@ def parse_cluster(doc, cluster_max: float, stored: bool = False) -> Cluster:
 
 
 def parse_circuit(doc, circuit_max: float, stored: bool = False) -> Circuit:
-    _common(doc, CIRCUIT_FORMAT, ("rung", "mode", "fallback_cluster", "edges"))
+    _common(doc, CIRCUIT_FORMAT, ("rung", "mode", "fallback_cluster", "edges"), stored)
     rung = doc.get("rung")
     if isinstance(rung, bool) or rung not in RUNG_LANGUAGE:
         raise invalid_document("rung", "'rung' must be 0, 1, 2 or 3 (the evidence ladder).")

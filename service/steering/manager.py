@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from service.errors import EngineError
 from service.steering import documents, intensity
+from service.steering.completion import completes
 from service.steering.documents import Circuit, Cluster, SteeringEntry
 from service.steering.profiles import ProfileWrites
 from service.steering.records import (
@@ -204,6 +205,7 @@ class SteeringManager(ProfileWrites):
         if base is not None:
             self._plan(base.entries, 1.0, "steering")
 
+    @completes
     async def attach(self, sae_id: str) -> Live:
         async with self._lock:
             info = self._info(sae_id)
@@ -218,6 +220,7 @@ class SteeringManager(ProfileWrites):
                 self.attached_ids.append(sae_id)
             return self.default_live()
 
+    @completes
     async def detach(self, sae_id: str) -> Live:
         async with self._lock:
             if sae_id not in self.attached:
@@ -362,6 +365,7 @@ class SteeringManager(ProfileWrites):
                                       f"{e.layer}; the model has layers 0-{self._model[1] - 1}.",
                                       where)
 
+    @completes
     async def set_steering(self, values: tuple[SteeringEntry, ...] | None,
                            enabled: bool | None) -> Live:
         async with self._lock:

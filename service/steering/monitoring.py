@@ -25,6 +25,7 @@ import torch
 
 from service.errors import EngineError, invalid_parameter
 from service.steering import probes as probe_rules
+from service.steering.completion import completes
 from service.steering.manager import SteeringManager
 from service.steering.probes import (
     FeatureTally,
@@ -115,6 +116,7 @@ class MonitoringManager:
     def list_probes(self) -> tuple[ProbeStatus, ...]:
         return tuple(self._status(p) for _, p in sorted(self.probes.items()))
 
+    @completes
     async def create_probe(self, name: str, description: str, sae_id: str, layer: int | None,
                            features: list[tuple[int, float]] | None, feature: int | None,
                            threshold: float | None) -> ProbeStatus:
@@ -135,6 +137,7 @@ class MonitoringManager:
             self.probes = {**self.probes, name: probe}
             return self._status(probe)
 
+    @completes
     async def delete_probe(self, name: str) -> None:
         async with self.steering.write_lock:
             if name not in self.probes:
@@ -144,6 +147,7 @@ class MonitoringManager:
 
     # -- the switch ------------------------------------------------------------------------
 
+    @completes
     async def set_enabled(self, model: str, enabled: bool) -> None:
         async with self.steering.write_lock:
             wanted = {**self.enabled, model: enabled}

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from service.errors import EngineError, invalid_parameter
+from service.state.database import check_storable
 from service.steering import documents
 from service.steering.sae import SaeInfo, SaeWeights
 
@@ -64,6 +65,7 @@ def check_probe(name: str, description: str, info: SaeInfo, layer: int | None,
                 threshold: float | None, created: int) -> Probe:
     """A probe as sent, checked against the SAE it names; 400 naming the field."""
     documents.parse_name(name)
+    check_storable(description, "description")
     if len(description) > MAX_DESCRIPTION:
         raise invalid_parameter("description", f"'description' is at most {MAX_DESCRIPTION} "
                                 "characters.")

@@ -20,7 +20,9 @@ import time
 from dataclasses import replace
 
 from service.errors import EngineError
+from service.state.database import check_storable
 from service.steering import documents, intensity
+from service.steering.completion import completes
 from service.steering.documents import Circuit, Cluster, SteeringEntry
 from service.steering.records import (
     CIRCUIT,
@@ -50,10 +52,12 @@ class ProfileWrites:
             return Live(False, f"profile '{name}' is not active")
         return self.default_live()
 
+    @completes
     async def create_profile(self, name: str, description: str,
                              entries: tuple[SteeringEntry, ...]) -> tuple[Profile, Live]:
         async with self._lock:
             documents.parse_name(name)
+            check_storable(description, "description")
             if name in self.profiles:
                 raise EngineError("already_exists", f"A profile named '{name}' exists.", "name")
             self._check_entries(entries, "entries")
@@ -63,10 +67,13 @@ class ProfileWrites:
             self.profiles[name] = profile
             return profile, self._profile_live(name)
 
+    @completes
     async def update_profile(self, name: str, description: str | None,
                              entries: tuple[SteeringEntry, ...] | None) -> tuple[Profile, Live]:
         async with self._lock:
             profile = self.get_profile(name)
+            if description is not None:
+                check_storable(description, "description")
             if entries is not None:
                 if profile.kind != FEATURES:
                     raise EngineError("invalid_parameter", f"Profile '{name}' is backed by "
@@ -80,6 +87,7 @@ class ProfileWrites:
             self.profiles[name] = profile
             return profile, self._profile_live(name)
 
+    @completes
     async def delete_profile(self, name: str) -> None:
         async with self._lock:
             profile = self.get_profile(name)
@@ -100,6 +108,7 @@ class ProfileWrites:
         if deactivate:
             self.active = ""
 
+    @completes
     async def activate_profile(self, name: str | None) -> Live:
         """Make `name` the default steering base; None deactivates."""
         async with self._lock:
@@ -158,11 +167,13 @@ class ProfileWrites:
         held[item.name] = item
         return item
 
+    @completes
     async def import_cluster(self, document) -> tuple[Cluster, Live]:
         async with self._lock:
             cluster = documents.parse_cluster(document, self.limits.cluster_max)
             return cluster, await self._add_imported(CLUSTER, cluster, self.clusters)
 
+    @completes
     async def set_cluster_intensity(self, name: str, level: float) -> tuple[Cluster, Live]:
         async with self._lock:
             cluster = self.get_cluster(name)
@@ -170,6 +181,7 @@ class ProfileWrites:
             cluster = await self._store_dial(CLUSTER, cluster, high, level, self.clusters)
             return cluster, self._written_live(self._backs_default(name), f"cluster '{name}'")
 
+    @completes
     async def delete_cluster(self, name: str) -> None:
         async with self._lock:
             self.get_cluster(name)
@@ -190,6 +202,7 @@ class ProfileWrites:
             raise not_found("circuit_not_found", "circuit", name)
         return circuit
 
+    @completes
     async def import_circuit(self, document) -> tuple[Circuit, Live]:
         async with self._lock:
             circuit = documents.parse_circuit(document, self.limits.circuit_max)
@@ -199,6 +212,7 @@ class ProfileWrites:
                                                  f"'{circuit.fallback_cluster}' to fall back to.")
             return circuit, await self._add_imported(CIRCUIT, circuit, self.circuits)
 
+    @completes
     async def set_circuit_intensity(self, name: str, level: float) -> tuple[Circuit, Live]:
         async with self._lock:
             circuit = self.get_circuit(name)
@@ -210,6 +224,7 @@ class ProfileWrites:
                                      "applies")
             return circuit, self._written_live(self.active == name, f"circuit '{name}'")
 
+    @completes
     async def delete_circuit(self, name: str) -> None:
         async with self._lock:
             self.get_circuit(name)
@@ -218,6 +233,7 @@ class ProfileWrites:
                 SteeringStore.delete_document_sql("circuits", name))
             del self.circuits[name]
 
+    @completes
     async def activate_circuit(self, name: str | None) -> Live:
         """Activate a circuit's profile; None deactivates the active circuit,
         never another kind of active profile."""

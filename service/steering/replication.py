@@ -15,7 +15,9 @@ How:
   database's write lock, catches up, then lets the manager validate the
   change against the state as it is now and write it. So "create" never
   overwrites another replica's profile, and an operator's change is never
-  lost to a stale snapshot.
+  lost to a stale snapshot. A write whose caller gives up (a deadline) still
+  runs to its end (`completes`), and the gate releases the lock whatever
+  happens to its caller: a lock left held would stall every replica's writes.
 - The database goes away: requests keep being served from the last applied
   snapshot; writes answer 503 state_store_unavailable; `available` turns
   False (the engine's health entry `millm.state_store` and the metric
@@ -38,13 +40,20 @@ from collections.abc import Callable
 
 from service.state.database import Database
 from service.steering.acks import Registry
+from service.steering.completion import keep
 
 log = logging.getLogger(__name__)
 
 
 class WriteGate:
     """`async with gate:` around a management write: one at a time here, and
-    with a shared database one at a time in the cluster, on current state."""
+    with a shared database one at a time in the cluster, on current state.
+
+    The database's write lock is taken and released in worker threads. A
+    caller cancelled meanwhile (`completes` spares the manager's writes that,
+    but not every caller) must not leave it held: the thread goes on, and
+    a task of its own releases the lock once the thread has it, and only
+    then this replica's gate."""
 
     def __init__(self, follower: Follower):
         self._follower = follower
@@ -53,23 +62,42 @@ class WriteGate:
     async def __aenter__(self):
         await self.lock.acquire()
         db = self._follower.database
+        if not db.shared:
+            return self
+        locking = asyncio.ensure_future(asyncio.to_thread(db.lock_writes))
         try:
-            if db.shared:
-                await asyncio.to_thread(db.lock_writes)
-                try:
-                    await self._follower.catch_up_locked()
-                except BaseException:
-                    await asyncio.to_thread(db.unlock_writes)
-                    raise
+            await asyncio.shield(locking)
+        except asyncio.CancelledError:
+            keep(asyncio.ensure_future(self._release(after=locking)))
+            raise
         except BaseException:
             self.lock.release()
+            raise
+        try:
+            await self._follower.catch_up_locked()
+        except BaseException:
+            await self._exit()
             raise
         return self
 
     async def __aexit__(self, *exc_info):
+        await self._exit()
+
+    async def _exit(self) -> None:
+        """Release the database's lock, then the gate, even if cancelled meanwhile."""
+        if not self._follower.database.shared:
+            self.lock.release()
+            return
+        await asyncio.shield(keep(asyncio.ensure_future(self._release())))
+
+    async def _release(self, after: asyncio.Future | None = None) -> None:
         try:
-            if self._follower.database.shared:
-                await asyncio.to_thread(self._follower.database.unlock_writes)
+            if after is not None:
+                try:
+                    await after
+                except Exception:  # noqa: BLE001 - it never took the lock
+                    return
+            await asyncio.to_thread(self._follower.database.unlock_writes)
         finally:
             self.lock.release()
 
