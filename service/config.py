@@ -54,6 +54,8 @@ class EngineConfig:
     gguf_threads: int = 1
     gguf_context: int = 0
     gguf_slots: int = 8
+    # MiB the GGUF engine's KV cells may take (0: what is free beyond the weights).
+    gguf_kv_memory_mib: int = 0
     # Stored Responses API responses: most kept, and how long (docs/responses.md).
     responses_max_count: int = 10_000
     responses_max_age_days: float = 30.0
@@ -175,7 +177,12 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
     parser.add_argument("--gguf-threads", type=int, default=int(_env("MILLM_GGUF_THREADS", "1")),
                         help="MILLM_GGUF_THREADS: llama.cpp threads for GGUF models")
     parser.add_argument("--gguf-context", type=int, default=int(_env("MILLM_GGUF_CONTEXT", "0")),
-                        help="MILLM_GGUF_CONTEXT: GGUF context window (0: the file's own)")
+                        help="MILLM_GGUF_CONTEXT: GGUF context window (0: the file's own, "
+                             "shortened to fit memory)")
+    parser.add_argument("--gguf-kv-memory-mib", type=int,
+                        default=int(_env("MILLM_GGUF_KV_MEMORY_MIB", "0")),
+                        help="MILLM_GGUF_KV_MEMORY_MIB: memory the GGUF KV cache and attention "
+                             "buffers may take (0: what is free beyond weights and headroom)")
     parser.add_argument("--gguf-slots", type=int, default=int(_env("MILLM_GGUF_SLOTS", "8")),
                         help="MILLM_GGUF_SLOTS: GGUF sequences decoded together (each with "
                              "its own context window of KV cache)")
@@ -213,9 +220,10 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                          "satisfy 0 <= min <= max <= 2")
     if args.graceful_unload_timeout < 0 or args.memory_headroom_mib < 0:
         parser.error("--graceful-unload-timeout and --memory-headroom-mib must not be negative")
-    if args.gguf_threads < 1 or args.gguf_context < 0 or not 1 <= args.gguf_slots <= 256:
-        parser.error("--gguf-threads must be at least 1, --gguf-context not negative and "
-                     "--gguf-slots from 1 to 256")
+    if (args.gguf_threads < 1 or args.gguf_context < 0 or args.gguf_kv_memory_mib < 0
+            or not 1 <= args.gguf_slots <= 256):
+        parser.error("--gguf-threads must be at least 1, --gguf-context and "
+                     "--gguf-kv-memory-mib not negative and --gguf-slots from 1 to 256")
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     if args.tls_client_ca and not args.tls_cert:
@@ -270,6 +278,7 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         gguf_threads=args.gguf_threads,
         gguf_context=args.gguf_context,
         gguf_slots=args.gguf_slots,
+        gguf_kv_memory_mib=args.gguf_kv_memory_mib,
         responses_max_count=args.responses_max_count,
         responses_max_age_days=args.responses_max_age_days,
         database_url=args.database_url,

@@ -287,6 +287,8 @@ def test_two_changes_claimed_in_the_same_instant_start_one_load():
 
 
 def test_memory_needed_counts_weights_and_the_gguf_kv_cache():
+    from service.engines import kinds
+    from service.engines.gguf.kv_plan import engine_bytes
     from service.models.lifecycle import LifecycleConfig, ModelLifecycle
     from service.models.registry import ModelRegistry
 
@@ -294,13 +296,16 @@ def test_memory_needed_counts_weights_and_the_gguf_kv_cache():
     gguf, tiny = registry.resolve(F32), registry.resolve(TINY)
     # 2 layers x 2 KV heads x (16 + 16) dims x 2 bytes (f16), over the 1,024-token context.
     assert (gguf.context_length, gguf.kv_bytes_per_token) == (1024, 256)
-    # ... for each of the 8 slots the GGUF engine decodes together by default.
-    life = ModelLifecycle(registry, LifecycleConfig(device="cpu"))
-    assert life.memory_needed(gguf, "cpu") == (gguf.path.stat().st_size, 256 * 1024 * 8)
-    assert life.memory_needed(tiny, "cpu") == (tiny.size_bytes, 0)  # float32 as stored
+    # ... for each of the 8 slots the GGUF engine decodes together by default, and
+    # the lanes and scoring context it may open beside them (engines/gguf/kv_plan.py).
+    kv = ModelLifecycle(registry, LifecycleConfig(device="cpu")).check_load(gguf)
+    assert (kv.window, kv.slots, kv.kv_bytes) == (1024, 8, 256 * 1024 * 8)
+    assert kinds.memory_needed(gguf, "cpu", kv) == (gguf.path.stat().st_size,
+                                                    engine_bytes(kinds.cell_cost(gguf), 1024, 8))
+    assert kinds.memory_needed(tiny, "cpu") == (tiny.size_bytes, 0)  # float32 as stored
     capped = ModelLifecycle(registry, LifecycleConfig(device="cpu", gguf_context=256,
-                                                      gguf_slots=2))
-    assert capped.memory_needed(gguf, "cpu")[1] == 256 * 256 * 2
+                                                      gguf_slots=2)).check_load(gguf)
+    assert (capped.window, capped.slots, capped.kv_bytes) == (256, 2, 256 * 256 * 2)
 
 
 def test_the_state_table_refuses_an_illegal_move(tmp_path):

@@ -1,6 +1,7 @@
 """The engine kinds, and what differs between them before an engine exists:
 which class serves a registry entry, where it loads, and the memory it will
-hold. The lifecycle asks here rather than branching on a kind itself."""
+hold (for a GGUF file, the KV cells it will open: engines/gguf/kv_plan.py).
+The lifecycle asks here rather than branching on a kind itself."""
 
 from __future__ import annotations
 
@@ -8,19 +9,23 @@ import os
 from typing import TYPE_CHECKING
 
 from service.engines.base import Engine
+from service.engines.gguf.kv_plan import CellCost, KvPlan, plan
 from service.models.registry import GGUF, ModelEntry
 
 if TYPE_CHECKING:
     from service.models.lifecycle import LifecycleConfig
 
 
-def make_engine(entry: ModelEntry, config: LifecycleConfig) -> Engine:
+def make_engine(entry: ModelEntry, config: LifecycleConfig,
+                kv: KvPlan | None = None) -> Engine:
+    """The engine for `entry`; a GGUF engine opens the cells `kv` plans."""
     if entry.engine == GGUF:
         from service.engines.gguf.engine import GgufEngine
 
-        return GgufEngine(entry, threads=config.gguf_threads,
-                          max_queued=config.limits.max_queued, context=config.gguf_context,
-                          slots=config.gguf_slots, stall_s=config.limits.stall_s)
+        if kv is None:  # not planned by a load check: plan with the memory free now
+            kv = gguf_plan(entry, config, max(f for _, f in available_memory_bytes("cpu")))
+        return GgufEngine(entry, kv, threads=config.gguf_threads,
+                          max_queued=config.limits.max_queued, stall_s=config.limits.stall_s)
     from service.engines.transformers.engine import TransformersEngine
 
     return TransformersEngine(entry, device=config.device, limits=config.limits,
@@ -32,15 +37,25 @@ def load_device(entry: ModelEntry, device: str) -> str:
     return "cpu" if entry.engine == GGUF else device
 
 
-def memory_needed(entry: ModelEntry, device: str, gguf_context: int = 0,
-                  gguf_slots: int = 1) -> tuple[int, int]:
-    """(weights, KV cache allocated at load) in bytes, as the engine will hold them
-    (a GGUF model's cache: a context window per slot)."""
+def cell_cost(entry: ModelEntry) -> CellCost:
+    return CellCost(entry.kv_bytes_per_token, entry.attention_heads)
+
+
+def gguf_plan(entry: ModelEntry, config: LifecycleConfig, free: int) -> KvPlan:
+    """The slots and window a GGUF file gets, given `free` bytes on its device:
+    the engine may use MILLM_GGUF_KV_MEMORY_MIB, or else what is free beyond
+    its weights and the headroom."""
+    budget = config.gguf_kv_memory_bytes or max(
+        0, free - entry.size_bytes - config.memory_headroom_bytes)
+    return plan(cell_cost(entry), entry.context_length, config.gguf_slots, budget,
+                config.gguf_context)
+
+
+def memory_needed(entry: ModelEntry, device: str, kv: KvPlan | None = None) -> tuple[int, int]:
+    """(weights, KV cache and attention buffers) in bytes, as the engine will
+    hold them at most (a GGUF model's: those its plan `kv` counts)."""
     if entry.engine == GGUF:
-        context = entry.context_length
-        if gguf_context:
-            context = min(context, gguf_context) if context else gguf_context
-        return entry.size_bytes, entry.kv_bytes_per_token * context * gguf_slots
+        return entry.size_bytes, kv.engine_bytes if kv is not None else 0
     weights = entry.size_bytes
     on_cpu = device == "cpu" or (device == "auto" and not any(
         name.startswith("cuda") for name, _ in available_memory_bytes("auto")))
@@ -48,6 +63,17 @@ def memory_needed(entry: ModelEntry, device: str, gguf_context: int = 0,
         weights *= 2  # the transformers engine computes in float32 on a CPU
     # The transformers engine grows its KV cache with the requests: headroom covers it.
     return weights, 0
+
+
+def memory_held(engine: Engine, device: str) -> int:
+    """Bytes unloading `engine` surely frees: its weights and, for a GGUF
+    engine, the shared context it opened at load (lanes and readers it may
+    hold are not counted: they may not exist)."""
+    weights, _ = memory_needed(engine.entry, device)
+    kv = getattr(engine, "kv", None)
+    if engine.entry.engine == GGUF and kv is not None:
+        return weights + cell_cost(engine.entry).context_bytes(kv.cells)
+    return weights
 
 
 def available_memory_bytes(device: str) -> list[tuple[str, int]]:

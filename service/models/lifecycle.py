@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 from service.engines import kinds
 from service.engines.base import Engine, LoadedModel
+from service.engines.gguf.kv_plan import KvPlan
 from service.engines.kinds import available_memory_bytes
 from service.engines.transformers.admission import SchedulerLimits
 from service.errors import (
@@ -58,7 +59,7 @@ from service.errors import (
     model_not_loaded,
 )
 from service.generation.job import GenerationJob
-from service.models.registry import ModelEntry, ModelRegistry
+from service.models.registry import GGUF, ModelEntry, ModelRegistry
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +126,9 @@ class LifecycleConfig:
     # Memory a load must leave free beyond the weights (activations, KV cache).
     memory_headroom_bytes: int = 256 * MIB
     gguf_threads: int = 1
-    gguf_context: int = 0  # 0: the file's trained context
+    gguf_context: int = 0  # 0: sized to memory (engines/gguf/kv_plan.py)
     gguf_slots: int = 8  # sequences decoded together, each with a window of KV cells
+    gguf_kv_memory_bytes: int = 0  # what GGUF KV cells may take (0: the memory free)
 
 
 class Lease:
@@ -279,22 +281,32 @@ class ModelLifecycle:
 
     # -- loading and unloading ------------------------------------------------------
 
-    def check_load(self, entry: ModelEntry) -> None:
-        """Refuse a load that cannot succeed, before anything is unloaded."""
+    def check_load(self, entry: ModelEntry) -> KvPlan | None:
+        """Refuse a load that cannot succeed, before anything is unloaded; for
+        a GGUF file, the KV cells it will open (engines/gguf/kv_plan.py)."""
         if entry.unsupported:
             raise EngineError(entry.unsupported_code, f"The model '{entry.id}' cannot be "
                               f"loaded: {entry.unsupported}.", "model")
         device = kinds.load_device(entry, self.config.device)
-        weights, cache = self.memory_needed(entry, device)
-        needed = weights + cache + self.config.memory_headroom_bytes
-        freed = sum(self.memory_needed(self.engine.entry, device)) if self.engine else 0
+        freed = kinds.memory_held(self.engine, device) if self.engine else 0
         figures = [(name, free + freed) for name, free in available_memory_bytes(device)]
+        by_device = "; ".join(
+            f"{name}: {free / MIB:.0f} MiB free"
+            + (f" (counting {freed / MIB:.0f} MiB the unload of '{self.loaded.id}' frees)"
+               if freed and self.loaded else "")
+            for name, free in figures)
+        kv = None
+        if entry.engine == GGUF:
+            kv = kinds.gguf_plan(entry, self.config, max(free for _, free in figures))
+            if kv.refusal:
+                raise EngineError(
+                    "insufficient_memory", f"The model '{entry.id}' cannot be loaded: "
+                    f"{kv.refusal} ({by_device}). The loaded model keeps serving.", "model",
+                    details={"needed_bytes": kv.engine_bytes + entry.size_bytes,
+                             "free_bytes": ",".join(f"{n}={f}" for n, f in figures)})
+        weights, cache = kinds.memory_needed(entry, device, kv)
+        needed = weights + cache + self.config.memory_headroom_bytes
         if not any(free >= needed for _, free in figures):
-            by_device = "; ".join(
-                f"{name}: {free / MIB:.0f} MiB free"
-                + (f" (counting {freed / MIB:.0f} MiB the unload of '{self.loaded.id}' frees)"
-                   if freed and self.loaded else "")
-                for name, free in figures)
             raise EngineError(
                 "insufficient_memory",
                 f"The model '{entry.id}' needs about {needed / MIB:.0f} MiB "
@@ -303,11 +315,7 @@ class ModelLifecycle:
                 f"device holds it: {by_device}. The loaded model keeps serving.", "model",
                 details={"needed_bytes": needed,
                          "free_bytes": ",".join(f"{n}={f}" for n, f in figures)})
-
-    def memory_needed(self, entry: ModelEntry, device: str) -> tuple[int, int]:
-        """(weights, KV cache allocated at load) in bytes, as the engine will hold them."""
-        return kinds.memory_needed(entry, device, self.config.gguf_context,
-                                   self.config.gguf_slots)
+        return kv
 
     async def switch(self, entry: ModelEntry) -> LoadedModel:
         """Make `entry` the loaded model (steps 1-4 of the module docstring).
@@ -330,10 +338,10 @@ class ModelLifecycle:
     async def _switch(self, entry: ModelEntry) -> LoadedModel:
         if self.loaded is not None and self.loaded.id == entry.id:
             return self.loaded
-        self.check_load(entry)
+        kv = self.check_load(entry)
         if self.engine is not None:
             await self._unload()
-        return await self._load(entry)
+        return await self._load(entry, kv)
 
     async def _unload(self) -> None:
         engine, info = self._engine, self._info
@@ -364,11 +372,11 @@ class ModelLifecycle:
                 job.fail(error)
             lease.release()
 
-    async def _load(self, entry: ModelEntry) -> LoadedModel:
+    async def _load(self, entry: ModelEntry, kv: KvPlan | None) -> LoadedModel:
         back = Phase.STARTING if self._phase is Phase.STARTING else Phase.EMPTY
         self._move(Phase.FIRST_LOAD if back is Phase.STARTING else Phase.LOADING, entry.id)
         try:
-            engine = kinds.make_engine(entry, self.config)
+            engine = kinds.make_engine(entry, self.config, kv)
             started = time.monotonic()
             info = await self._start(engine, entry)
             await self._announce(engine)  # before any request can reach it

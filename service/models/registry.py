@@ -56,10 +56,11 @@ class ModelEntry:
     # Bytes per parameter as stored (2 for a float16/bfloat16 checkpoint, which
     # the transformers engine widens to float32 on a CPU); 0 when not known.
     stored_bytes_per_param: int = 0
-    # GGUF: the trained context, and the f16 KV cache bytes one token takes
-    # (llama.cpp allocates the whole context's cache at load).
+    # GGUF: the trained context, the f16 KV cache bytes one token takes and
+    # the attention heads (engines/gguf/kv_plan.py sizes the cache from them).
     context_length: int = 0
     kv_bytes_per_token: int = 0
+    attention_heads: int = 0
 
 
 def _metadata(directory: pathlib.Path) -> dict:
@@ -158,6 +159,7 @@ class _GgufFacts:
     unsupported: str
     context_length: int = 0
     kv_bytes_per_token: int = 0
+    attention_heads: int = 0
 
 
 class _GgufFactsCache:
@@ -196,25 +198,34 @@ def _read_gguf(path: pathlib.Path) -> _GgufFacts:
         return _GgufFacts(fallback, "")
     except (KeyError, OSError):
         return _GgufFacts(fallback, "")
-    def number(key: str) -> int:
+    def per_layer(key: str, layers: int) -> list[int]:
+        """A hyperparameter for each layer (a file may give one value, or one a layer)."""
         found = reader.get_field(key)
+        if found is None:
+            return [0] * layers
         try:
-            return int(found.contents()) if found is not None else 0
-        except (TypeError, ValueError):  # a per-layer array: take the largest
-            return max(int(v) for v in found.contents())
+            return [int(found.contents())] * layers
+        except (TypeError, ValueError):  # an array: one value a layer
+            return [int(v) for v in found.contents()][:layers]
+
+    def number(key: str) -> int:
+        return max(per_layer(key, 1), default=0)
 
     field = reader.get_field("general.file_type")
     name = _file_type_name(int(field.contents())) if field is not None else None
     arch_field = reader.get_field("general.architecture")
     arch = str(arch_field.contents()) if arch_field is not None else "llama"
-    heads = number(f"{arch}.attention.head_count")
-    kv_heads = number(f"{arch}.attention.head_count_kv") or heads
+    layers = number(f"{arch}.block_count")
+    heads = per_layer(f"{arch}.attention.head_count", layers)
+    kv_heads = [kv or h for kv, h in zip(per_layer(f"{arch}.attention.head_count_kv", layers),
+                                         heads, strict=False)]
+    widest = max(heads, default=0)
     head_dim = number(f"{arch}.attention.key_length") or (
-        number(f"{arch}.embedding_length") // heads if heads else 0)
+        number(f"{arch}.embedding_length") // widest if widest else 0)
     value_dim = number(f"{arch}.attention.value_length") or head_dim
-    # K and V, f16 (2 bytes), every layer.
-    per_token = number(f"{arch}.block_count") * kv_heads * (head_dim + value_dim) * 2
-    return _GgufFacts(name or fallback, "", number(f"{arch}.context_length"), per_token)
+    # K and V of one cell, f16 (2 bytes), summed over the layers (as llama.cpp sizes it).
+    per_cell = sum(kv_heads) * (head_dim + value_dim) * 2
+    return _GgufFacts(name or fallback, "", number(f"{arch}.context_length"), per_cell, widest)
 
 
 _GGUF_FACTS = _GgufFactsCache()
@@ -239,6 +250,7 @@ def _gguf_entry(path: pathlib.Path, repo: str, meta: dict) -> ModelEntry:
         unsupported=facts.unsupported,
         context_length=facts.context_length,
         kv_bytes_per_token=facts.kv_bytes_per_token,
+        attention_heads=facts.attention_heads,
     )
 
 

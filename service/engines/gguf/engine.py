@@ -2,8 +2,10 @@
 
 Behind the same Engine interface as the transformers engine, so servicers and
 the bridge cannot tell which one answers. One model thread owns the llama.cpp
-contexts (they are not thread-safe). Generation is continuously batched over
-`slots` sequences of one context (engines/gguf/batch.py): a request joins at
+contexts (they are not thread-safe). How many sequences (`slots`) and cells
+each (the context window) it opens is planned to fit memory before the load
+(engines/gguf/kv_plan.py). Generation is continuously batched over
+the slots' sequences of one context (engines/gguf/batch.py): a request joins at
 the next step, a finished one or one whose caller left frees its slot at
 once, and a prompt that starts like one a slot still holds (a system prompt,
 a chat's earlier turns) evaluates only the rest, reported as
@@ -27,13 +29,14 @@ from service.engines import faults
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.batch import Runner
 from service.engines.gguf.constraint import GrammarMask
+from service.engines.gguf.kv_plan import KvPlan
 from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.gguf.slots import Slots
 from service.engines.model_thread import ModelCall, answer_unrun, report_death, run_one_chunk
 from service.engines.scores import TokenTable, score_logits
-from service.errors import batch_reset, invalid_parameter, queue_full, thread_died
+from service.errors import EngineError, batch_reset, invalid_parameter, queue_full, thread_died
 from service.generation.job import GenerationJob
 from service.models.registry import GGUF
 from service.structured_output import GrammarCache
@@ -63,14 +66,14 @@ def token_piece(vocab, token: int, special: bool) -> bytes:
 class GgufEngine(Engine):
     kind = GGUF
 
-    def __init__(self, entry, threads: int = 1, max_queued: int = 256, context: int = 0,
-                 slots: int = 8, stall_s: float = 30.0):
+    def __init__(self, entry, kv: KvPlan, threads: int = 1, max_queued: int = 256,
+                 stall_s: float = 30.0):
         super().__init__(entry)
         self.threads = threads
-        self.slots = slots
+        self.kv = kv  # the slots and window, sized to memory (engines/gguf/kv_plan.py)
+        self.slots = kv.slots
         self.max_queued = max_queued
         self.stall_s = stall_s
-        self.requested_context = context
         self.llm = None
         self._readers: Readers | None = None
         self.info: LoadedModel | None = None
@@ -108,12 +111,11 @@ class GgufEngine(Engine):
         from llama_cpp import llama_cpp as lib
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        probe = self._open(vocab_only=True)
-        trained = int(probe.metadata.get("llama.context_length")
-                      or next((v for k, v in probe.metadata.items()
-                               if k.endswith(".context_length")), 0) or 2048)
-        probe.close()
-        n_ctx = min(self.requested_context, trained) if self.requested_context else trained
+        if self.kv.refusal:
+            raise EngineError("insufficient_memory", f"The model '{self.entry.id}' cannot be "
+                              f"loaded: {self.kv.refusal}.", "model")
+        n_ctx = self.kv.window
+        log.info("%s: %s", self.entry.id, self.kv.describe())
         # The model and its vocabulary; generation runs in a context of its own.
         self.llm = llm = self._open(n_ctx=64, n_batch=64)
         model = llm._model
