@@ -20,7 +20,8 @@ A request naming another model than the loaded one loads it first:
    architecture the engine cannot load is 400 unsupported_quantization or
    unsupported_architecture, a model that does not
    fit in the memory that would be free is 503 insufficient_memory with the
-   figures; the loaded model keeps serving;
+   figures (a GGUF file's KV cells are planned to fit here first:
+   engines/gguf/kv_plan.py); the loaded model keeps serving;
 2. the unload begins: from this moment every new request is refused with
    503 model_busy (retry), whichever model it names, so no request ever
    starts on a model that is being moved;
