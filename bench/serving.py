@@ -61,8 +61,9 @@ async def http_stream(port: int, body: dict) -> tuple[float, int]:
     payload = json.dumps(body).encode()
     started = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: "
+                 + str(len(payload)).encode() + b"\r\n\r\n" + payload)
     await writer.drain()
     first, buffer, tokens = None, b"", 0
     while True:
