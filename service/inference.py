@@ -238,7 +238,7 @@ class InferenceService:
             ids = await asyncio.to_thread(
                 lambda: [list(p) if isinstance(p, tuple) else engine.encode_text(p)
                          for p in params.inputs])
-            embeddings.check_fit(ids, info.context_window)
+            embeddings.check_fit(ids, info.context_window, info.embedding_window)
             vectors = await engine.embed(ids)
             return embeddings.EmbedResult(vectors, sum(len(t) for t in ids), info.id,
                                           tuple(unused))

@@ -157,7 +157,7 @@ def capabilities(stack) -> dict:
 
 
 def test_a_memory_limit_shrinks_the_window_and_keeps_the_slots(long_dir, tmp_path):
-    from service.engines.gguf.kv_plan import CellCost, engine_bytes
+    from service.engines.gguf.kv_plan import CellCost, embedding_window, engine_bytes
 
     stack = harness.OwnStack(tmp_path, MILLM_MODELS_DIR=str(long_dir), MILLM_MODEL=LONG,
                              MILLM_GGUF_SLOTS="2", MILLM_GGUF_KV_MEMORY_MIB="256")
@@ -180,6 +180,19 @@ def test_a_memory_limit_shrinks_the_window_and_keeps_the_slots(long_dir, tmp_pat
         assert str(window) in reply.json()["error"]["message"]
         body["max_tokens"] = 4
         assert call(stack.http_port, "POST", "/v1/completions", body).status_code == 200
+        # Embeddings read a whole input at once: their window is capped so that
+        # the reader's quadratic scratch stays bounded, and past it is a 400.
+        embed = embedding_window(cost, window)
+        assert embed < window and f"embedding inputs up to {embed} tokens" in stack.engine.log()
+        too_long = {"model": LONG, "input": [[5] * (embed + 1)]}
+        reply = call(stack.http_port, "POST", "/v1/embeddings", too_long)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert (error["code"], error["param"]) == ("context_length_exceeded", "input[0]")
+        assert f"longest embedding input is {embed} tokens" in error["message"]
+        fits = {"model": LONG, "input": [[5] * embed]}
+        reply = call(stack.http_port, "POST", "/v1/embeddings", fits)
+        assert reply.status_code == 200 and len(reply.json()["data"][0]["embedding"]) == 64
     finally:
         stack.stop()
 
@@ -195,3 +208,19 @@ def test_an_explicit_context_wins_over_the_plan(long_dir, tmp_path):
         assert "MILLM_GGUF_CONTEXT" in stack.engine.log()
     finally:
         stack.stop()
+
+
+def test_the_embedding_window_bounds_its_quadratic_scratch():
+    # The demo file's cell (256 bytes of f16 K+V, 4 heads) at a 32k window:
+    # a whole-window micro-batch would need ~20 GiB of scratch.
+    from service.engines.gguf import kv_plan
+
+    cost = kv_plan.CellCost(kv_bytes=256, heads=4)
+    assert kv_plan.embedding_window(cost, 1024) == 1024
+    capped = kv_plan.embedding_window(cost, 32768)
+    assert capped % kv_plan.STEP == 0 and 2048 <= capped < 32768
+    assert cost.context_bytes(capped, kv_width=4, micro=capped) <= kv_plan.EMBED_BYTES
+    longer = capped + kv_plan.STEP
+    assert cost.context_bytes(longer, kv_width=4, micro=longer) > kv_plan.EMBED_BYTES
+    planned = kv_plan.plan(cost, trained=32768, slots=8, budget=64 * 1024 * kv_plan.MIB)
+    assert planned.window == 32768 and planned.embed_window == capped

@@ -64,6 +64,9 @@ class LoadedModel:
     dtype: str
     quantization: str
     revision: str | None
+    # The longest embedding input, where an engine reads fewer tokens at once
+    # for embeddings than it generates over (GGUF: engines/gguf/kv_plan.py).
+    embedding_window: int | None = None
 
     @property
     def system_fingerprint(self) -> str:

@@ -48,12 +48,17 @@ def check_inputs(params: EmbedParams, vocab_size: int) -> None:
                                         f"outside the vocabulary (0-{vocab_size - 1}).")
 
 
-def check_fit(ids: list[list[int]], context_window: int) -> None:
+def check_fit(ids: list[list[int]], context_window: int,
+              embedding_window: int | None = None) -> None:
+    """Each input fits: the context window, or the shorter embedding window of
+    an engine that reads less at once for embeddings (GGUF)."""
+    limit = min(context_window, embedding_window or context_window)
+    what = ("maximum context length" if limit == context_window
+            else "longest embedding input")
     for i, tokens in enumerate(ids):
         if not tokens:
             raise invalid_parameter(f"input[{i}]", f"Input {i} tokenizes to no tokens.")
-        if len(tokens) > context_window:
+        if len(tokens) > limit:
             raise context_length_exceeded(
-                f"input[{i}]", f"This model's maximum context length is "
-                f"{context_window} tokens. However, input {i} has {len(tokens)} "
-                "tokens. Please shorten it.")
+                f"input[{i}]", f"This model's {what} is {limit} tokens. However, input {i} "
+                f"has {len(tokens)} tokens. Please shorten it.")

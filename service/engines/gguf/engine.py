@@ -148,8 +148,9 @@ class GgufEngine(Engine):
             dtype=_DTYPES.get(quant, "unrecorded"),
             quantization=quant or "unrecorded",
             revision=self.entry.revision,
+            embedding_window=self.kv.embed_window,
         )
-        self._readers = Readers(self._open, self.info.context_window)
+        self._readers = Readers(self._open, n_ctx, self.kv.embed_window)
         # The same grammar compiler as the transformers engine, over llama.cpp's pieces.
         self._grammars = GrammarCache.for_token_bytes(self._token_bytes, sorted(self._eog))
         self._open_batch_context(n_ctx)

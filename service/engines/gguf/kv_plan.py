@@ -21,7 +21,10 @@ use (`budget`), by one rule:
 What a window costs (`engine_bytes`) counts every context the engine may hold
 at once at that window: the shared generation context (slots × window cells),
 a lane per slot for seeded rows (engines/gguf/lanes.py: up to `slots` run at
-once), and the scoring reader (f32 cells, engines/gguf/reading.py). A cell
+once), and the scoring reader (f32 cells, engines/gguf/reading.py). The
+embedding reader is not planned with them: it is made only when embeddings
+are asked for, and its window is capped so that it stays within EMBED_BYTES
+(`embedding_window`). A cell
 costs its K and V rows in every layer (f16: 2 bytes a value) plus llama.cpp's
 attention scratch, one f32 score per head and one mask value for each token
 of a micro-batch (flash attention is off in llama-cpp-python's contexts).
@@ -36,6 +39,7 @@ MIB = 1024 * 1024
 FLOOR = 2048  # the shortest window a shrink goes to (a file trained shorter keeps its own)
 STEP = 256  # a shrunk window is a multiple of this
 MICRO_BATCH = 512  # the engine's contexts decode at most this many tokens a pass
+EMBED_BYTES = 256 * MIB  # the most the embedding reader's context may take
 
 
 @dataclass(frozen=True)
@@ -46,11 +50,24 @@ class CellCost:
     kv_bytes: int  # f16 K + V bytes of one cell, summed over the layers
     heads: int  # attention heads (the most of any layer)
 
-    def context_bytes(self, cells: int, kv_width: int = 2) -> int:
+    def context_bytes(self, cells: int, kv_width: int = 2, micro: int = MICRO_BATCH) -> int:
         """One llama.cpp context of `cells` cells: its KV cache (kv_width bytes
-        a value: 2 for f16, 4 for f32) and its attention scratch."""
-        micro = min(MICRO_BATCH, cells)
+        a value: 2 for f16, 4 for f32) and its attention scratch for a
+        micro-batch of `micro` tokens."""
+        micro = min(micro, cells)
         return cells * (self.kv_bytes * kv_width // 2 + micro * (4 * self.heads + 4))
+
+
+def embedding_window(cost: CellCost, window: int) -> int:
+    """The longest input the embedding reader takes. It reads a whole input in
+    one micro-batch (mean pooling needs every position in one pass), so its
+    scratch grows with the square of that length: the window, or the longest
+    multiple of STEP whose context stays within EMBED_BYTES (an input past it
+    is refused with context_length_exceeded instead of exhausting memory)."""
+    cells = window
+    while cells > STEP and cost.context_bytes(cells, kv_width=4, micro=cells) > EMBED_BYTES:
+        cells = (cells - 1) // STEP * STEP
+    return cells
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,7 @@ class KvPlan:
     budget: int  # bytes the engine may use for them
     reason: str  # why this window and slot count
     refusal: str = ""  # non-empty: the load is refused with insufficient_memory, saying this
+    embed_window: int = 0  # the longest embedding input (`embedding_window`)
 
     @property
     def cells(self) -> int:
@@ -72,12 +90,14 @@ class KvPlan:
         return (f"GGUF KV cache: {self.slots} slots × {self.window} cells = "
                 f"{self.kv_bytes / MIB:.1f} MiB (trained {self.trained}; {self.reason}; "
                 f"at most {self.engine_bytes / MIB:.1f} MiB with lanes, scoring and "
-                f"attention scratch, of {self.budget / MIB:.0f} MiB the engine may use)")
+                f"attention scratch, of {self.budget / MIB:.0f} MiB the engine may use; "
+                f"embedding inputs up to {self.embed_window} tokens)")
 
 
 def engine_bytes(cost: CellCost, window: int, slots: int) -> int:
     """The most the engine may hold at `window`: the shared context, one lane
-    per slot, and the scoring context (f32 cells)."""
+    per slot, and the scoring context (f32 cells). (The embedding context,
+    made on the first embeddings request, is bounded by EMBED_BYTES instead.)"""
     return (cost.context_bytes(window * slots) + slots * cost.context_bytes(window)
             + cost.context_bytes(window, kv_width=4))
 
@@ -88,7 +108,8 @@ def plan(cost: CellCost, trained: int, slots: int, budget: int, context: int = 0
 
     def made(window: int, count: int, reason: str, refusal: str = "") -> KvPlan:
         return KvPlan(window, count, trained, window * count * cost.kv_bytes,
-                      engine_bytes(cost, window, count), budget, reason, refusal)
+                      engine_bytes(cost, window, count), budget, reason, refusal,
+                      embedding_window(cost, window))
 
     def fits(window: int, count: int) -> bool:
         return engine_bytes(cost, window, count) <= budget

@@ -24,8 +24,9 @@ GGML_TYPE_F32 = 0
 
 
 class Readers:
-    def __init__(self, open_context: Callable, context_window: int):
+    def __init__(self, open_context: Callable, context_window: int, embedding_window: int):
         self._open, self._window = open_context, context_window
+        self._embed_window = embedding_window  # capped: its scratch grows with its square
         self._scorer = None
         self._embedder = None
 
@@ -51,7 +52,7 @@ class Readers:
 
         if self._embedder is None:
             # A whole input fits one micro-batch; f16 KV would move the vectors by ~3e-4.
-            window = self._window
+            window = self._embed_window
             self._embedder = self._open(n_ctx=window, n_batch=window, n_ubatch=window,
                                         embedding=True, type_k=GGML_TYPE_F32,
                                         type_v=GGML_TYPE_F32,
