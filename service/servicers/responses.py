@@ -17,7 +17,7 @@ from common import api_keys
 from millm.v1 import response_service_pb2 as pb
 from millm.v1 import response_service_pb2_grpc
 from service.errors import EngineError
-from service.responses import rules
+from service.responses import renderable, rules
 from service.responses.store import ResponseStore
 from service.servicers import access
 from service.servicers.error_handling import unary_errors
@@ -45,6 +45,7 @@ class ResponseServicer(response_service_pb2_grpc.ResponseServiceServicer):
         self._store = store
 
     async def _found(self, response_id: str, param: str) -> pb.StoredResponse:
+        rules.check_id(response_id, param)  # before any query: a NUL byte is no id
         stored = await asyncio.to_thread(self._store.get, response_id, _reader())
         if stored is None:
             raise rules.not_found(response_id, param)
@@ -65,7 +66,13 @@ class ResponseServicer(response_service_pb2_grpc.ResponseServiceServicer):
         response = pb.StoredResponse()
         response.CopyFrom(request.response)
         rules.check_id(response.id, "response.id")
+        if response.previous_response_id:
+            rules.check_id(response.previous_response_id, "response.previous_response_id")
         rules.check_metadata(dict(response.metadata))
+        # Nothing is stored that a reader could not render back.
+        renderable.check(response, "response")
+        for i, item in enumerate(request.input_items):
+            renderable.check(item, f"input_items[{i}]")
         for where, items in (("response.output", response.output),
                              ("input_items", request.input_items)):
             rules.check_items([i.id for i in items], [i.WhichOneof("item") for i in items],
@@ -95,6 +102,7 @@ class ResponseServicer(response_service_pb2_grpc.ResponseServiceServicer):
 
     @unary_errors
     async def DeleteResponse(self, request, context):
+        rules.check_id(request.id, "id")
         if not await asyncio.to_thread(self._store.delete, request.id, _reader()):
             raise rules.not_found(request.id, "id")
         return pb.DeleteResponseResponse(id=request.id)

@@ -1,0 +1,219 @@
+"""The systematic sweep, and what every fuzzer checks of an answer.
+
+The sweep sends every route × every field that route knows × one value of
+each JSON type, on an otherwise valid body, and lists every answer that is
+a 5xx, a reset connection, a missing status, or a stream that ended in a
+server fault. A field's list is the union of what the route's schema
+declares and what the engine's field table (service/requests/fields.py)
+rules on; the management routes use their protobuf request's fields. Random
+fuzzers find what one value per type misses; this finds what random drawing
+can miss for a long time (one field, one type).
+
+Everything here takes a stack (tests/harness.py OwnStack, or any object
+with `http_port`), so the same sweep can run against another stack (a
+PostgreSQL one, say).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+from millm.v1 import monitoring_service_pb2, steering_service_pb2
+from rest_bridge.protocol.chat import ChatCompletionRequest
+from rest_bridge.protocol.completions import CompletionRequest
+from rest_bridge.protocol.embeddings import EmbeddingRequest
+from rest_bridge.protocol.responses import ResponsesRequest
+from rest_bridge.serving import monitoring_api
+from rest_bridge.serving.steering_api import ROUTES as STEERING_ROUTES
+from service.errors import ERROR_CODES
+from service.requests.fields import RULES
+from tests.conftest import MODEL
+
+# One value of each JSON type: a string, the empty string, integers small,
+# negative and past int64, a float, a bool, null, empty and non-empty lists,
+# an object.
+VALUES = ("x", "", 1, -1, 2**64, 0.5, True, None, [], ["x", 1], {"a": 1})
+
+# The codes of a fault of the server, never of the request: the engine's
+# 5xx codes and those the bridge makes of a failed call.
+SERVER_CODES = frozenset({code for code, row in ERROR_CODES.items() if row.http_status >= 500}
+                         | {"internal_error", "engine_unavailable", "engine_timeout"})
+
+BASES = {
+    "/v1/chat/completions": {"model": MODEL, "max_tokens": 1,
+                             "messages": [{"role": "user", "content": "Hi"}]},
+    "/v1/completions": {"model": MODEL, "max_tokens": 1, "prompt": "Hi"},
+    "/v1/embeddings": {"model": MODEL, "input": "Hi"},
+    "/v1/responses": {"model": MODEL, "max_output_tokens": 1, "input": "Hi", "store": False},
+}
+SCHEMAS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
+           "/v1/embeddings": EmbeddingRequest, "/v1/responses": ResponsesRequest}
+# A swept length limit falls back on the other one, so that a null there
+# never asks for a whole default-length generation.
+_FALLBACK_LIMIT = {"max_tokens": ("max_completion_tokens", 1),
+                   "max_completion_tokens": ("max_tokens", 1)}
+
+
+def route_fields(path: str) -> list[str]:
+    schema = SCHEMAS[path]
+    names = {field.alias or name for name, field in schema.model_fields.items()}
+    return sorted(names | set(RULES))
+
+
+def generation_cases() -> list[tuple[str, str, dict]]:
+    """(method, path, body) for every /v1 route × field × value."""
+    cases = []
+    for path, base in BASES.items():
+        for name in route_fields(path):
+            for value in VALUES:
+                body = {k: v for k, v in base.items() if k != name}
+                if name in _FALLBACK_LIMIT and path != "/v1/responses":
+                    body.pop("max_tokens", None)
+                    other, limit = _FALLBACK_LIMIT[name]
+                    body[other] = limit
+                body[name] = value
+                cases.append(("POST", path, body))
+    return cases
+
+
+def _message_fields(route) -> list[str]:
+    module = (monitoring_service_pb2 if route.service == "monitoring"
+              else steering_service_pb2)
+    method = module.DESCRIPTOR.services_by_name[
+        "MonitoringService" if route.service == "monitoring" else "SteeringService"
+    ].methods_by_name[route.rpc]
+    return sorted({f.json_name for f in method.input_type.fields}
+                  | {f.name for f in method.input_type.fields})
+
+
+# The documents' own keys (cluster and circuit formats), for the import routes.
+DOCUMENT_FIELDS = ("format", "name", "description", "members", "edges", "rung",
+                   "intensity_range", "intensity", "mode", "fallback_cluster", "entries")
+
+
+def management_cases() -> list[tuple[str, str, dict]]:
+    """(method, path, body) for every /api route with a body × field × value;
+    named routes name something that is not there."""
+    cases = []
+    for route in (*STEERING_ROUTES, *monitoring_api.ROUTES):
+        if route.method not in ("POST", "PUT", "PATCH"):
+            continue
+        path = route.path.format(sae_id="sae_none", name="sweep-none")
+        fields = (DOCUMENT_FIELDS if route.rpc.startswith("Import")
+                  else _message_fields(route))
+        for name in fields:
+            for value in VALUES:
+                cases.append((route.method, path, {name: value}))
+    return cases
+
+
+def responses_read_cases(response_id: str) -> list[tuple[str, str, None]]:
+    """GET, DELETE and input_items of a stored response and of odd ids, and
+    each query parameter × a value of each type (as query text)."""
+    cases = []
+    ids = [response_id, "resp_none", "", "x", "resp_%00", "%00", "resp_" + "a" * 300,
+           "resp_%F0%9F%98%80", "chatcmpl-1", "resp_a%2Fb"]
+    for rid in ids:
+        for method, suffix in (("GET", ""), ("GET", "/input_items")):
+            cases.append((method, f"/v1/responses/{rid}{suffix}", None))
+    texts = [json.dumps(v) if not isinstance(v, str) else v for v in VALUES]
+    for name in ("limit", "order", "after", "before"):
+        for text in texts:
+            quoted = urllib.parse.quote(text, safe="")
+            cases.append(("GET", f"/v1/responses/{response_id}/input_items?{name}={quoted}",
+                          None))
+    for text in texts:
+        quoted = urllib.parse.quote(text, safe="")
+        cases.append(("GET", f"/v1/responses/{response_id}?stream={quoted}", None))
+    cases += [("DELETE", f"/v1/responses/{rid}", None) for rid in ids[1:]]
+    return cases
+
+
+def send(port: int, method: str, path: str, body) -> tuple[int | None, bytes, str | None]:
+    """(status, content, problem): problem says why there is no proper answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        return reply.status, reply.read(), None
+    except (ConnectionError, http.client.HTTPException, OSError) as exc:
+        return None, b"", f"no answer: {type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+
+
+def stream_problem(content: bytes) -> str | None:
+    """What is wrong with a streamed body read to its end: an error event for
+    a fault of the server (chat and completions), a response.failed or an
+    error event caused by the server (responses), or no proper end."""
+    payloads = [line[len(b"data: "):] for line in content.split(b"\n")
+                if line.startswith(b"data: ")]
+    if not payloads:
+        return "a stream with no events"
+    responses = b"[DONE]" not in payloads
+    for payload in payloads:
+        if payload == b"[DONE]":
+            continue
+        event = json.loads(payload)
+        error = event.get("error") if isinstance(event, dict) else None
+        if event.get("type") == "response.failed":
+            error = event["response"].get("error")
+        if error and (error.get("code") in SERVER_CODES or error.get("type") == "server_error"):
+            return f"a server fault inside the stream: {json.dumps(error)[:300]}"
+    if responses:
+        last = json.loads(payloads[-1]).get("type")
+        if last not in ("response.completed", "response.incomplete", "response.failed"):
+            return f"a responses stream that ends with {last!r}"
+    elif payloads[-1] != b"[DONE]":
+        return "a stream that does not end with [DONE]"
+    return None
+
+
+def problem(method: str, path: str, body, status: int | None, content: bytes,
+            no_answer: str | None) -> str | None:
+    """Why this answer fails the fuzzers' bar, or None."""
+    if no_answer is not None:
+        return no_answer
+    if status >= 500:
+        return f"{status}: {content[:300]!r}"
+    if status >= 400:
+        try:
+            error = json.loads(content)["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+        except (ValueError, KeyError, TypeError, AssertionError):
+            return f"{status} without the OpenAI envelope: {content[:300]!r}"
+        return None
+    if isinstance(body, dict) and body.get("stream") is True and method == "POST":
+        return stream_problem(content)
+    return None
+
+
+def sweep(stack, cases, workers: int = 4) -> list[str]:
+    """Send every case (a few at once) and return the failures, described."""
+    def one(case) -> str | None:
+        method, path, body = case
+        status, content, no_answer = send(stack.http_port, method, path, body)
+        found = problem(method, path, body, status, content, no_answer)
+        if found is None:
+            return None
+        shown = json.dumps(body)[:300] if body is not None else ""
+        return f"{method} {path[:200]} {shown} -> {found}"
+
+    with ThreadPoolExecutor(workers) as pool:
+        return [f for f in pool.map(one, cases) if f is not None]
+
+
+def alive(stack) -> str | None:
+    """None when the bridge is ready and the engine still generates."""
+    status, content, no_answer = send(stack.http_port, "GET", "/readyz", None)
+    if no_answer or status != 200:
+        return f"/readyz: {status} {no_answer or content[:200]!r}"
+    status, content, no_answer = send(stack.http_port, "POST", "/v1/chat/completions",
+                                      BASES["/v1/chat/completions"])
+    if no_answer or status != 200:
+        return f"a plain chat completion: {status} {no_answer or content[:200]!r}"
+    return None
