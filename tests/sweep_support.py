@@ -49,6 +49,7 @@ BASES = {
     "/v1/embeddings": {"model": MODEL, "input": "Hi"},
     "/v1/responses": {"model": MODEL, "max_output_tokens": 1, "input": "Hi", "store": False},
 }
+STREAMED = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 SCHEMAS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
            "/v1/embeddings": EmbeddingRequest, "/v1/responses": ResponsesRequest}
 # A swept length limit falls back on the other one, so that a null there
@@ -76,6 +77,9 @@ def generation_cases() -> list[tuple[str, str, dict]]:
                     body[other] = limit
                 body[name] = value
                 cases.append(("POST", path, body))
+                if path in STREAMED and name != "stream":
+                    # Streamed too: a refusal after the 200 is an event, read to the end.
+                    cases.append(("POST", path, {**body, "stream": True}))
     return cases
 
 
