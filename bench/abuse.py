@@ -176,23 +176,37 @@ async def _send(host, port, method, path, headers, body) -> int | str:
         lines += [f"{k}: {v}" for k, v in headers.items()]
         if body is not None and "Content-Length" not in headers:
             lines.append(f"Content-Length: {len(body)}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogatepass")
-        body = body or b""
-        writer.write(head + body[:65_536])
-        # The rest goes in pieces while the answer is awaited: a server may
-        # answer (a 404, a 413) without reading the body and close, and writing
-        # on after that would reset the connection and lose its answer.
-        answer = asyncio.ensure_future(reader.readline())
-        for start in range(65_536, len(body), 65_536):
-            await asyncio.sleep(0)
-            if answer.done():
-                break
-            writer.write(body[start:start + 65_536])
+        if body:
+            # The body only once the server asks for it: a server may answer
+            # (a 404, a 413) without reading it and close, and a body written
+            # into that close would reset the connection and lose the answer.
+            lines.append("Expect: 100-continue")
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogatepass"))
+        status_line = b""
+        if body:
             try:
-                await writer.drain()
-            except ConnectionError:
-                break
-        status_line = await answer
+                status_line = await asyncio.wait_for(reader.readline(), 2)
+            except TimeoutError:  # a server that ignores Expect: send the body anyway
+                status_line = b"HTTP/1.1 100 (no interim answer)"
+        if body and b" 100 " in status_line:
+            while status_line.startswith(b"HTTP/1.1 100 C") and (
+                    await reader.readline()).strip():  # the interim answer's headers
+                pass
+            answer = asyncio.ensure_future(reader.readline())
+            # In pieces while the answer is awaited: one that comes early (a
+            # 413 past the body limit) stops the writing.
+            for start in range(0, len(body), 65_536):
+                await asyncio.sleep(0)
+                if answer.done():
+                    break
+                writer.write(body[start:start + 65_536])
+                try:
+                    await writer.drain()
+                except ConnectionError:
+                    break
+            status_line = await answer
+        elif not body:
+            status_line = await reader.readline()
         await reader.read()
     finally:
         writer.close()
