@@ -115,9 +115,10 @@ class Draw:
             route = r.choice(["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
                               "/v1/responses"])
             return "POST", route, headers, self.json(self.generation_body(route))
-        if kind == 6:  # not JSON, or not an object, or too deep, or too large
+        if kind == 6:  # not JSON, or not an object, or too deep, or too large (or said so)
             raw = r.choice([b"{", b"\xff\xfe", b"[]", b'"x"', b"{" * 5_000 + b"}" * 5_000,
-                            None, b"NaN", b""])
+                            None, b"NaN", b"", b'{"x": "' + b"a" * r.randrange(1_050_000,
+                                                                              3_000_000) + b'"}'])
             if raw is None:  # declared too large: refused before the body is read
                 headers["Content-Length"] = "1100000"
             return "POST", r.choice(["/v1/chat/completions", "/v1/completions",
