@@ -5,7 +5,8 @@ each JSON type, on an otherwise valid body, and lists every answer that is
 a 5xx, a reset connection, a missing status, or a stream that ended in a
 server fault. A field's list is the union of what the route's schema
 declares and what the engine's field table (service/requests/fields.py)
-rules on; the management routes use their protobuf request's fields. Random
+rules on; the management routes use their protobuf request's fields (and
+the documents' keys, and the query parameters of those that read one). Random
 fuzzers find what one value per type misses; this finds what random drawing
 can miss for a long time (one field, one type).
 
@@ -111,7 +112,20 @@ def management_cases() -> list[tuple[str, str, dict]]:
         for name in fields:
             for value in VALUES:
                 cases.append((route.method, path, {name: value}))
+    # The query parameters of the routes that read one, as query text.
+    for path, names in (("/api/saes/sae_millm-tiny-res-l1/features", ("query", "limit",
+                                                                       "offset")),
+                        ("/api/monitoring", ("model",))):
+        for name in names:
+            for text in _query_texts():
+                cases.append(("GET", f"{path}?{name}={text}", None))
     return cases
+
+
+def _query_texts() -> list[str]:
+    """VALUES as a query parameter's text (JSON for all but strings), quoted."""
+    return [urllib.parse.quote(v if isinstance(v, str) else json.dumps(v), safe="")
+            for v in VALUES]
 
 
 def responses_read_cases(response_id: str) -> list[tuple[str, str, None]]:
@@ -123,15 +137,12 @@ def responses_read_cases(response_id: str) -> list[tuple[str, str, None]]:
     for rid in ids:
         for method, suffix in (("GET", ""), ("GET", "/input_items")):
             cases.append((method, f"/v1/responses/{rid}{suffix}", None))
-    texts = [json.dumps(v) if not isinstance(v, str) else v for v in VALUES]
     for name in ("limit", "order", "after", "before"):
-        for text in texts:
-            quoted = urllib.parse.quote(text, safe="")
-            cases.append(("GET", f"/v1/responses/{response_id}/input_items?{name}={quoted}",
+        for text in _query_texts():
+            cases.append(("GET", f"/v1/responses/{response_id}/input_items?{name}={text}",
                           None))
-    for text in texts:
-        quoted = urllib.parse.quote(text, safe="")
-        cases.append(("GET", f"/v1/responses/{response_id}?stream={quoted}", None))
+    for text in _query_texts():
+        cases.append(("GET", f"/v1/responses/{response_id}?stream={text}", None))
     cases += [("DELETE", f"/v1/responses/{rid}", None) for rid in ids[1:]]
     return cases
 
