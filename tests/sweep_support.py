@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
@@ -147,18 +148,25 @@ def responses_read_cases(response_id: str) -> list[tuple[str, str, None]]:
     return cases
 
 
-def send(port: int, method: str, path: str, body) -> tuple[int | None, bytes, str | None]:
-    """(status, content, problem): problem says why there is no proper answer."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+def send(port: int, method: str, path: str, body,
+         conn: http.client.HTTPConnection | None = None) -> tuple[int | None, bytes, str | None]:
+    """(status, content, problem): problem says why there is no proper answer.
+    With `conn`, on that kept-alive connection, as the SDKs' pools send: a
+    server that drops a connection it did not say it would close fails the
+    next request on it (http.client reopens one that said so)."""
+    own = conn is None
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         data = json.dumps(body).encode() if body is not None else None
         conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
         reply = conn.getresponse()
         return reply.status, reply.read(), None
     except (ConnectionError, http.client.HTTPException, OSError) as exc:
+        conn.close()
         return None, b"", f"no answer: {type(exc).__name__}: {exc}"
     finally:
-        conn.close()
+        if own:
+            conn.close()
 
 
 def stream_problem(content: bytes) -> str | None:
@@ -208,10 +216,15 @@ def problem(method: str, path: str, body, status: int | None, content: bytes,
 
 
 def sweep(stack, cases, workers: int = 4) -> list[str]:
-    """Send every case (a few at once) and return the failures, described."""
+    """Send every case (a few at once, each worker on one kept-alive
+    connection) and return the failures, described."""
+    local = threading.local()
+
     def one(case) -> str | None:
         method, path, body = case
-        status, content, no_answer = send(stack.http_port, method, path, body)
+        if not hasattr(local, "conn"):
+            local.conn = http.client.HTTPConnection("127.0.0.1", stack.http_port, timeout=120)
+        status, content, no_answer = send(stack.http_port, method, path, body, local.conn)
         found = problem(method, path, body, status, content, no_answer)
         if found is None:
             return None
