@@ -14,10 +14,12 @@ request (no answer within --timeout), any request dropped (the connection
 reset or refused before a status was read: a bridge that died answers every
 later request that way) or answered without a status line; and, once the
 run is over, unless the bridge is still ready (/readyz) and the engine still
-generates a plain chat completion. The client never lets the server's early
-answer race its own writes: a body is sent whole only after the server asked
-for it (`Expect: 100-continue`), and the answer is read before anything else
-is written. Without --base-url it starts an engine and a bridge of its own.
+generates a plain chat completion. The client does not let the server's early
+answer race its own writes: a body is sent only once the server asks for it
+(`Expect: 100-continue`; after 2 s without an interim answer, anyway), in
+pieces, and an answer that arrives meanwhile (a 413 past the size limit)
+stops the writing. Without --base-url it starts an engine and a bridge of
+its own.
 
 Usage: python bench/abuse.py [--requests 10000] [--concurrency 64] [--seed N]
                              [--base-url http://127.0.0.1:8000]
