@@ -161,7 +161,9 @@ def test_a_nul_byte_in_an_id_is_a_400_on_every_route(stack):
         "model": MODEL, "input": "Hi", "max_output_tokens": 1,
         "previous_response_id": "resp_\x00"})
     assert reply.status_code == 400, reply.text
-    assert reply.json()["error"]["param"] == "previous_response_id"
+    error = reply.json()["error"]
+    assert error["param"] == "previous_response_id"
+    assert error["message"].startswith("'previous_response_id' must be a response id"), error
 
 
 def test_a_stored_response_the_bridge_cannot_name_still_renders():
@@ -181,3 +183,41 @@ def test_a_stored_response_the_bridge_cannot_name_still_renders():
     assert [t["parameters"] for t in shown["tools"]] == [None, None]
     assert shown["tool_choice"] == "auto" and shown["temperature"] == 1.0
     assert shown["text"]["format"]["schema"] == {}
+
+
+# JSON inside a string (a call's arguments, a steering document) was parsed
+# without the body's limits: deep nesting raised RecursionError (a 500) and
+# NaN was accepted by one route and refused by the next (service/json_text.py).
+DEEP_ARGUMENTS = ("[" * 100_000, '{"a": ' + "[" * 5_000 + "]" * 5_000 + "}", '{"a": NaN}')
+
+
+@pytest.mark.parametrize("arguments", DEEP_ARGUMENTS)
+def test_call_arguments_that_are_not_plain_json_are_a_400(stack, arguments):
+    chat = {"model": MODEL, "max_tokens": 1, "messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
+    responses = {"model": MODEL, "max_output_tokens": 1, "store": False, "input": [
+        {"role": "user", "content": "Hi"},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": arguments},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"}]}
+    for path, body, param in (
+            ("/v1/chat/completions", chat, "messages[1].tool_calls[0].function.arguments"),
+            ("/v1/responses", responses, "input[1].arguments")):
+        reply = call(stack.http_port, "POST", path, body)
+        assert reply.status_code == 400, (path, reply.text[:300])
+        assert reply.json()["error"]["param"] == param, reply.text[:300]
+
+
+def test_a_steering_document_nested_too_deep_is_a_400(stack):
+    from millm.v1 import steering_service_pb2, steering_service_pb2_grpc
+
+    with grpc.insecure_channel(stack.grpc_target) as channel:
+        stub = steering_service_pb2_grpc.SteeringServiceStub(channel)
+        for document in ("[" * 100_000, '{"format": "millm.cluster.v1", "name": NaN}'):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ImportCluster(steering_service_pb2.ImportClusterRequest(
+                    document_json=document))
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+            assert error_info(caught.value).reason == "invalid_document"

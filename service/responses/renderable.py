@@ -11,7 +11,7 @@ is refused at the save instead, as a 400 naming the field:
 - a float that is NaN or infinite: JSON has no spelling for it;
 - a `*_json` string (a tool's parameters, a schema, a call's arguments) that
   is not standard JSON (NaN and Infinity included), or is nested deeper than
-  a request body may be (rest_bridge/protocol/base.py MAX_BODY_DEPTH).
+  a request body may be (service/json_text.py).
 
 The check walks the message by its descriptor, so a field added to the
 contract later is covered without a change here.
@@ -19,14 +19,13 @@ contract later is covered without a change here.
 
 from __future__ import annotations
 
-import json
 import math
 
 from google.protobuf.descriptor import FieldDescriptor
 
+from service import json_text
 from service.errors import invalid_parameter
 
-MAX_JSON_DEPTH = 128
 _FLOATS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
 
 
@@ -62,23 +61,10 @@ def _one(field: FieldDescriptor, value, name: str) -> None:
             raise invalid_parameter(name, f"'{name}' is not JSON: {reason}.")
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def json_problem(text: str) -> str | None:
     """Why `text` is not JSON that any reader parses and writes back, or None."""
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        return f"nested deeper than {MAX_JSON_DEPTH} levels"
+        json_text.loads(text)
     except ValueError as exc:
         return str(exc)
-    depth, level = 0, [value]
-    while containers := [v for v in level if isinstance(v, dict | list)]:
-        depth += 1
-        if depth > MAX_JSON_DEPTH:
-            return f"nested deeper than {MAX_JSON_DEPTH} levels"
-        level = [c for item in containers
-                 for c in (item.values() if isinstance(item, dict) else item)]
     return None
