@@ -148,6 +148,102 @@ def responses_read_cases(response_id: str) -> list[tuple[str, str, None]]:
     return cases
 
 
+# Full valid bodies: every value inside them, at any depth, is swept too.
+_TOOL_HISTORY = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": [{"type": "text", "text": "Hi"}], "name": "u"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+_PARAMETERS = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}}}
+FULL_BODIES = (
+    ("POST", "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 1, "messages": _TOOL_HISTORY,
+        "tools": [{"type": "function", "function": {"name": "f", "description": "d",
+                                                    "parameters": _PARAMETERS,
+                                                    "strict": True}}],
+        "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+    ("POST", "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 1, "stream": True, "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "Hi"}], "seed": 1,
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": "s", "schema": _PARAMETERS, "strict": True}}}),
+    ("POST", "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
+        "return_sae_activations": {"sae_id": "sae_millm-tiny-res-l1", "features": [1, 2],
+                                   "top_k": 2, "positions": {"start": 0, "end": 1},
+                                   "read_point": "pre_steering"}}),
+    ("POST", "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
+        "stop": ["a", "b"], "extra_messages": [[{"role": "user", "content": "Yo"}]]}),
+    ("POST", "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 1, "logprobs": True, "top_logprobs": 2,
+        "allowed_token_ids": [1, 2], "messages": [{"role": "user", "content": "Hi"}]}),
+    ("POST", "/v1/completions", {
+        "model": MODEL, "max_tokens": 1, "prompt": ["Hi", "Yo"], "logprobs": 1, "echo": True,
+        "stop": ["a"]}),
+    ("POST", "/v1/completions", {
+        "model": MODEL, "max_tokens": 1, "prompt": "Hi",
+        "return_sae_activations": {"positions": "prompt", "top_k": 1}}),
+    ("POST", "/v1/completions", {"model": MODEL, "max_tokens": 1, "prompt": [[1, 2], [3]]}),
+    ("POST", "/v1/embeddings", {"model": MODEL, "input": ["Hi", "Yo"],
+                                "encoding_format": "float"}),
+    ("POST", "/v1/embeddings", {"model": MODEL, "input": [[1, 2], [3]]}),
+    ("POST", "/v1/responses", {
+        "model": MODEL, "max_output_tokens": 1, "store": False, "instructions": "Be brief.",
+        "input": [{"type": "message", "role": "user",
+                   "content": [{"type": "input_text", "text": "Hi"}]},
+                  {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "c1", "output": "ok"}],
+        "tools": [{"type": "function", "name": "f", "description": "d",
+                   "parameters": _PARAMETERS, "strict": True}],
+        "tool_choice": {"type": "function", "name": "f"}, "metadata": {"k": "v"}}),
+    ("POST", "/v1/responses", {
+        "model": MODEL, "max_output_tokens": 1, "stream": True, "input": "Hi",
+        "text": {"format": {"type": "json_schema", "name": "s", "schema": _PARAMETERS,
+                            "strict": True}}, "include": [], "reasoning": {"effort": None}}),
+    ("POST", "/api/profiles", {"name": "sweep-profile", "description": "d", "entries": [
+        {"layer": 1, "feature": 3, "strength": 2.0, "sae_id": "sae_millm-tiny-res-l1"}]}),
+    ("POST", "/api/clusters", {"format": "millm.cluster.v1", "name": "sweep-cluster",
+                               "intensity_range": [0.5, 1.5], "intensity": 1.0,
+                               "members": [{"layer": 1, "feature": 3, "strength": 8.0}]}),
+    ("POST", "/api/circuits", {"format": "millm.circuit.v1", "name": "sweep-circuit", "rung": 1,
+                               "members": [{"layer": 1, "feature": 3, "strength": 6.0}]}),
+    ("PUT", "/api/steering", {"enabled": False, "values": [
+        {"layer": 1, "feature": 3, "strength": 1.0}]}),
+    ("POST", "/api/probes", {"name": "sweep-probe", "sae_id": "sae_millm-tiny-res-l1",
+                             "layer": 1, "features": [{"index": 3, "weight": 1.0}],
+                             "threshold": 1.0}),
+    ("PUT", "/api/monitoring", {"model": MODEL, "enabled": False}),
+)
+
+
+def _paths(value, here: tuple = ()):
+    """Every place below the top of a body: keys of objects, items of lists."""
+    items = (value.items() if isinstance(value, dict)
+             else enumerate(value) if isinstance(value, list) else ())
+    for key, child in items:
+        yield (*here, key)
+        yield from _paths(child, (*here, key))
+
+
+def _replaced(body, path: tuple, value):
+    if not path:
+        return value
+    out = dict(body) if isinstance(body, dict) else list(body)
+    out[path[0]] = _replaced(body[path[0]], path[1:], value)
+    return out
+
+
+def nested_cases() -> list[tuple[str, str, dict]]:
+    """(method, path, body) for every value at any depth of FULL_BODIES × VALUES
+    (the top level is the field sweep's): the nested shapes get the same bar."""
+    return [(method, route, _replaced(body, where, value))
+            for method, route, body in FULL_BODIES
+            for where in _paths(body) if len(where) > 1
+            for value in VALUES]
+
+
 def send(port: int, method: str, path: str, body,
          conn: http.client.HTTPConnection | None = None) -> tuple[int | None, bytes, str | None]:
     """(status, content, problem): problem says why there is no proper answer.

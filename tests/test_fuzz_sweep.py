@@ -28,6 +28,27 @@ def test_every_generation_field_takes_every_json_type(fuzz_stack):
     assert not failures, _report(failures)
 
 
+@pytest.fixture(scope="module")
+def sae_attached(fuzz_stack):
+    """The full bodies read activations and probe a feature: the demo SAE is attached."""
+    reply = call(fuzz_stack.http_port, "POST", "/api/saes/sae_millm-tiny-res-l1/attach")
+    assert reply.status_code in (200, 409), reply.text
+    return fuzz_stack
+
+
+def test_the_full_bodies_are_valid(sae_attached):
+    """So that each nested case differs from a valid body in one value."""
+    for method, path, body in sweep_support.FULL_BODIES:
+        reply = call(sae_attached.http_port, method, path, body)
+        allowed = (200,) if path.startswith("/v1/") else (200, 409)  # 409: made already
+        assert reply.status_code in allowed, (path, body, reply.text[:300])
+
+
+def test_every_nested_value_takes_every_json_type(sae_attached):
+    failures = sweep_support.sweep(sae_attached, sweep_support.nested_cases())
+    assert not failures, _report(failures)
+
+
 def test_every_management_field_takes_every_json_type(fuzz_stack):
     failures = sweep_support.sweep(fuzz_stack, sweep_support.management_cases())
     assert not failures, _report(failures)
@@ -221,3 +242,22 @@ def test_a_steering_document_nested_too_deep_is_a_400(stack):
                     document_json=document))
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
             assert error_info(caught.value).reason == "invalid_document"
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": {"a": 1}}, {"type": ["string", ["x"]]},
+    {"type": "object", "properties": {"a": {"type": {"b": 2}}}},
+    {"$defs": 5, "$ref": "#/$defs/a"}, {"$defs": ["a"], "$ref": "#/$defs/a"},
+])
+def test_a_schema_with_an_odd_keyword_value_is_a_400(stack, schema):
+    """A type that is an object, or $defs that is not one, was a TypeError (a 500)."""
+    for path, body in (
+            ("/v1/chat/completions", {"model": MODEL, "max_tokens": 1, "messages": [
+                {"role": "user", "content": "Hi"}], "response_format": {
+                    "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}),
+            ("/v1/responses", {"model": MODEL, "max_output_tokens": 1, "store": False,
+                               "input": "Hi", "tools": [{"type": "function", "name": "f",
+                                                         "parameters": schema}]})):
+        reply = call(stack.http_port, "POST", path, body)
+        assert reply.status_code == 400, (path, reply.text[:300])
+        assert reply.json()["error"]["code"] == "response_format_unsupported", reply.text[:300]
