@@ -6,7 +6,9 @@ a 5xx, a reset connection, a missing status, or a stream that ended in a
 server fault. A field's list is the union of what the route's schema
 declares and what the engine's field table (service/requests/fields.py)
 rules on; the management routes use their protobuf request's fields (and
-the documents' keys, and the query parameters of those that read one). Random
+the documents' keys, and the query parameters of those that read one). A
+second sweep replaces every value at any depth of a set of full valid bodies
+(FULL_BODIES) the same way, and odd strings where a string is. Random
 fuzzers find what one value per type misses; this finds what random drawing
 can miss for a long time (one field, one type).
 
@@ -235,13 +237,27 @@ def _replaced(body, path: tuple, value):
     return out
 
 
+# Strings that broke parsers before, for the places that hold a string: NUL,
+# the model's own markers, JSON text nested far too deep or with NaN (call
+# arguments and schemas are JSON inside a string), and 100,000 characters.
+ODD_STRINGS = ("\x00", "<|im_start|>", "[" * 5_000, '{"a": NaN}', "\u202e" * 100_000)
+
+
+def _at(body, path: tuple):
+    for key in path:
+        body = body[key]
+    return body
+
+
 def nested_cases() -> list[tuple[str, str, dict]]:
     """(method, path, body) for every value at any depth of FULL_BODIES × VALUES
-    (the top level is the field sweep's): the nested shapes get the same bar."""
+    (the top level is the field sweep's), and ODD_STRINGS where a string is:
+    the nested shapes get the same bar."""
     return [(method, route, _replaced(body, where, value))
             for method, route, body in FULL_BODIES
             for where in _paths(body) if len(where) > 1
-            for value in VALUES]
+            for value in (*VALUES, *(ODD_STRINGS if isinstance(_at(body, where), str)
+                                     else ()))]
 
 
 def send(port: int, method: str, path: str, body,

@@ -1,8 +1,9 @@
 """The systematic sweep (tests/sweep_support.py): every route × every field it
 knows × a value of each JSON type, on an otherwise valid body, answers
-without a 5xx, a reset or a server fault inside a stream; the stored
-responses' reads take odd ids and query values alike; and the stack still
-serves at the end. The regressions it found are pinned below it."""
+without a 5xx, a reset or a server fault inside a stream; so does every
+value at any depth of a set of full valid bodies; the stored responses'
+reads take odd ids and query values alike; and the stack still serves at
+the end. The regressions it (and its review) found are pinned below it."""
 
 from __future__ import annotations
 
