@@ -1,8 +1,9 @@
-"""JSON that arrives as text inside a request: one parser for all of it.
+"""JSON that arrives as text inside a request, read by one parser.
 
 Tool-call arguments, steering documents and stored responses' JSON fields
 come as strings, so the bridge's body checks (depth, NaN) never saw their
-contents. Python's json module reads NaN and Infinity, which no JSON writer
+contents. (Schemas have their own reader with tighter limits:
+structured_output.check_schema.) Python's json module reads NaN and Infinity, which no JSON writer
 may write back, and raises RecursionError (not ValueError) on deep nesting,
 which a handler catching ValueError lets through as an internal error. Here
 both are a ValueError with a reason, and so is nesting deeper than a request

@@ -5,6 +5,11 @@ servicers/access.py) decides ownership: a save belongs to its key, and a
 read or delete by another key answers response_not_found, as if nothing
 were there, so ids cannot be probed; an admin key (or an engine without
 keys) sees every response. SQLite calls run off the event loop.
+
+Every id a call names is checked by the one id rule (responses/rules.py)
+before any query, so the database never sees one no save could have stored;
+and a save is refused, naming the field, when a reader could not render
+what it holds (responses/renderable.py), so reading it back never fails.
 """
 
 from __future__ import annotations
@@ -66,8 +71,6 @@ class ResponseServicer(response_service_pb2_grpc.ResponseServiceServicer):
         response = pb.StoredResponse()
         response.CopyFrom(request.response)
         rules.check_id(response.id, "response.id")
-        if response.previous_response_id:
-            rules.check_id(response.previous_response_id, "response.previous_response_id")
         rules.check_metadata(dict(response.metadata))
         # Nothing is stored that a reader could not render back.
         renderable.check(response, "response")
