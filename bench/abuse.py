@@ -9,12 +9,17 @@ not JSON or too large; the management API with odd names and documents;
 oversized headers, URLs and keys; unknown paths and methods. Any of them that
 happens to be valid asks for at most two tokens.
 
-Prints the answers by status and the count of 5xx (must be 0) and of hung
-requests (no answer within --timeout; must be 0), and exits non-zero if either
-is not. "dropped" counts connections reset before an answer was read (a server
-that answers without reading a large body and closes can race the client's
-last writes); it is shown, not failed. Without --base-url it starts an engine
-and a bridge of its own.
+Prints the answers by status and fails (exits non-zero) on any 5xx, any hung
+request (no answer within --timeout), any request dropped (the connection
+reset or refused before a status was read: a bridge that died answers every
+later request that way) or answered without a status line; and, once the
+run is over, unless the bridge is still ready (/readyz) and the engine still
+generates a plain chat completion. The client does not let the server's early
+answer race its own writes: a body is sent only once the server asks for it
+(`Expect: 100-continue`; after 2 s without an interim answer, anyway), in
+pieces, and an answer that arrives meanwhile (a 413 past the size limit)
+stops the writing. Without --base-url it starts an engine and a bridge of
+its own.
 
 Usage: python bench/abuse.py [--requests 10000] [--concurrency 64] [--seed N]
                              [--base-url http://127.0.0.1:8000]
@@ -82,6 +87,14 @@ class Draw:
                 self.value(), [{"content": "x"}] * r.randrange(1, 3_000)])
         elif route == "/v1/completions":
             body["prompt"] = r.choice([self.text(), self.value(), [r.randrange(-5, 10**6)] * 3])
+        elif route == "/v1/responses":
+            body = {"model": body["model"], "max_output_tokens": body.pop("max_tokens"),
+                    "input": r.choice([self.text(), self.value(),
+                                       [{"role": "user", "content": self.value()}]])}
+            for _ in range(r.randrange(0, 3)):
+                body[r.choice(["previous_response_id", "store", "instructions", "metadata",
+                               "text", "tool_choice", "max_output_tokens", "truncation"])] = \
+                    self.value()
         else:
             body = {"model": body["model"], "input": r.choice([self.text(), self.value()])}
         for _ in range(r.randrange(0, 4)):
@@ -101,11 +114,13 @@ class Draw:
         kind = r.randrange(12)
         name = urllib.parse.quote(self.text().encode("utf-8", "surrogatepass")[:3_000], safe="")
         if kind <= 5:
-            route = r.choice(["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
+            route = r.choice(["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                              "/v1/responses"])
             return "POST", route, headers, self.json(self.generation_body(route))
-        if kind == 6:  # not JSON, or not an object, or too deep, or too large
+        if kind == 6:  # not JSON, or not an object, or too deep, or too large (or said so)
             raw = r.choice([b"{", b"\xff\xfe", b"[]", b'"x"', b"{" * 5_000 + b"}" * 5_000,
-                            None, b"NaN", b""])
+                            None, b"NaN", b"", b'{"x": "' + b"a" * r.randrange(1_050_000,
+                                                                              3_000_000) + b'"}'])
             if raw is None:  # declared too large: refused before the body is read
                 headers["Content-Length"] = "1100000"
             return "POST", r.choice(["/v1/chat/completions", "/v1/completions",
@@ -123,7 +138,10 @@ class Draw:
                 ("GET", f"/api/profiles/{name}"), ("DELETE", f"/api/profiles/{name}"),
                 ("GET", f"/api/models/{name}"), ("GET", f"/v1/models/{name}"),
                 ("POST", f"/api/saes/{name}/attach"), ("POST", f"/api/models/{name}/load"),
-                ("GET", f"/api/circuits/{name}"), ("POST", f"/api/circuits/{name}/activate")])
+                ("GET", f"/api/circuits/{name}"), ("POST", f"/api/circuits/{name}/activate"),
+                ("GET", f"/v1/responses/{name}"), ("DELETE", f"/v1/responses/{name}"),
+                ("GET", f"/v1/responses/{name}/input_items?limit={name[:40]}"),
+                ("GET", f"/v1/responses/resp_{name}/input_items?after={name[:40]}")])
             return method, path, headers, None
         if kind == 9:  # oversized or undecodable headers
             headers[r.choice(["X-Big", "Authorization", "X-Request-Id", "X-API-Key"])] = r.choice(
@@ -161,23 +179,37 @@ async def _send(host, port, method, path, headers, body) -> int | str:
         lines += [f"{k}: {v}" for k, v in headers.items()]
         if body is not None and "Content-Length" not in headers:
             lines.append(f"Content-Length: {len(body)}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogatepass")
-        body = body or b""
-        writer.write(head + body[:65_536])
-        # The rest goes in pieces while the answer is awaited: a server may
-        # answer (a 404, a 413) without reading the body and close, and writing
-        # on after that would reset the connection and lose its answer.
-        answer = asyncio.ensure_future(reader.readline())
-        for start in range(65_536, len(body), 65_536):
-            await asyncio.sleep(0)
-            if answer.done():
-                break
-            writer.write(body[start:start + 65_536])
+        if body:
+            # The body only once the server asks for it: a server may answer
+            # (a 404, a 413) without reading it and close, and a body written
+            # into that close would reset the connection and lose the answer.
+            lines.append("Expect: 100-continue")
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogatepass"))
+        status_line = b""
+        if body:
             try:
-                await writer.drain()
-            except ConnectionError:
-                break
-        status_line = await answer
+                status_line = await asyncio.wait_for(reader.readline(), 2)
+            except TimeoutError:  # a server that ignores Expect: send the body anyway
+                status_line = b"HTTP/1.1 100 (no interim answer)"
+        if body and b" 100 " in status_line:
+            while status_line.startswith(b"HTTP/1.1 100 C") and (
+                    await reader.readline()).strip():  # the interim answer's headers
+                pass
+            answer = asyncio.ensure_future(reader.readline())
+            # In pieces while the answer is awaited: one that comes early (a
+            # 413 past the body limit) stops the writing.
+            for start in range(0, len(body), 65_536):
+                await asyncio.sleep(0)
+                if answer.done():
+                    break
+                writer.write(body[start:start + 65_536])
+                try:
+                    await writer.drain()
+                except ConnectionError:
+                    break
+            status_line = await answer
+        elif not body:
+            status_line = await reader.readline()
         await reader.read()
     finally:
         writer.close()
@@ -225,11 +257,12 @@ def main() -> int:
         started = time.perf_counter()
         outcomes = asyncio.run(run(args, url.hostname, url.port or 80))
         seconds = time.perf_counter() - started
+        still = asyncio.run(alive(url.hostname, url.port or 80, args.timeout))
     finally:
         if stack is not None:
             stack.stop()
     server_errors = sum(n for k, n in outcomes.items() if isinstance(k, int) and k >= 500)
-    hung = outcomes["hung"]
+    hung, dropped, no_status = outcomes["hung"], outcomes["dropped"], outcomes["no status"]
     print(f"abuse: {args.requests} generated bad requests, {args.concurrency} at a time, "
           f"seed {args.seed}, {seconds:.1f} s ({args.requests / seconds:.0f} requests/s)")
     for key, count in sorted(outcomes.items(), key=lambda kv: str(kv[0])):
@@ -237,10 +270,26 @@ def main() -> int:
     for outcome, shown in run.examples.items():
         for line in shown[:3]:
             print(f"  e.g. {outcome}: {line}")
-    print(f"  5xx: {server_errors}   hung: {hung}")
-    ok = server_errors == 0 and hung == 0
+    print(f"  5xx: {server_errors}   hung: {hung}   dropped: {dropped}   no status: {no_status}")
+    print(f"  afterwards: {still or 'the bridge is ready and the engine generates'}")
+    ok = server_errors == 0 and hung == 0 and dropped == 0 and no_status == 0 and still is None
     print("  OK" if ok else f"  FAILED (rerun with --seed {args.seed})")
     return 0 if ok else 1
+
+
+async def alive(host: str, port: int, timeout: float) -> str | None:
+    """None when the bridge is still ready and the engine still generates;
+    otherwise what is wrong."""
+    ready = await send(host, port, "GET", "/readyz", {}, None, timeout)
+    if ready != 200:
+        return f"the bridge is not ready afterwards (/readyz: {ready})"
+    body = json.dumps({"model": MODEL, "max_tokens": 1,
+                       "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    answer = await send(host, port, "POST", "/v1/chat/completions",
+                        {"Content-Type": "application/json"}, body, timeout)
+    if answer != 200:
+        return f"the engine does not generate afterwards (a plain chat completion: {answer})"
+    return None
 
 
 if __name__ == "__main__":

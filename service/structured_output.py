@@ -141,7 +141,8 @@ class _SchemaWalk:
                 self._check_ref(value, here)
             elif key == "type":
                 names = value if isinstance(value, list) else [value]
-                if not names or any(n not in TYPES for n in names):
+                # A name is text: an object or list there is no type (and no key of TYPES).
+                if not names or any(not isinstance(n, str) or n not in TYPES for n in names):
                     self.problems.append(f"type {value!r} at {_pointer(here)} (not a JSON type)")
             elif key == "format" and value not in FORMATS:
                 self.problems.append(f"format {value!r} at {_pointer(here)} (supported: "
@@ -162,7 +163,8 @@ class _SchemaWalk:
                                  "#/$defs are supported)")
             return
         name = ref.removeprefix("#/$defs/").replace("~1", "/").replace("~0", "~")
-        if name not in (self.root.get("$defs") or {}):
+        defs = self.root.get("$defs")
+        if not isinstance(defs, dict) or name not in defs:
             self.problems.append(f"$ref {ref!r} at {_pointer(here)} (no such definition)")
 
 

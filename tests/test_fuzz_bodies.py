@@ -5,8 +5,10 @@ Bodies mix the fields each route knows (with values of the right type, the
 wrong type, or out of range) with keys it has never heard of, so both the
 bridge's JSON checks and the engine's rules get exercised; strings are now and
 then thousands of characters or odd text, and any field may hold thousands of
-keys or deep nesting (tests/fuzz_support.py). Each run draws new examples from
-its own seed, printed when a test fails. Generations are kept short (max_tokens
+keys or deep nesting (tests/fuzz_support.py). A stream is read to its end
+and fails on an error event for a fault of the server, even one followed by
+[DONE] (tests/sweep_support.py stream_problem). Each run draws new examples
+from its own seed, printed when a test fails. Generations are kept short (max_tokens
 is always sent, mostly small) so the run stays quick.
 """
 
@@ -21,6 +23,7 @@ from tests.conftest import MODEL
 from tests.fuzz_support import ANY_JSON, KEY, LONG_TEXT, ODD_TEXT, fuzz
 from tests.fuzz_support import TEXT as ANY_TEXT
 from tests.http_helpers import post
+from tests.sweep_support import stream_problem
 
 SPECIAL_TEXT = st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "", "é", "\x00"])
 TEXT = st.one_of(st.text(max_size=30), st.builds(lambda a, b: a + b, st.text(max_size=8),
@@ -123,7 +126,9 @@ def check(stack, path: str, payload: dict, headers: dict) -> None:
     else:
         event("200")
     if reply.status < 400 and payload.get("stream") is True:
+        # Read to its end: a server fault inside the stream fails too.
         assert content.endswith(b"data: [DONE]\n\n")
+        assert stream_problem(content) is None, (stream_problem(content), str(payload)[:2000])
     elif reply.status < 400:
         answer = json.loads(content)
         assert answer["data"] if path == "/v1/embeddings" else answer["choices"]

@@ -4,12 +4,16 @@ into a 5xx), never runs past the call's deadline, and keeps serving.
 
 Each request is drawn field by field from its message descriptor
 (tests/fuzz_support.py): any value of the field's type, long and odd strings,
-unknown enum numbers, hundreds of repeated entries. Generations are kept short
+unknown enum numbers, hundreds of repeated entries. Every service is in,
+ResponseService too (saves with unknown enum numbers, odd ids and JSON
+fields that do not parse; reads and deletes of any id). Generations are kept short
 (max_tokens at most 8, n at most 4) so the run stays quick; LoadModel and
 UnloadModel never name a model on disk (a fuzzer must not switch the model).
 """
 
 from __future__ import annotations
+
+import uuid
 
 import grpc
 import pytest
@@ -23,17 +27,21 @@ from millm.v1 import (
     model_service_pb2,
     model_service_pb2_grpc,
     monitoring_service_pb2,
+    response_service_pb2,
+    response_service_pb2_grpc,
     scoring_service_pb2,
     server_service_pb2,
     steering_service_pb2,
 )
 from tests.conftest import MODEL
 from tests.fuzz_support import build, fuzz, message_values
+from tests.http_helpers import call as http_call
 
 SERVER_FAULTS = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS,
                  grpc.StatusCode.DEADLINE_EXCEEDED}
 MODULES = (generation_service_pb2, scoring_service_pb2, embedding_service_pb2,
-           model_service_pb2, server_service_pb2, steering_service_pb2, monitoring_service_pb2)
+           model_service_pb2, server_service_pb2, steering_service_pb2, monitoring_service_pb2,
+           response_service_pb2)
 METHODS = [(service, method) for module in MODULES
            for service in module.DESCRIPTOR.services_by_name.values()
            for method in service.methods]
@@ -102,6 +110,44 @@ def test_no_server_fault_from_any_request(fuzz_channel, models_on_disk, data, wh
         event(f"{method.name} {exc.code().name}")
         assert exc.code() not in SERVER_FAULTS, (method.name, exc.code(), exc.details(),
                                                  str(request)[:2000])
+
+
+SAVED_ITEMS = st.lists(message_values(response_service_pb2.ResponseItem.DESCRIPTOR), max_size=3)
+
+
+@fuzz(max_examples=100)
+@given(response=message_values(response_service_pb2.StoredResponse.DESCRIPTOR),
+       items=SAVED_ITEMS, valid_ids=st.booleans())
+def test_a_saved_response_reads_back_on_every_path(fuzz_stack, fuzz_channel, response, items,
+                                                   valid_ids):
+    """Whatever SaveResponse accepts, every reader renders: GetResponse,
+    ListInputItems, and the bridge's GET and input_items never fail on it."""
+    request = response_service_pb2.SaveResponseRequest(
+        response=build(response_service_pb2.StoredResponse.DESCRIPTOR, response),
+        input_items=[build(response_service_pb2.ResponseItem.DESCRIPTOR, i) for i in items])
+    request.response.id = f"resp_{uuid.uuid4().hex}"
+    if valid_ids:  # mostly past the id rules, to reach what is stored
+        request.response.previous_response_id = ""
+        for i, item in enumerate([*request.response.output, *request.input_items]):
+            item.id = f"item_{i}"
+    stub = response_service_pb2_grpc.ResponseServiceStub(fuzz_channel)
+    try:
+        stub.SaveResponse(request, timeout=60)
+    except grpc.RpcError as exc:
+        event(f"SaveResponse {exc.code().name}")
+        assert exc.code() not in SERVER_FAULTS, (exc.code(), exc.details(), str(request)[:2000])
+        return
+    event("SaveResponse OK")
+    response_id = request.response.id
+    stub.GetResponse(response_service_pb2.GetResponseRequest(id=response_id,
+                                                             include_input_items=True),
+                     timeout=60)
+    stub.ListInputItems(response_service_pb2.ListInputItemsRequest(response_id=response_id),
+                        timeout=60)
+    for path in (f"/v1/responses/{response_id}", f"/v1/responses/{response_id}/input_items"):
+        reply = http_call(fuzz_stack.http_port, "GET", path)
+        assert reply.status_code == 200, (path, reply.text[:500], str(request)[:2000])
+        reply.json()
 
 
 def test_still_serving_after_the_fuzzing(fuzz_channel):

@@ -1,18 +1,25 @@
-"""Generated bodies thrown at POST /v1/responses: never a 5xx, always the
-OpenAI envelope on an error, a stream that ends with one terminal event and no
-[DONE], and the server keeps answering afterwards (as tests/test_fuzz_bodies.py
-does for chat and text completions), drawn anew each run (tests/fuzz_support.py)."""
+"""Generated requests on every /v1/responses route: never a 5xx, always the
+OpenAI envelope on an error, a stream read to its end that ends with one
+terminal event and no [DONE] and carries no fault of the server (a
+response.failed the server caused fails the test), and the server keeps
+answering afterwards (as tests/test_fuzz_bodies.py does for chat and text
+completions), drawn anew each run (tests/fuzz_support.py). POST bodies, and
+GET, DELETE and input_items on stored responses, unknown ones and odd ids
+with odd query values. The checks take a stack, so another stack (a
+PostgreSQL one) can run them too."""
 
 from __future__ import annotations
 
 import json
+import urllib.parse
 
 from hypothesis import event, given
 from hypothesis import strategies as st
 
 from tests.conftest import MODEL
-from tests.fuzz_support import JSON_VALUES, fuzz
-from tests.http_helpers import post
+from tests.fuzz_support import ANY_JSON, JSON_VALUES, ODD_TEXT, fuzz
+from tests.http_helpers import call, post
+from tests.sweep_support import stream_problem
 from tests.test_fuzz_bodies import STRICT, TEXT, sometimes, with_unknown_keys
 
 PART = st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text",
@@ -69,9 +76,8 @@ BODIES = with_unknown_keys(st.fixed_dictionaries(
     optional=FIELDS))
 
 
-@fuzz(max_examples=150)
-@given(payload=BODIES, headers=STRICT)
-def test_responses_bodies(stack, payload, headers):
+def check_body(stack, payload: dict, headers: dict) -> None:
+    """One POST /v1/responses against the fuzzers' bar."""
     reply, content = post(stack.http_port, "/v1/responses", payload, headers=headers)
     assert reply.status < 500, (reply.status, payload, content[:500])
     if reply.status >= 400:
@@ -86,8 +92,66 @@ def test_responses_bodies(stack, payload, headers):
         last = json.loads(content.strip().split(b"\n")[-1].removeprefix(b"data: "))
         assert last["type"] in ("response.completed", "response.incomplete",
                                 "response.failed"), content[-500:]
+        assert stream_problem(content) is None, (stream_problem(content), payload)
     else:
         assert json.loads(content)["object"] == "response"
+
+
+@fuzz(max_examples=150)
+@given(payload=BODIES, headers=STRICT)
+def test_responses_bodies(stack, payload, headers):
+    check_body(stack, payload, headers)
+
+
+# An id: a stored one, an unknown one, or odd text (NUL, long, escaped, empty).
+ID = st.one_of(st.just("STORED"), st.sampled_from(["resp_nothing", "resp_", "chatcmpl-1"]),
+               ODD_TEXT, st.text(max_size=300), st.builds(lambda n: "resp_" + "a" * n,
+                                                          st.integers(190, 5_000)))
+QUERY_VALUE = st.one_of(ODD_TEXT, st.sampled_from(["1", "100", "101", "0", "-1", "asc",
+                                                   "desc", "true", "msg_x"]),
+                        ANY_JSON.map(json.dumps))
+READS = st.sampled_from([("GET", ""), ("GET", "/input_items"), ("DELETE", "")])
+
+
+def check_read(stack, method: str, path: str) -> None:
+    """One GET or DELETE on a stored response's route against the fuzzers' bar."""
+    reply = call(stack.http_port, method, path, timeout=60)
+    assert reply.status_code < 500, (method, path[:300], reply.text[:500])
+    if reply.status_code >= 400:
+        error = reply.json()["error"]
+        event(f"{method} {reply.status_code} {error['code']}")
+        assert set(error) == {"message", "type", "param", "code"}, reply.text[:500]
+    elif reply.status_code >= 300:  # "/v1/responses/" (no id): FastAPI's slash redirect
+        event(f"{method} {reply.status_code}")
+        assert reply.headers["location"], reply.headers
+    else:
+        event(f"{method} {reply.status_code}")
+        assert reply.json()["object"] in ("response", "list"), reply.text[:500]
+
+
+def stored_response(stack) -> str:
+    made = call(stack.http_port, "POST", "/v1/responses", {
+        "model": MODEL, "input": [{"role": "user", "content": "one"},
+                                  {"role": "user", "content": "two"}],
+        "max_output_tokens": 1})
+    assert made.status_code == 200, made.text
+    return made.json()["id"]
+
+
+@fuzz(max_examples=150)
+@given(read=READS, response_id=ID,
+       query=st.dictionaries(st.sampled_from(["limit", "order", "after", "before", "stream",
+                                              "include"]), QUERY_VALUE, max_size=3))
+def test_stored_response_routes(stack, read, response_id, query):
+    method, suffix = read
+    if response_id == "STORED":
+        response_id = stored_response(stack)
+    quoted = urllib.parse.quote(response_id.encode("utf-8", "surrogatepass"), safe="")[:8_000]
+    path = f"/v1/responses/{quoted}{suffix}"
+    if query:
+        path += "?" + urllib.parse.urlencode(
+            {k: v.encode("utf-8", "surrogatepass")[:2_000] for k, v in query.items()})
+    check_read(stack, method, path)
 
 
 def test_still_answering_after_the_fuzzing(client):

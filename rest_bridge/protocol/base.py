@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, TypeVar
+from typing import Annotated, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -87,35 +87,57 @@ class SaeActivationsSpec(OpenAIBaseModel):
     read_point: str | None = None
 
 
-class GenerationFields(OpenAIBaseModel):
-    """The fields chat and text completions share (streaming and sampling)."""
+class SharedFields(OpenAIBaseModel):
+    """The fields every generation route declares alike (chat, text
+    completions and /v1/responses): one definition, so a field is judged by
+    the same type rule on each route."""
 
     model: str
     stream: bool | None = None
-    stream_options: StreamOptions | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: Int64 | None = None
     min_p: float | None = None
-    max_tokens: Int64 | None = None
-    max_completion_tokens: Int64 | None = None
     stop: str | list[str] | None = None
-    n: Int64 | None = None
     seed: Int64 | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
-    ignore_eos: bool | None = None
     user: str | None = None
-    # Scoring (max_tokens 1): restrict the next token to these ids.
-    allowed_token_ids: list[Int64] | None = None
-    # Key log-probabilities by "token_id:<id>" instead of the token's text.
-    return_tokens_as_token_ids: bool | None = None
     # miLLM steering: a saved profile and the dial (a number in 0-2 or
     # off/min/max) for this request only; the engine says where they apply.
     profile: str | None = None
     steering_intensity: float | str | None = None
     return_sae_activations: SaeActivationsSpec | None = None
+
+    # Declared fields this route's translation has no place for: their shape
+    # is checked here, then they travel as extra fields and the engine's
+    # field table refuses them by name (never dropped, never read unchecked).
+    UNMAPPED: ClassVar[frozenset[str]] = frozenset()
+
+    def top_level_extras(self) -> dict:
+        extras = super().top_level_extras()
+        for name in self.UNMAPPED:
+            value = getattr(self, name)
+            if value is not None:
+                extras[name] = (value.model_dump(exclude_unset=True, by_alias=True)
+                                if isinstance(value, BaseModel) else value)
+        return extras
+
+
+class GenerationFields(SharedFields):
+    """The fields chat and text completions share besides those: streaming
+    options, token limits, choices and scoring."""
+
+    stream_options: StreamOptions | None = None
+    max_tokens: Int64 | None = None
+    max_completion_tokens: Int64 | None = None
+    n: Int64 | None = None
+    ignore_eos: bool | None = None
+    # Scoring (max_tokens 1): restrict the next token to these ids.
+    allowed_token_ids: list[Int64] | None = None
+    # Key log-probabilities by "token_id:<id>" instead of the token's text.
+    return_tokens_as_token_ids: bool | None = None
 
 
 Model = TypeVar("Model", bound=OpenAIBaseModel)

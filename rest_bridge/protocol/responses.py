@@ -2,19 +2,22 @@
 
 Only the JSON shape is declared here. Item and tool types stay free strings
 so that an unserved one is refused by name (`input[2].type`) by the
-translation, not lost in a union error. Fields the Responses API has and
+translation, not lost in a union error. The fields it shares with chat
+(sampling, stop, steering) are declared once, in base.SharedFields, so they
+are typed by the same rules on both routes. Fields the Responses API has and
 this schema does not declare (`background`, `truncation`, `include`,
 `reasoning`, ...) travel to the engine as extra fields, where the field
-table refuses or reports them like any other.
+table refuses or reports them like any other; so does
+`return_sae_activations`, once its shape is checked (UNMAPPED).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
-from rest_bridge.protocol.base import Int64, OpenAIBaseModel
+from rest_bridge.protocol.base import Int64, OpenAIBaseModel, SharedFields
 
 
 class ContentPart(OpenAIBaseModel):
@@ -68,31 +71,23 @@ class TextConfig(OpenAIBaseModel):
     format: TextFormat | None = None
 
 
-class ResponsesRequest(OpenAIBaseModel):
-    model: str
+class ResponsesRequest(SharedFields):
+    """Its own fields; those it shares with chat (sampling, stop, steering)
+    are protocol/base.py's SharedFields."""
+
+    # A response has no place for SAE activations: checked like chat's, then
+    # refused by the engine as a field this request cannot map.
+    UNMAPPED: ClassVar[frozenset[str]] = frozenset({"return_sae_activations"})
+
     input: str | list[InputItem] | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
-    stream: bool | None = None
     max_output_tokens: Int64 | None = None
-    temperature: float | None = None
-    top_p: float | None = None
     tools: list[FunctionToolSpec] | None = None
     tool_choice: str | ToolChoiceSpec | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
-    user: str | None = None
     # A stored prompt template (OpenAI's dashboard prompts): nothing to load here.
     prompt: Any = None
-    # Extensions, as on chat completions.
-    seed: Int64 | None = None
-    top_k: Int64 | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    stop: str | list[str] | None = None
-    profile: str | None = None
-    steering_intensity: float | str | None = None

@@ -44,8 +44,10 @@ async def _stream_of(call: GenerateCall):
 
 def _param_error(exc: grpc.aio.AioRpcError, renames: dict[str, str]) -> OpenAIError:
     error = from_rpc_error(exc)
-    if error.param in renames:
-        error.param = renames[error.param]
+    if error.param in renames:  # named as the client wrote it, in the message too
+        new = renames[error.param]
+        error.message = error.message.replace(f"'{error.param}'", f"'{new}'")
+        error.param = new
     return error
 
 

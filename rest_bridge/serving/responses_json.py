@@ -3,14 +3,22 @@
 One rendering for every path: a response just generated and one read back
 from the engine's store are both a StoredResponse, so `POST` and `GET
 /v1/responses/{id}` (and the streamed events' snapshots) cannot drift apart.
+
+The engine refuses to store what cannot be rendered (unknown enum numbers,
+non-finite numbers, JSON fields that do not parse), but a stored response
+may come from an engine of a newer contract: what this bridge cannot name
+is shown as the nearest thing it can (an unknown status as "incomplete", an
+unreadable schema as none), so reading a stored response never fails.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 from millm.v1 import generation_pb2
 from millm.v1 import response_service_pb2 as rpb
+from rest_bridge.protocol.base import MAX_BODY_DEPTH, json_depth
 
 _ROLES = {generation_pb2.ROLE_USER: "user", generation_pb2.ROLE_SYSTEM: "system",
           generation_pb2.ROLE_DEVELOPER: "developer", generation_pb2.ROLE_ASSISTANT: "assistant"}
@@ -26,6 +34,20 @@ _MODES = {generation_pb2.TOOL_CHOICE_MODE_NONE: "none",
           generation_pb2.TOOL_CHOICE_MODE_REQUIRED: "required"}
 
 
+def _json(text: str, default):
+    """A stored JSON field, or `default` when it is not standard JSON this
+    bridge could write back (too deep for a body is too deep here)."""
+    try:
+        value = json.loads(text, parse_constant=_reject_constant) if text else default
+    except (ValueError, RecursionError):
+        return default
+    return default if json_depth(value) > MAX_BODY_DEPTH else value
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def part_json(part: rpb.ContentPart) -> dict:
     if part.type == rpb.CONTENT_PART_TYPE_OUTPUT_TEXT:
         return {"type": "output_text", "text": part.text, "annotations": [], "logprobs": []}
@@ -33,7 +55,7 @@ def part_json(part: rpb.ContentPart) -> dict:
 
 
 def item_json(item: rpb.ResponseItem, status: str | None = None) -> dict:
-    status = status or ITEM_STATUS[item.status]
+    status = status or ITEM_STATUS.get(item.status, "completed")
     kind = item.WhichOneof("item")
     if kind == "message":
         return {"id": item.id, "type": "message", "status": status,
@@ -49,7 +71,10 @@ def item_json(item: rpb.ResponseItem, status: str | None = None) -> dict:
 
 
 def _opt(message, name: str, default=None):
-    return getattr(message, name) if message.HasField(name) else default
+    value = getattr(message, name) if message.HasField(name) else default
+    if isinstance(value, float) and not math.isfinite(value):
+        return default  # JSON has no spelling for it
+    return value
 
 
 def _tool_choice(s: rpb.ResponseSettings):
@@ -57,7 +82,7 @@ def _tool_choice(s: rpb.ResponseSettings):
         return "auto"
     if s.tool_choice.mode == generation_pb2.TOOL_CHOICE_MODE_FUNCTION:
         return {"type": "function", "name": s.tool_choice.function_name}
-    return _MODES[s.tool_choice.mode]
+    return _MODES.get(s.tool_choice.mode, "auto")
 
 
 def _format(s: rpb.ResponseSettings) -> dict:
@@ -67,7 +92,7 @@ def _format(s: rpb.ResponseSettings) -> dict:
     if which == "json_schema":
         spec = s.text_format.json_schema
         out = {"type": "json_schema", "name": spec.name,
-               "schema": json.loads(spec.schema_json) if spec.schema_json else {},
+               "schema": _json(spec.schema_json, {}),
                "strict": _opt(spec, "strict")}
         if spec.description:
             out["description"] = spec.description
@@ -77,7 +102,7 @@ def _format(s: rpb.ResponseSettings) -> dict:
 
 def _tool(t: generation_pb2.FunctionTool) -> dict:
     return {"type": "function", "name": t.name, "description": t.description or None,
-            "parameters": json.loads(t.parameters_json) if t.parameters_json else None,
+            "parameters": _json(t.parameters_json, None),
             "strict": _opt(t, "strict", True)}
 
 
@@ -93,7 +118,7 @@ def response_json(r: rpb.StoredResponse, *, store: bool, status: str | None = No
     """The response object; `status` overrides the stored one (in_progress
     snapshots while streaming)."""
     s, sampling = r.settings, r.settings.sampling
-    status = status or STATUS[r.status]
+    status = status or STATUS.get(r.status, "incomplete")
     finished = status not in ("in_progress", "queued")
     error = None
     if r.status == rpb.RESPONSE_STATUS_FAILED:

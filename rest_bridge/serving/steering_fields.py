@@ -1,7 +1,9 @@
-"""The steering fields of chat and text completions, both ways: the request's
+"""The steering fields of the generation routes, both ways: the request's
 profile, dial and return_sae_activations into GenerateRequest, and the
 steering headers and the `millm` object (sae_activations, probe_verdicts) out
-of the response."""
+of the response. The fields arrive typed (protocol/base.py SharedFields); a
+route with no place for activations (/v1/responses) lists them as UNMAPPED
+and they reach the engine as an extra field instead."""
 
 from __future__ import annotations
 
@@ -45,8 +47,8 @@ def add_to_request(request, pb) -> None:
         pb.steering_intensity.symbol = dial
     elif dial is not None:
         pb.steering_intensity.level = dial
-    spec = getattr(request, "return_sae_activations", None)  # /v1/responses has none
-    if spec is None:
+    spec = request.return_sae_activations
+    if spec is None or PARAM in request.UNMAPPED:
         return
     out = pb.return_sae_activations
     out.SetInParent()

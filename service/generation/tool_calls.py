@@ -22,6 +22,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 
+from service import json_text
 from service.errors import EngineError
 from service.generation.job import ChoiceDelta, FinishReason, StepOutput, ToolCallFragment
 from service.requests.tools import CALL_CLOSE, CALL_OPEN, ToolPlan
@@ -159,7 +160,7 @@ class ChoiceCalls:
 
         index = len(self.calls) - 1
         try:
-            arguments = json.loads(call.arguments)
+            arguments = json_text.loads(call.arguments)
         except ValueError as exc:
             raise invalid_call(f"Tool call {index}'s arguments are not JSON ({exc}).") from None
         validator = jsonschema.Draft202012Validator(

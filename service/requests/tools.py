@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from service import json_text
 from service.errors import EngineError, invalid_parameter
 from service.structured_output import NAME_PATTERN, check_schema
 
@@ -156,8 +157,8 @@ def check_history(conversations) -> None:
             for j, call in enumerate(turn.tool_calls):
                 param = f"{where}[{i}].tool_calls[{j}].function.arguments"
                 try:
-                    arguments = json.loads(call.arguments_json)
-                except ValueError:
+                    arguments = json_text.loads(call.arguments_json)
+                except ValueError:  # NaN and deep nesting too (json_text.py)
                     arguments = None
                 if not isinstance(arguments, dict):
                     raise invalid_parameter(param, f"'{param}' must be a JSON object as a string.")

@@ -30,6 +30,10 @@ def not_found(response_id: str, param: str) -> EngineError:
 
 
 def check_id(response_id: str, param: str) -> None:
+    """The one id rule, for every path that takes a response id (save, read,
+    delete, list its items, previous_response_id), checked before any query:
+    an id no save could have stored (a NUL byte, 10,000 characters) is a 400
+    naming the field on every database alike."""
     if not RESPONSE_ID.fullmatch(response_id):
         raise invalid_parameter(param, f"'{param}' must be a response id (resp_ followed by "
                                 "up to 200 letters, digits, '_' or '-').")

@@ -5,6 +5,11 @@ servicers/access.py) decides ownership: a save belongs to its key, and a
 read or delete by another key answers response_not_found, as if nothing
 were there, so ids cannot be probed; an admin key (or an engine without
 keys) sees every response. SQLite calls run off the event loop.
+
+Every id a call names is checked by the one id rule (responses/rules.py)
+before any query, so the database never sees one no save could have stored;
+and a save is refused, naming the field, when a reader could not render
+what it holds (responses/renderable.py), so reading it back never fails.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from common import api_keys
 from millm.v1 import response_service_pb2 as pb
 from millm.v1 import response_service_pb2_grpc
 from service.errors import EngineError
-from service.responses import rules
+from service.responses import renderable, rules
 from service.responses.store import ResponseStore
 from service.servicers import access
 from service.servicers.error_handling import unary_errors
@@ -45,6 +50,7 @@ class ResponseServicer(response_service_pb2_grpc.ResponseServiceServicer):
         self._store = store
 
     async def _found(self, response_id: str, param: str) -> pb.StoredResponse:
+        rules.check_id(response_id, param)  # before any query: a NUL byte is no id
         stored = await asyncio.to_thread(self._store.get, response_id, _reader())
         if stored is None:
             raise rules.not_found(response_id, param)
@@ -66,6 +72,10 @@ class ResponseServicer(response_service_pb2_grpc.ResponseServiceServicer):
         response.CopyFrom(request.response)
         rules.check_id(response.id, "response.id")
         rules.check_metadata(dict(response.metadata))
+        # Nothing is stored that a reader could not render back.
+        renderable.check(response, "response")
+        for i, item in enumerate(request.input_items):
+            renderable.check(item, f"input_items[{i}]")
         for where, items in (("response.output", response.output),
                              ("input_items", request.input_items)):
             rules.check_items([i.id for i in items], [i.WhichOneof("item") for i in items],
@@ -95,6 +105,7 @@ class ResponseServicer(response_service_pb2_grpc.ResponseServiceServicer):
 
     @unary_errors
     async def DeleteResponse(self, request, context):
+        rules.check_id(request.id, "id")
         if not await asyncio.to_thread(self._store.delete, request.id, _reader()):
             raise rules.not_found(request.id, "id")
         return pb.DeleteResponseResponse(id=request.id)

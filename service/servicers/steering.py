@@ -10,6 +10,7 @@ import asyncio
 import json
 
 from millm.v1 import steering_pb2, steering_service_pb2, steering_service_pb2_grpc
+from service import json_text
 from service.errors import EngineError
 from service.servicers.error_handling import unary_errors
 from service.steering import acks, documents, manager
@@ -57,7 +58,7 @@ def document_from_pb(text: str):
         raise documents.invalid_document("document_json", f"The document is larger than "
                                          f"{MAX_DOCUMENT_BYTES} bytes.")
     try:
-        return json.loads(text)
+        return json_text.loads(text)
     except ValueError as exc:
         raise documents.invalid_document("document_json", f"The document is not JSON: "
                                          f"{exc}.") from None
