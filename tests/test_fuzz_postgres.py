@@ -29,7 +29,8 @@ from millm.v1 import (
     response_service_pb2,
     steering_service_pb2,
 )
-from tests import harness
+from tests import harness, sweep_support
+from tests.conftest import MODEL
 from tests.fuzz_support import TEXT, fuzz
 from tests.http_helpers import call
 from tests.postgres import PostgresCluster
@@ -109,6 +110,19 @@ def test_responses_bodies_on_postgresql(pg_stack, payload, headers):
 @given(data=st.data(), which=st.sampled_from(STATEFUL))
 def test_stateful_grpc_requests_on_postgresql(pg_channel, models_on_disk, data, which):
     grpc_fuzz.hypothesis.inner_test(pg_channel, models_on_disk, data, which)
+
+
+def test_the_sweep_of_store_routes_on_postgresql(pg_stack):
+    """The systematic sweep's routes that reach the store: every management
+    field and every stored-response read, each JSON type, on PostgreSQL."""
+    made = call(pg_stack.http_port, "POST", "/v1/responses", {
+        "model": MODEL, "input": "Hi", "max_output_tokens": 1})
+    assert made.status_code == 200, made.text
+    cases = (sweep_support.management_cases()
+             + sweep_support.responses_read_cases(made.json()["id"]))
+    failures = sweep_support.sweep(pg_stack, cases)
+    assert not failures, "\n".join(failures[:20])
+    assert sweep_support.alive(pg_stack) is None
 
 
 def test_the_store_still_answers_after_the_fuzzing(pg_stack):

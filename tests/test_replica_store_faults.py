@@ -95,13 +95,13 @@ def test_a_nul_in_a_profile_description_is_400_naming_it(engines):
         steering_service_pb2.ListProfilesRequest()).profiles if p.name == "nul"] == [""]
 
 
-# Until the response id rule (a NUL id is 400 invalid_parameter at validation)
-# is in, these answer 404 response_not_found: either way a 4xx naming the
-# field, never the 503 that PostgreSQL's DataError used to become.
-REFUSALS = ("invalid_parameter", "response_not_found")
+# The response id rule (service/responses/rules.py) refuses a NUL id before
+# any query: 400 naming the field, never the 503 that PostgreSQL's DataError
+# used to become.
+REFUSALS = ("invalid_parameter",)
 
 
-def test_a_nul_in_a_response_id_is_a_4xx_naming_it(engines):
+def test_a_nul_in_a_response_id_is_a_400_naming_it(engines):
     stub = engines.responses
     for rpc, request, param in (
             (stub.GetResponse, rpb.GetResponseRequest(id=NUL_ID), "id"),
@@ -117,11 +117,11 @@ def test_a_nul_in_a_response_id_is_a_4xx_naming_it(engines):
     for method, path in (("GET", f"/v1/responses/{quoted}"), ("DELETE", f"/v1/responses/{quoted}"),
                          ("GET", f"/v1/responses/{quoted}/input_items")):
         reply = call(http, method, path)
-        assert reply.status_code in (400, 404), (path, reply.text)
+        assert reply.status_code == 400, (path, reply.text)
         assert reply.json()["error"]["code"] in REFUSALS
     reply = call(http, "POST", "/v1/responses", {
         "model": MODEL, "input": "Hi", "max_output_tokens": 2, "previous_response_id": NUL_ID})
-    assert reply.status_code in (400, 404), reply.text
+    assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["code"] in REFUSALS
     assert reply.json()["error"]["param"] == "previous_response_id"
 
