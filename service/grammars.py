@@ -26,7 +26,7 @@ import time
 from service.errors import EngineError
 from service.structured_output import unsupported
 
-COMPILE_LIMIT_S = 10.0
+COMPILE_LIMIT_S = 5.0
 MAX_PENDING = 8
 
 
@@ -65,21 +65,23 @@ class GrammarCache:
         self.compiled_total = 0
 
     @classmethod
-    def for_huggingface(cls, tokenizer, vocab_size: int, stop_ids: list[int]) -> GrammarCache:
+    def for_huggingface(cls, tokenizer, vocab_size: int, stop_ids: list[int],
+                        **limits) -> GrammarCache:
         import xgrammar
 
         return cls(xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                           stop_token_ids=stop_ids))
+                                                           stop_token_ids=stop_ids), **limits)
 
     @classmethod
-    def for_token_bytes(cls, token_bytes: list[bytes], stop_ids: list[int]) -> GrammarCache:
+    def for_token_bytes(cls, token_bytes: list[bytes], stop_ids: list[int],
+                        **limits) -> GrammarCache:
         """A vocabulary given as each token's bytes (llama.cpp's pieces);
         tokens with no bytes (control tokens) are never allowed."""
         import xgrammar
 
         return cls(xgrammar.TokenizerInfo(token_bytes, xgrammar.VocabType.RAW,
                                           vocab_size=len(token_bytes),
-                                          stop_token_ids=stop_ids))
+                                          stop_token_ids=stop_ids), **limits)
 
     def get(self, item):
         """The compiled grammar of a Constraint or a tools.ToolPlan (anything
