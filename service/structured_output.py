@@ -1,5 +1,6 @@
-"""Structured output: which JSON schemas we accept, their compiled grammars,
-and the validation of every finished document.
+"""Structured output: which JSON schemas we accept, what the grammar compiler
+gets of them, and the validation of every finished document (the compiled
+grammars are cached and compiled in grammars.py).
 
 xgrammar turns a schema into a grammar whose token masks keep each row on a
 valid document; it compiles some keywords without enforcing them, so the
