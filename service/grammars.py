@@ -155,5 +155,6 @@ class GrammarCache:
         job.future.set_result(grammar)
 
     def close(self) -> None:
-        """Stop taking compiles; one running finishes on its own."""
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        """Take no more compiles. Those queued (at most `max_pending`) still
+        run, so whoever waits on one gets its answer."""
+        self._thread.shutdown(wait=False)
