@@ -23,7 +23,7 @@ import concurrent.futures
 import threading
 import time
 
-from service.errors import EngineError
+from service.errors import EngineError, model_busy
 from service.structured_output import unsupported
 
 COMPILE_LIMIT_S = 5.0
@@ -133,7 +133,12 @@ class GrammarCache:
                 raise EngineError("queue_full", f"{self.max_pending} grammars are compiling "
                                   "already; retry shortly.", details={"retry_after_s": 1})
             job = self._compiling[key] = _Compile()
-        self._thread.submit(self._run, key, item, job)
+        try:
+            self._thread.submit(self._run, key, item, job)
+        except RuntimeError:  # closed: its engine is shutting down
+            with self._lock:
+                del self._compiling[key]
+            raise model_busy("The model is being unloaded; retry shortly.") from None
         return job
 
     def _run(self, key: str, item, job: _Compile) -> None:
