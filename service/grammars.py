@@ -99,6 +99,8 @@ class GrammarCache:
         waiting = asyncio.wrap_future(job.future)
         try:
             while True:
+                if job.future.done():  # finished, even if past the limit: served
+                    return job.future.result()
                 now, started = time.monotonic(), job.started
                 if started is None:
                     left = job.submitted + self.limit_s * self.max_pending - now
