@@ -85,7 +85,8 @@ async def throughput(port: int, clients_list: list[int], requests: int, rounds: 
 def compile_times() -> tuple[float, float, int]:
     import transformers
 
-    from service.structured_output import JSON_SCHEMA, Constraint, GrammarCache, check_schema
+    from service.grammars import GrammarCache
+    from service.structured_output import JSON_SCHEMA, Constraint, check_schema
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(harness.models_dir() / "millm-tiny")
     cache = GrammarCache.for_huggingface(tokenizer, len(tokenizer), [tokenizer.eos_token_id])

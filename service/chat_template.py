@@ -6,8 +6,8 @@ engines follow.
 A plain conversation renders as `<|im_start|>{role}\\n{content}<|im_end|>\\n`
 per message, then `<|im_start|>assistant\\n` when a generation prompt is asked
 for. Tools follow Hugging Face's `apply_chat_template(messages, tools=...)`
-convention, as Qwen2.5's template renders them (the Hermes style that
-xgrammar's "qwen_3" structural tag constrains):
+convention, as Qwen2.5's template renders them (the Hermes style that the
+tool grammar of requests/tools.py constrains):
 
 - with `tools`, a system turn (the first system message's content, then a
   blank line, when there is one) lists them inside `<tools></tools>`, one

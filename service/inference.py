@@ -188,7 +188,9 @@ class InferenceService:
         grammar = None
         constrained = checked.constraint or checked.tools  # never both (checks.py)
         if constrained is not None:
-            grammar = await asyncio.to_thread(engine.grammar_for, constrained)
+            # On the engine's own grammar thread, under a time limit: a slow
+            # schema never holds the default executor's threads.
+            grammar = await engine.grammar_for(constrained)
         groups = fit_groups(params, checked, prompt_ids, info.context_window)
         if activations is not None:
             readout.check_size(activations, len(groups[0].prompt_ids),

@@ -1,5 +1,6 @@
-"""Structured output: which JSON schemas we accept, their compiled grammars,
-and the validation of every finished document.
+"""Structured output: which JSON schemas we accept, what the grammar compiler
+gets of them, and the validation of every finished document (the compiled
+grammars are cached and compiled in grammars.py).
 
 xgrammar turns a schema into a grammar whose token masks keep each row on a
 valid document; it compiles some keywords without enforcing them, so the
@@ -10,13 +11,12 @@ finish_reason "stop".
 
 from __future__ import annotations
 
-import collections
 import json
 import re
-import threading
 from dataclasses import dataclass
 
 from service.errors import EngineError
+from service.schema_limits import RepeatBudget, limit_problem
 
 JSON_OBJECT, JSON_SCHEMA = "json_object", "json_schema"
 
@@ -79,6 +79,11 @@ class Constraint:
     schema: dict | None = None
 
     @property
+    def param(self) -> str:
+        """The field a refusal of this constraint's grammar names."""
+        return "response_format"
+
+    @property
     def key(self) -> str:
         # One cache entry per distinct schema, however its keys were ordered.
         return self.kind + ":" + json.dumps(self.schema, sort_keys=True, separators=(",", ":"))
@@ -99,11 +104,13 @@ def _not_json(name: str):
 
 class _SchemaWalk:
     """Finds every keyword outside the subset (with its JSON pointer) and
-    enforces the size limits."""
+    enforces the size limits and the caps of schema_limits.py."""
 
-    def __init__(self, root: dict):
+    def __init__(self, root: dict, budget: RepeatBudget):
         self.root = root
+        self.budget = budget
         self.problems: list[str] = []
+        self.excess: list[str] = []
 
     def walk(self, node, path: list[str], depth: int) -> None:
         if depth > MAX_DEPTH:
@@ -120,7 +127,11 @@ class _SchemaWalk:
                 continue
             if key not in SUPPORTED:
                 self.problems.append(f"{key} at {_pointer(here)}")
-            elif key in SUBSCHEMA:
+                continue
+            excess = limit_problem(key, value, _pointer(here), self.budget)
+            if excess is not None:
+                self.excess.append(excess)
+            if key in SUBSCHEMA:
                 self.walk(value, here, depth + 1)
             elif key in SUBSCHEMA_MAPS:
                 if not isinstance(value, dict):
@@ -168,9 +179,10 @@ class _SchemaWalk:
             self.problems.append(f"$ref {ref!r} at {_pointer(here)} (no such definition)")
 
 
-def check_schema(schema_json: str) -> dict:
+def check_schema(schema_json: str, budget: RepeatBudget | None = None) -> dict:
     """The schema if it is within the supported subset and limits, else a 400
-    naming every unsupported keyword with its JSON pointer."""
+    naming every unsupported keyword with its JSON pointer. `budget` is the
+    pattern repetitions left to it, when it shares them (a request's tools)."""
     param = "response_format.json_schema.schema"
     size = len(schema_json.encode())
     if size > MAX_SCHEMA_BYTES:
@@ -184,11 +196,14 @@ def check_schema(schema_json: str) -> dict:
         raise unsupported(param, f"'{param}' is not JSON: {exc}") from None
     if not isinstance(schema, dict):
         raise unsupported(param, f"'{param}' must be a JSON object.")
-    walk = _SchemaWalk(schema)
+    walk = _SchemaWalk(schema, budget or RepeatBudget())
     walk.walk(schema, [], 0)
     if walk.problems:
         raise unsupported("response_format", "The schema uses what structured output cannot "
                           "enforce: " + "; ".join(walk.problems) + ".")
+    if walk.excess:
+        raise unsupported("response_format", "The schema asks the grammar for more than it "
+                          "may: " + "; ".join(walk.excess) + ".")
     import jsonschema
 
     try:
@@ -264,60 +279,3 @@ def document_problem(constraint: Constraint, text: str) -> str | None:
         return None
     return f"it fails the schema at {_pointer([str(p) for p in error.path]) or '/'}: " \
            f"{error.message}"
-
-
-class GrammarCache:
-    """Compiled grammars by schema, for one vocabulary: a judge sending the
-    same schema a million times compiles it once. Both engines build one,
-    so both enforce the same subset with the same masks."""
-
-    def __init__(self, info, capacity: int = 256):
-        import xgrammar
-
-        # xgrammar's own cache is keyed by the exact schema text; ours by the
-        # canonical schema, and bounded.
-        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        self._entries: collections.OrderedDict[str, object] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self.capacity = capacity
-        self.compiled_total = 0
-
-    @classmethod
-    def for_huggingface(cls, tokenizer, vocab_size: int, stop_ids: list[int]) -> GrammarCache:
-        import xgrammar
-
-        return cls(xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                           stop_token_ids=stop_ids))
-
-    @classmethod
-    def for_token_bytes(cls, token_bytes: list[bytes], stop_ids: list[int]) -> GrammarCache:
-        """A vocabulary given as each token's bytes (llama.cpp's pieces);
-        tokens with no bytes (control tokens) are never allowed."""
-        import xgrammar
-
-        return cls(xgrammar.TokenizerInfo(token_bytes, xgrammar.VocabType.RAW,
-                                          vocab_size=len(token_bytes),
-                                          stop_token_ids=stop_ids))
-
-    def get(self, item):
-        """The compiled grammar of a Constraint or a tools.ToolPlan (anything
-        with a canonical `key` and a `compile(compiler)`)."""
-        key = item.key
-        with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return self._entries[key]
-        grammar = self._compile(item)
-        with self._lock:
-            self._entries[key] = grammar
-            self.compiled_total += 1
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
-        return grammar
-
-    def _compile(self, item):
-        try:
-            return item.compile(self._compiler)
-        except Exception as exc:  # xgrammar raises plain RuntimeErrors (say, a bad pattern)
-            raise unsupported("response_format", f"The schema could not be compiled into a "
-                              f"grammar: {exc}") from None

@@ -23,6 +23,7 @@ from service.models.registry import GGUF, TRANSFORMERS, ModelEntry
 if TYPE_CHECKING:
     from service.engines.scores import ScoredPrompt
     from service.generation.job import GenerationJob
+    from service.requests.tools import ToolPlan
     from service.steering.runtime import ActivationRecorder, SteeringPlan, SteeringRuntime
     from service.structured_output import Constraint
 
@@ -162,9 +163,10 @@ class Engine(abc.ABC):
     def decode(self, ids: list[int]) -> str:
         """Token ids back to text (blocking; worker thread)."""
 
-    def grammar_for(self, constraint: Constraint):
-        """The compiled grammar of a response_format (blocking; worker thread).
-        Only called when `capabilities.grammar`."""
+    async def grammar_for(self, constraint: Constraint | ToolPlan):
+        """The compiled grammar of a response_format or a tool plan, from the
+        engine's GrammarCache (service/grammars.py: its own thread, a time
+        limit). Only called when `capabilities.grammar`."""
         raise NotImplementedError(f"{type(self).__name__} cannot constrain output")
 
     # -- work ---------------------------------------------------------------------------

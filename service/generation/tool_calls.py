@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from service import json_text
 from service.errors import EngineError
 from service.generation.job import ChoiceDelta, FinishReason, StepOutput, ToolCallFragment
-from service.requests.tools import CALL_CLOSE, CALL_OPEN, ToolPlan
+from service.requests.tools import AUTO, CALL_CLOSE, CALL_OPEN, ToolPlan
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +178,18 @@ class ChoiceCalls:
         if self.state != TEXT and reason == FinishReason.STOP:
             raise invalid_call(f"Tool call {len(self.calls) - 1} ended unfinished.")
         held = self.pending if self.state == TEXT else ""
-        if self.finished_calls and not held.strip():
-            held = ""
         self.pending = ""
+        between = self.state == TEXT and not held.strip()  # not inside a call or its opening
+        if self.finished_calls and between:
+            held = ""
+        if self.plan.mode != AUTO:
+            # A forced or required choice's grammar writes nothing but calls:
+            # what is held is the opening of a call cut short, never content.
+            # Cut by max_tokens between calls or after the last, the answer
+            # is whole; cut inside a call, it stays "length".
+            held = ""
+            if self.finished_calls and between and reason == FinishReason.LENGTH:
+                return held, FinishReason.TOOL_CALLS
         if reason == FinishReason.STOP and self.finished_calls:
             return held, FinishReason.TOOL_CALLS
         return held, reason

@@ -8,12 +8,17 @@ Qwen 2.5/3, Hermes and the demo model's templates use):
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-xgrammar's ready-made "qwen_3" structural tag constrains exactly that: for a
-forced or required choice the whole output, for `auto` each call once the
-model opens one (its trigger is `<tool_call>`), with at most one call when
-parallel_tool_calls is false. generation/tool_calls.py parses the calls back
-out of the text. A template that renders tools itself gets them natively; any
-other gets them described in a system turn in this syntax (`plain_messages`).
+The grammar is assembled from xgrammar's structural-tag parts (its
+ready-made "qwen_3" tag lets text surround the calls of a "required" choice,
+and lets whitespace into the arguments). For `auto` each call is
+constrained once the model opens one (its trigger is `<tool_call>`). A
+forced or required choice is only calls, as OpenAI answers it: no text
+before the first, newlines between them, and after the last (the only one
+when the choice names a function or parallel_tool_calls is false) nothing
+but the end of the message. Arguments are spaced as json.dumps spaces them.
+generation/tool_calls.py parses the calls back out of the text. A template
+that renders tools itself gets them natively; any other gets them described
+in a system turn in this syntax (`plain_messages`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 
 from service import json_text
 from service.errors import EngineError, invalid_parameter
+from service.schema_limits import RepeatBudget
 from service.structured_output import NAME_PATTERN, check_schema
 
 MAX_TOOLS = 128
@@ -76,22 +82,43 @@ class ToolPlan:
                                                   "parameters": schema}}
                 for name, description, schema in self.tools]
 
+    @property
+    def param(self) -> str:
+        """The field a refusal of this plan's grammar names."""
+        return "tools"
+
     def compile(self, compiler):
-        import xgrammar
+        from xgrammar import structural_tag as st
 
-        from service.structured_output import grammar_schema
+        tags = [st.TagFormat(begin=f'{CALL_OPEN}\n{{"name": "{name}", "arguments": ',
+                             content=_arguments(schema), end="}\n" + CALL_CLOSE)
+                for name, _, schema in self.tools if self.mode != FUNCTION or name == self.name]
+        one = self.mode == FUNCTION or not self.parallel
+        if self.mode == AUTO:
+            # Free text, and each call constrained once the model opens one.
+            calls = st.TriggeredTagsFormat(triggers=[CALL_OPEN], tags=tags, stop_after_first=one)
+        else:
+            # Calls only: newlines between them, nothing before the first,
+            # and after the last nothing but the end of the message.
+            calls = st.TagsWithSeparatorFormat(tags=tags, separator="\n", at_least_one=True,
+                                               stop_after_first=one)
+        return compiler.compile_structural_tag(st.StructuralTag(format=calls))
 
-        tools = [{"type": "function", "function": {"name": name, "parameters":
-                                                   grammar_schema(schema)}}
-                 for name, _, schema in self.tools]
-        choice = ({"type": "function", "function": {"name": self.name}}
-                  if self.mode == FUNCTION else self.mode)
-        # Whitespace inside the arguments is capped: a small model left free
-        # to write blank lines there can fill max_tokens with them.
-        tag = xgrammar.get_model_structural_tag(
-            "qwen_3", tools=tools, tool_choice=choice, reasoning="disabled",
-            parallel_tool_calls=self.parallel, max_whitespace_cnt=1)
-        return compiler.compile_structural_tag(tag)
+
+def _arguments(schema: dict):
+    """A call's arguments: JSON valid against the tool's schema, spaced as
+    json.dumps (and the chat template's `tojson`) spaces it. Free whitespace
+    there (a newline before a value) takes a small model off the text it
+    learned, and it then keeps writing calls instead of ending."""
+    import xgrammar
+    from xgrammar import structural_tag as st
+
+    from service.structured_output import grammar_schema
+
+    grammar = xgrammar.Grammar.from_json_schema(
+        json.dumps(grammar_schema(schema)), any_whitespace=False, separators=(", ", ": "),
+        strict_mode=True)
+    return st.GrammarFormat(grammar=str(grammar))
 
 
 def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
@@ -115,6 +142,7 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
             unused.append("parallel_tool_calls")
         return None
     checked, seen = [], set()
+    budget = RepeatBudget()  # one grammar holds every tool: their patterns share it
     for i, tool in enumerate(tools):
         where = f"tools[{i}].function"
         if not NAME_PATTERN.fullmatch(tool.name):
@@ -124,7 +152,7 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
             raise invalid_parameter(f"{where}.name", f"Two tools are named '{tool.name}'; "
                                     "function names must be unique.")
         seen.add(tool.name)
-        schema = (_tool_schema(tool.parameters_json, f"{where}.parameters")
+        schema = (_tool_schema(tool.parameters_json, f"{where}.parameters", budget)
                   if tool.parameters_json else {"type": "object"})
         checked.append((tool.name, tool.description, schema))
     name = ""
@@ -136,11 +164,11 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
     return ToolPlan(tuple(checked), mode, name, parallel is not False)
 
 
-def _tool_schema(parameters_json: str, param: str) -> dict:
+def _tool_schema(parameters_json: str, param: str, budget: RepeatBudget) -> dict:
     """A tool's parameters, held to the structured-output subset; refusals name
     the tool's parameters and the pointer within them."""
     try:
-        schema = check_schema(parameters_json)
+        schema = check_schema(parameters_json, budget)
     except EngineError as exc:
         raise EngineError(exc.code, f"'{param}': {exc.message}", param) from None
     if schema.get("type", "object") != "object":

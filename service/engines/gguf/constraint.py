@@ -1,7 +1,8 @@
 """Structured output on the GGUF engine: the transformers engine's xgrammar
 masks, applied to llama.cpp's logits in place before its sampler chain reads
 them. One grammar compiler and one schema subset serve both engines
-(service/structured_output.py); only where the mask is written differs.
+(service/grammars.py, service/structured_output.py); only where the mask is
+written differs.
 """
 
 from __future__ import annotations

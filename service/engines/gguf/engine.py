@@ -38,8 +38,8 @@ from service.engines.model_thread import ModelCall, answer_unrun, report_death, 
 from service.engines.scores import TokenTable, score_logits
 from service.errors import EngineError, batch_reset, invalid_parameter, queue_full, thread_died
 from service.generation.job import GenerationJob
+from service.grammars import GrammarCache
 from service.models.registry import GGUF
-from service.structured_output import GrammarCache
 from service.text_output import control_char_ids
 
 log = logging.getLogger(__name__)
@@ -207,8 +207,8 @@ class GgufEngine(Engine):
         add_bos = add_special and self.llm._model.add_bos_token()
         return self.llm.tokenize(text.encode(), add_bos=add_bos, special=parse_special)
 
-    def grammar_for(self, constraint):
-        return self._grammars.get(constraint)
+    async def grammar_for(self, constraint):
+        return await self._grammars.compiled(constraint)
 
     def decode(self, ids: list[int]) -> str:
         return b"".join(self._token_bytes[i] for i in ids).decode("utf-8", errors="replace")
@@ -379,6 +379,8 @@ class GgufEngine(Engine):
             self._readers.close()
         if self._runner is not None:
             self._runner.lanes.close()
+        if self._grammars is not None:
+            self._grammars.close()
         for native in (self._batch, self._ctx, self.llm):
             if native is not None:
                 native.close()

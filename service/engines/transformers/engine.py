@@ -31,9 +31,9 @@ from service.engines.transformers.prefix_cache import PrefixCache
 from service.engines.transformers.scheduler import Scheduler
 from service.errors import invalid_parameter
 from service.generation.job import GenerationJob
+from service.grammars import GrammarCache
 from service.models.registry import TRANSFORMERS
 from service.steering.runtime import SteeringRuntime
-from service.structured_output import GrammarCache
 from service.text_output import byte_level_table, control_char_ids
 
 log = logging.getLogger(__name__)
@@ -173,8 +173,8 @@ class TransformersEngine(Engine):
         ids = control_char_ids(pieces)
         return torch.tensor(ids, dtype=torch.long, device=self.device)
 
-    def grammar_for(self, constraint):
-        return self.grammars.get(constraint)
+    async def grammar_for(self, constraint):
+        return await self.grammars.compiled(constraint)
 
     # -- running jobs -------------------------------------------------------------
 
@@ -263,3 +263,5 @@ class TransformersEngine(Engine):
     def shutdown(self) -> None:
         if self._scheduler is not None:
             self._scheduler.stop()
+        if self.grammars is not None:
+            self.grammars.close()
