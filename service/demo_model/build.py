@@ -12,6 +12,16 @@ it, and without tools it answers in text. It is far too small to read the
 arguments from the question: the city it passes is one from its training
 conversations, seldom the one asked about. The build takes about half a
 minute (torch on one thread).
+
+Its window is a real one (32,768 positions) because clients send real
+prompts: Open WebUI's default chat request carries some 26,000 characters of
+tool definitions and asks for up to 1,000 tokens. So the tokenizer's
+vocabulary (up to 8,192 tokens) is learned from more than the model's own
+training text: vocabulary.txt, the project's documentation, gives it the
+pieces of English and of JSON, about 3.4 characters a token on text it has
+not seen where the corpus alone gave 2.5. Rotary positions need no training
+to reach far: the model is trained on short windows and reads long prompts
+with the same weights, and its answers there are no better than its size.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -31,9 +42,10 @@ from service.demo_model import sae as demo_sae
 
 MODEL_ID = "millm-tiny"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# Room for the tool conversations' JSON without taking merges from the prose.
-VOCAB_SIZE = 1024
-CONTEXT_WINDOW = 1024
+# A ceiling: the trainer stops earlier when its text has no pair left to
+# merge (vocabulary.txt gives about 8,000); the real size is len(tokenizer).
+VOCAB_SIZE = 8192
+CONTEXT_WINDOW = 32768
 SEED = 1234
 TRAIN_STEPS = 250
 LR_DECAY = 0.8
@@ -48,9 +60,11 @@ METADATA_FILE = "millm_model.json"
 # Bumped when the build's output changes, so an older build is rebuilt.
 # 2: <|endoftext|> is an end token too (generation_config), as llama.cpp reads it.
 # 3: the template renders tools, and the model is trained to call them.
-BUILD_VERSION = 3
+# 4: a 32,768-token window, and a vocabulary learned from vocabulary.txt too.
+BUILD_VERSION = 4
 
 CORPUS = pathlib.Path(__file__).with_name("corpus.txt")
+VOCABULARY_TEXT = pathlib.Path(__file__).with_name("vocabulary.txt")
 
 ROLES = ("system", "user", "assistant", "tool", "call", "tools", "function")
 
@@ -105,6 +119,8 @@ def training_documents() -> tuple[list[str], list[str]]:
     return prose + plain, with_tools
 
 def build_tokenizer(documents: list[str]):
+    """A byte-level BPE learned from the training documents and from
+    vocabulary.txt (the model is trained on the documents only)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -119,7 +135,8 @@ def build_tokenizer(documents: list[str]):
     )
     # Train on plain text: the ChatML markers are special tokens, not text to merge.
     plain = [d.replace("<|im_start|>", "").replace("<|im_end|>", "") for d in documents]
-    tok.train_from_iterator(plain, trainer=trainer)
+    tok.train_from_iterator(plain + [VOCABULARY_TEXT.read_text(encoding="utf-8")],
+                            trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -162,6 +179,52 @@ def padded(sequences: list[list[int]], pad_id: int) -> dict:
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
+class SharedUnusedLoss:
+    """The next-token loss over the whole vocabulary, with every token the
+    training text never uses sharing one embedding.
+
+    The text uses about 600 of the 8,000 tokens. The others still have to be
+    pushed down, or their summed probability crowds into sampled answers; but
+    a softmax over all of them at every position would make the build several
+    times slower. Tied to one vector, the unused tokens' part of the softmax
+    is one logit plus log(count), exact and as cheap as one more token. The
+    vector is copied into every unused row when training ends (build_model),
+    so the saved model computes the same distribution the loss trained."""
+
+    def __init__(self, vocab_size: int, used: list[int]):
+        import torch
+
+        self.used = torch.tensor(sorted(set(used)))
+        unused = sorted(set(range(vocab_size)) - set(self.used.tolist()))
+        self.unused = torch.tensor(unused)
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long)
+        self.index[self.used] = torch.arange(len(self.used))
+        self.log_unused = math.log(max(1, len(unused)))
+
+    def __call__(self, model, input_ids, labels, attention_mask=None):
+        import torch
+        import torch.nn.functional as F
+
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+        y = labels[:, 1:].reshape(-1)
+        h, y = h[y != -100], y[y != -100]
+        weight = model.lm_head.weight
+        logits = h @ weight[self.used].T
+        if len(self.unused):
+            shared = h @ weight[self.unused[0]] + self.log_unused
+            logits = torch.cat([logits, shared[:, None]], dim=1)
+        return F.cross_entropy(logits, self.index[y])
+
+    def tie_unused(self, model) -> None:
+        """Every unused row becomes the shared one (input and output: tied)."""
+        import torch
+
+        if len(self.unused):
+            with torch.no_grad():
+                weight = model.get_input_embeddings().weight
+                weight[self.unused] = weight[self.unused[0]].clone()
+
 def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -199,6 +262,7 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
                      for doc in tool_documents]
     tool_stream = torch.tensor([token for ids in conversations for token in ids])
     offered = tools_offered_at(tool_stream.tolist(), eos_id, pad_id)
+    lm_loss = SharedUnusedLoss(len(tokenizer), stream.tolist() + tool_stream.tolist())
     tool_generator = torch.Generator().manual_seed(SEED + 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     # The rate falls linearly to 20% by the last step: the last steps settle
@@ -209,18 +273,19 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
     for _ in range(TRAIN_STEPS):
         starts = torch.randint(0, len(stream) - TRAIN_SEQ - 1, (TRAIN_BATCH,), generator=generator)
         batch = torch.stack([stream[s : s + TRAIN_SEQ] for s in starts.tolist()])
-        loss = model(input_ids=batch, labels=batch).loss
+        loss = lm_loss(model, batch, batch)
         starts = torch.randint(0, len(tool_stream) - TOOL_SEQ - 1, (TOOL_WINDOWS,),
                                generator=tool_generator).tolist()
         batch = torch.stack([tool_stream[s : s + TOOL_SEQ] for s in starts])
         seen = torch.stack([offered[s : s + TOOL_SEQ] >= s for s in starts])
-        loss = loss + model(input_ids=batch, labels=batch.masked_fill(~seen, -100)).loss
+        loss = loss + lm_loss(model, batch, batch.masked_fill(~seen, -100))
         picks = torch.randint(0, len(conversations), (TOOL_BATCH,), generator=tool_generator)
-        loss = loss + model(**padded([conversations[i] for i in picks.tolist()], pad_id)).loss
+        loss = loss + lm_loss(model, **padded([conversations[i] for i in picks.tolist()], pad_id))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         schedule.step()
+    lm_loss.tie_unused(model)
     model.eval()
     # Training ends every document with <|endoftext|>, and llama.cpp stops on
     # it by name in any GGUF file, so it ends a generation here too: raw
