@@ -104,7 +104,7 @@ def test_capabilities_report_the_files_own_window(gguf):
     """The export carries the checkpoint's window, and the engine serves it
     whole by default (MILLM_GGUF_CONTEXT=0)."""
     with urllib.request.urlopen(f"{gguf.base_url}/api/capabilities", timeout=30) as reply:
-        assert json.loads(reply.read())["context_window"] == CONTEXT_WINDOW >= 32_768
+        assert int(json.loads(reply.read())["context_window"]) == CONTEXT_WINDOW >= 32_768
 
 
 def test_prompt_longer_than_the_window_is_context_length_exceeded(gclient):
