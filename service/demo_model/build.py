@@ -47,12 +47,17 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB_SIZE = 8192
 CONTEXT_WINDOW = 32768
 SEED = 1234
-TRAIN_STEPS = 250
+TRAIN_STEPS = 400
+LR = 5e-3
 LR_DECAY = 0.8
 TRAIN_BATCH = 16
 TRAIN_SEQ = 96
+# The unused tokens' shared vector: fitted for this many steps after training,
+# its norm at most this many times a used token's (SharedUnusedLoss.untie_unused).
+UNUSED_STEPS = 300
+UNUSED_NORM = 4.0
 # Tool conversations in every step: whole ones, and windows (see build_model).
-TOOL_BATCH = 6
+TOOL_BATCH = 4
 TOOL_WINDOWS = 2
 TOOL_SEQ = 256
 # Marker written last: a directory without it is an interrupted build.
@@ -61,7 +66,9 @@ METADATA_FILE = "millm_model.json"
 # 2: <|endoftext|> is an end token too (generation_config), as llama.cpp reads it.
 # 3: the template renders tools, and the model is trained to call them.
 # 4: a 32,768-token window, and a vocabulary learned from vocabulary.txt too.
-BUILD_VERSION = 4
+# 5: untied output embedding (the unused tokens score low), the tools' system
+#    turn masked out of the loss, 400 steps.
+BUILD_VERSION = 5
 
 CORPUS = pathlib.Path(__file__).with_name("corpus.txt")
 VOCABULARY_TEXT = pathlib.Path(__file__).with_name("vocabulary.txt")
@@ -158,26 +165,29 @@ def token_stream(tokenizer, documents: list[str], end_id: int):
 
 def tools_offered_at(ids: list[int], turn_end: int, doc_end: int):
     """For each token of a stream of tool conversations, where its
-    conversation's first turn (the tools' system turn) ends."""
+    conversation starts and where its first turn (the tools' system turn)
+    ends."""
     import torch
 
-    ends, doc_start = [], 0
+    starts, ends, doc_start = [], [], 0
     for i, token in enumerate(ids):
         if token == doc_end:
             first = ids.index(turn_end, doc_start, i + 1)
+            starts.extend([doc_start] * (i + 1 - doc_start))
             ends.extend([first] * (i + 1 - doc_start))
             doc_start = i + 1
-    return torch.tensor(ends)
+    return torch.tensor(starts), torch.tensor(ends)
 
-def padded(sequences: list[list[int]], pad_id: int) -> dict:
+def padded(sequences: list[list[int]], pad_id: int, prompts: list[int]) -> dict:
     """A batch padded on the right; the padding is masked out of attention
-    and of the loss."""
+    and of the loss, and so is each sequence's first `prompts[i]` tokens."""
     import torch
 
     width = max(map(len, sequences))
     ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in sequences])
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    learned = torch.tensor([[0] * p + [1] * (width - p) for p in prompts]) * mask
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(learned == 0, -100)}
 
 class SharedUnusedLoss:
     """The next-token loss over the whole vocabulary, with every token the
@@ -209,6 +219,8 @@ class SharedUnusedLoss:
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         y = labels[:, 1:].reshape(-1)
         h, y = h[y != -100], y[y != -100]
+        if not len(y):  # a window with nothing to learn (build_model masks)
+            return hidden.sum() * 0
         weight = model.lm_head.weight
         logits = h @ weight[self.used].T
         if len(self.unused):
@@ -216,14 +228,48 @@ class SharedUnusedLoss:
             logits = torch.cat([logits, shared[:, None]], dim=1)
         return F.cross_entropy(logits, self.index[y])
 
-    def tie_unused(self, model) -> None:
-        """Every unused row becomes the shared one (input and output: tied)."""
-        import torch
+    def untie_unused(self, model, hidden) -> None:
+        """Unties the output embedding from the input one, and gives every
+        unused token, on the output side, one vector that scores low against
+        every final hidden state in `hidden` (the trained model's, over its
+        training text); on the input side, the mean of the used tokens' rows.
 
-        if len(self.unused):
+        Training pushes the shared logit down only as far as the cross
+        entropy needs, and a state the training text never led to (a sampled
+        answer wandering) can still give the ~7,400 unused tokens together a
+        few percent of the mass. So with the model fixed, the shared vector
+        is fitted alone to keep their summed probability near zero at every
+        state, its norm held to a few times a used row's. Tied, that vector
+        would also be what an unused token reads as, and a state read from it
+        points along it: one unused token sampled would make the next one
+        likely, and an answer would drift off into the documentation's words.
+        Read as an average token instead, it leads nowhere in particular."""
+        import torch
+        import torch.nn.functional as F
+
+        if not len(self.unused):
+            return
+        with torch.no_grad():
+            weight = model.get_input_embeddings().weight
+            used = hidden @ weight[self.used].T
+            rest = torch.logsumexp(used, dim=1)
+            limit = UNUSED_NORM * float(weight[self.used].norm(dim=1).mean())
+        shared = weight[self.unused[0]].detach().clone().requires_grad_(True)
+        optimizer = torch.optim.Adam([shared], lr=0.05)
+        for _ in range(UNUSED_STEPS):
+            # -log P(not an unused token), averaged over the states.
+            loss = F.softplus(hidden @ shared + self.log_unused - rest).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
             with torch.no_grad():
-                weight = model.get_input_embeddings().weight
-                weight[self.unused] = weight[self.unused[0]].clone()
+                shared.mul_(min(1.0, limit / float(shared.norm())))
+        with torch.no_grad():
+            output = weight.detach().clone()
+            output[self.unused] = shared.detach()
+            weight[self.unused] = weight[self.used].mean(dim=0)
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(output)
 
 def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
     import torch
@@ -261,10 +307,12 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
     conversations = [tokenizer(doc, add_special_tokens=False)["input_ids"] + [pad_id]
                      for doc in tool_documents]
     tool_stream = torch.tensor([token for ids in conversations for token in ids])
-    offered = tools_offered_at(tool_stream.tolist(), eos_id, pad_id)
+    conversation_at, offered = tools_offered_at(tool_stream.tolist(), eos_id, pad_id)
+    prompts = [ids.index(eos_id) + 1 for ids in conversations]
+    positions = torch.arange(len(tool_stream))
     lm_loss = SharedUnusedLoss(len(tokenizer), stream.tolist() + tool_stream.tolist())
     tool_generator = torch.Generator().manual_seed(SEED + 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     # The rate falls linearly to 20% by the last step: the last steps settle
     # the weights instead of leaving them wherever the last batches pushed.
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -277,16 +325,23 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
         starts = torch.randint(0, len(tool_stream) - TOOL_SEQ - 1, (TOOL_WINDOWS,),
                                generator=tool_generator).tolist()
         batch = torch.stack([tool_stream[s : s + TOOL_SEQ] for s in starts])
-        seen = torch.stack([offered[s : s + TOOL_SEQ] >= s for s in starts])
+        seen = torch.stack([(conversation_at[s : s + TOOL_SEQ] >= s)
+                            & (positions[s : s + TOOL_SEQ] > offered[s : s + TOOL_SEQ])
+                            for s in starts])
         loss = loss + lm_loss(model, batch, batch.masked_fill(~seen, -100))
         picks = torch.randint(0, len(conversations), (TOOL_BATCH,), generator=tool_generator)
-        loss = loss + lm_loss(model, **padded([conversations[i] for i in picks.tolist()], pad_id))
+        loss = loss + lm_loss(model, **padded([conversations[i] for i in picks.tolist()], pad_id,
+                                              [prompts[i] for i in picks.tolist()]))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         schedule.step()
-    lm_loss.tie_unused(model)
     model.eval()
+    with torch.no_grad():
+        windows = [stream[s : s + TRAIN_SEQ] for s in range(0, len(stream), TRAIN_SEQ)]
+        hidden = torch.cat([model.model(input_ids=ids[None]).last_hidden_state[0]
+                            for ids in windows + [torch.tensor(c) for c in conversations]])
+    lm_loss.untie_unused(model, hidden)
     # Training ends every document with <|endoftext|>, and llama.cpp stops on
     # it by name in any GGUF file, so it ends a generation here too: raw
     # completions stop where the model ends its text, on both engines.
