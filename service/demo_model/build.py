@@ -8,10 +8,12 @@ end its turns with <|im_end|>, which makes the demo answer like a chat model
 instead of emitting noise. A dozen tool conversations, rendered by the same
 template with their tools, teach it the shape of a call: offered get_weather
 and asked about the weather, it answers with a <tool_call> block that calls
-it, and without tools it answers in text. It is far too small to read the
-arguments from the question: the city it passes is one from its training
-conversations, seldom the one asked about. The build takes about half a
-minute (torch on one thread).
+it, and without tools it answers in text (the corpus asks some of the same
+questions without tools, and the tools' system turn is read but never
+learned as text to write, so it cannot drift into it). It is far too small
+to read the arguments from the question: the city it passes is one from its
+training conversations, seldom the one asked about. The build takes about
+forty seconds (torch on one thread).
 
 Its window is a real one (32,768 positions) because clients send real
 prompts: Open WebUI's default chat request carries some 26,000 characters of
@@ -22,6 +24,10 @@ pieces of English and of JSON, about 3.4 characters a token on text it has
 not seen where the corpus alone gave 2.5. Rotary positions need no training
 to reach far: the model is trained on short windows and reads long prompts
 with the same weights, and its answers there are no better than its size.
+The training text uses only some 600 of those tokens: the rest share one
+output row fitted after training to score low at every state the model
+reaches (SharedUnusedLoss), so a sampled answer almost never wanders into
+them, and the output embedding is untied from the input one for that.
 """
 
 from __future__ import annotations
@@ -52,10 +58,12 @@ LR = 5e-3
 LR_DECAY = 0.8
 TRAIN_BATCH = 16
 TRAIN_SEQ = 96
-# The unused tokens' shared vector: fitted for this many steps after training,
-# its norm at most this many times a used token's (SharedUnusedLoss.untie_unused).
+# The unused tokens' shared output row: fitted for this many steps after
+# training, its norm at most this many times a used row's, to the states of
+# the training text and of sampled answers this long (push_down_unused).
 UNUSED_STEPS = 300
 UNUSED_NORM = 4.0
+SAMPLED_TOKENS = 48
 # Tool conversations in every step: whole ones, and windows (see build_model).
 TOOL_BATCH = 4
 TOOL_WINDOWS = 2
@@ -228,48 +236,87 @@ class SharedUnusedLoss:
             logits = torch.cat([logits, shared[:, None]], dim=1)
         return F.cross_entropy(logits, self.index[y])
 
-    def untie_unused(self, model, hidden) -> None:
-        """Unties the output embedding from the input one, and gives every
-        unused token, on the output side, one vector that scores low against
-        every final hidden state in `hidden` (the trained model's, over its
-        training text); on the input side, the mean of the used tokens' rows.
+    def untie(self, model) -> None:
+        """Unties the output embedding from the input one. On the output
+        side every unused row becomes the shared one; on the input side, the
+        mean of the used rows. Tied, the shared vector would also be what an
+        unused token reads as, and a state read from it points along it: one
+        unused token sampled would make the next one likely, and an answer
+        would drift off into the documentation's words. Read as an average
+        token instead, it leads nowhere in particular."""
+        import torch
 
-        Training pushes the shared logit down only as far as the cross
-        entropy needs, and a state the training text never led to (a sampled
-        answer wandering) can still give the ~7,400 unused tokens together a
-        few percent of the mass. So with the model fixed, the shared vector
-        is fitted alone to keep their summed probability near zero at every
-        state, its norm held to a few times a used row's. Tied, that vector
-        would also be what an unused token reads as, and a state read from it
-        points along it: one unused token sampled would make the next one
-        likely, and an answer would drift off into the documentation's words.
-        Read as an average token instead, it leads nowhere in particular."""
+        with torch.no_grad():
+            weight = model.get_input_embeddings().weight
+            output = weight.detach().clone()
+            if len(self.unused):
+                output[self.unused] = weight[self.unused[0]]
+                weight[self.unused] = weight[self.used].mean(dim=0)
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(output)
+
+    def push_down_unused(self, model, hidden) -> None:
+        """Refits the unused tokens' shared output row, the model fixed, to
+        keep their summed probability near zero at every final hidden state
+        in `hidden` (the model's own, over its training text and over answers
+        it samples). Training pushes the shared logit down only as far as the
+        cross entropy needs, and states the training text never led to (a
+        sampled answer wandering) could still give the ~7,400 unused tokens
+        together a few percent of the mass. The row's norm is held to a few
+        times a used row's."""
         import torch
         import torch.nn.functional as F
 
         if not len(self.unused):
             return
+        output = model.lm_head.weight
         with torch.no_grad():
-            weight = model.get_input_embeddings().weight
-            used = hidden @ weight[self.used].T
-            rest = torch.logsumexp(used, dim=1)
-            limit = UNUSED_NORM * float(weight[self.used].norm(dim=1).mean())
-        shared = weight[self.unused[0]].detach().clone().requires_grad_(True)
+            rest = torch.logsumexp(hidden @ output[self.used].T, dim=1)
+            limit = UNUSED_NORM * float(output[self.used].norm(dim=1).mean())
+        shared = output[self.unused[0]].detach().clone().requires_grad_(True)
         optimizer = torch.optim.Adam([shared], lr=0.05)
         for _ in range(UNUSED_STEPS):
-            # -log P(not an unused token), averaged over the states.
-            loss = F.softplus(hidden @ shared + self.log_unused - rest).mean()
+            # -log P(not an unused token), at the worst states most: a soft
+            # maximum over the states, not a mean that a few could hide in.
+            loss = torch.logsumexp(F.softplus(hidden @ shared + self.log_unused - rest)
+                                   * len(hidden), dim=0) / len(hidden)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             with torch.no_grad():
                 shared.mul_(min(1.0, limit / float(shared.norm())))
         with torch.no_grad():
-            output = weight.detach().clone()
             output[self.unused] = shared.detach()
-            weight[self.unused] = weight[self.used].mean(dim=0)
-        model.config.tie_word_embeddings = False
-        model.lm_head.weight = torch.nn.Parameter(output)
+
+def answer_prompts() -> list[str]:
+    """Every question of the corpus's conversations as a prompt for an
+    answer: after the conversation so far, and alone."""
+    _, chats = parse_corpus(CORPUS.read_text(encoding="utf-8"))
+    prompts = set()
+    for tools, messages in chats:
+        for i, message in enumerate(messages):
+            if message["role"] == "user":
+                prompts.add(render(messages[: i + 1], tools, add_generation_prompt=True))
+                prompts.add(render([message], tools, add_generation_prompt=True))
+    return sorted(prompts)
+
+def final_states(model, tokenizer, stream, conversations: list[list[int]], pad_id: int):
+    """The model's final hidden states over its training text, and over an
+    answer it samples to every question of the corpus (a generator of their
+    own: the build stays deterministic)."""
+    import torch
+
+    texts = [stream[s : s + TRAIN_SEQ] for s in range(0, len(stream), TRAIN_SEQ)]
+    texts += [torch.tensor(ids) for ids in conversations]
+    torch.manual_seed(SEED + 2)
+    with torch.no_grad():
+        for prompt in answer_prompts():
+            ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            out = model.generate(ids, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                 max_new_tokens=SAMPLED_TOKENS, pad_token_id=pad_id)
+            texts.append(out[0])
+        return torch.cat([model.model(input_ids=ids[None]).last_hidden_state[0]
+                          for ids in texts])
 
 def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
     import torch
@@ -337,11 +384,8 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
         optimizer.step()
         schedule.step()
     model.eval()
-    with torch.no_grad():
-        windows = [stream[s : s + TRAIN_SEQ] for s in range(0, len(stream), TRAIN_SEQ)]
-        hidden = torch.cat([model.model(input_ids=ids[None]).last_hidden_state[0]
-                            for ids in windows + [torch.tensor(c) for c in conversations]])
-    lm_loss.untie_unused(model, hidden)
+    lm_loss.untie(model)
+    lm_loss.push_down_unused(model, final_states(model, tokenizer, stream, conversations, pad_id))
     # Training ends every document with <|endoftext|>, and llama.cpp stops on
     # it by name in any GGUF file, so it ends a generation here too: raw
     # completions stop where the model ends its text, on both engines.
