@@ -200,3 +200,10 @@ def start_llama_server(tmp: pathlib.Path, model_path: pathlib.Path, parallel: in
             "--port", str(port), "--parallel", str(parallel), "--ctx-size", str(n_ctx * parallel),
             "--threads", "1", "--threads-batch", "1", "--cont-batching", "--no-webui"]
     return Process(args, dict(os.environ), tmp / f"llama-server-{port}.log", cpus), port
+
+
+def demo_config() -> dict:
+    """The demo checkpoint's config.json: its real vocabulary and window."""
+    import json
+
+    return json.loads((models_dir() / "millm-tiny" / "config.json").read_text())

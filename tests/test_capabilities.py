@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 
 from millm.v1 import generation_pb2, server_service_pb2
+from service.demo_model.build import CONTEXT_WINDOW
 from tests.conftest import MODEL
+from tests.harness import demo_config
 from tests.http_helpers import request
 
 
 def test_grpc_capabilities(server_stub):
     reply = server_stub.GetCapabilities(server_service_pb2.GetCapabilitiesRequest(), timeout=10)
-    assert (reply.model, reply.engine, reply.context_window) == (MODEL, "transformers", 1024)
-    assert reply.vocab_size == 1024 and reply.system_fingerprint.startswith("millm:millm-tiny@")
+    assert (reply.model, reply.engine) == (MODEL, "transformers")
+    assert reply.context_window == CONTEXT_WINDOW
+    assert reply.vocab_size == demo_config()["vocab_size"]
+    assert reply.system_fingerprint.startswith("millm:millm-tiny@")
     assert reply.versions["torch"].startswith("2.") and reply.versions["millm"] == "0.1.0"
     f = reply.features
     assert f.scoring and f.logprobs and f.structured_output and f.embeddings

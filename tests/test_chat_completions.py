@@ -8,6 +8,7 @@ import re
 import openai
 import pytest
 
+from service.demo_model.build import CONTEXT_WINDOW
 from tests.conftest import MODEL
 
 HELLO = [{"role": "user", "content": "Hello!"}]
@@ -225,7 +226,7 @@ def test_bad_value_is_400_naming_it(client):
 
 def test_context_length_exceeded(client):
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5000)
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=CONTEXT_WINDOW)
     assert err.value.code == "context_length_exceeded"
 
 

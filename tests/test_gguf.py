@@ -21,6 +21,7 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from service.demo_model.build import CONTEXT_WINDOW
 from tests import harness
 from tests import test_fuzz_bodies as fuzz
 from tests.conftest import wait_until
@@ -99,8 +100,15 @@ def test_bare_repository_name_is_ambiguous_naming_both_tags(gclient):
     assert error["param"] == "model"
 
 
+def test_capabilities_report_the_files_own_window(gguf):
+    """The export carries the checkpoint's window, and the engine serves it
+    whole by default (MILLM_GGUF_CONTEXT=0)."""
+    with urllib.request.urlopen(f"{gguf.base_url}/api/capabilities", timeout=30) as reply:
+        assert int(json.loads(reply.read())["context_window"]) == CONTEXT_WINDOW >= 32_768
+
+
 def test_prompt_longer_than_the_window_is_context_length_exceeded(gclient):
-    long_prompt = "the river and the mill " * 400  # far past 1,024 tokens
+    long_prompt = "the river and the mill " * (CONTEXT_WINDOW // 4)  # past the window
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as caught:
             reply = gclient.completions.create(model=F32, prompt=long_prompt, max_tokens=8,
@@ -109,7 +117,8 @@ def test_prompt_longer_than_the_window_is_context_length_exceeded(gclient):
         error = caught.value.body
         assert error["code"] == "context_length_exceeded", error
         numbers = [int(n) for n in __import__("re").findall(r"\d+", error["message"])]
-        assert 1024 in numbers and max(numbers) > 1024  # available and requested
+        # available and requested
+        assert CONTEXT_WINDOW in numbers and max(numbers) > CONTEXT_WINDOW
 
 
 def test_unquantized_greedy_text_equals_the_transformers_engine(client, gclient):

@@ -13,6 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from millm.v1 import generation_pb2, model_pb2, model_service_pb2
+from service.demo_model.build import CONTEXT_WINDOW
 from tests.grpc_helpers import MODEL, chat_request, error_info, prompt_request, run
 
 GRPCURL = shutil.which("grpcurl") or str(pathlib.Path(sys.executable).parent / "grpcurl")
@@ -32,8 +33,9 @@ def test_reflection_lists_the_services(stack):
 
 
 def test_grpcurl_generates_through_reflection(stack):
+    # ignore_eos: the count is the test's, not wherever the demo model ends its text.
     body = {"model": MODEL, "prompt": {"prompts": [{"text": "The river"}]},
-            "sampling": {"max_tokens": 5, "temperature": 0}}
+            "sampling": {"max_tokens": 5, "temperature": 0, "ignore_eos": True}}
     result = grpcurl("-d", json.dumps(body), stack.grpc_target,
                      "millm.v1.GenerationService/Generate")
     assert result.returncode == 0, result.stderr
@@ -60,7 +62,7 @@ def test_list_and_get_models(model_stub):
     tiny = next(m for m in models if m.id == MODEL)
     assert models[0].id == MODEL  # the loaded model comes first
     assert tiny.state == model_pb2.MODEL_STATE_LOADED
-    assert tiny.context_window == 1024
+    assert tiny.context_window == CONTEXT_WINDOW
     assert tiny.system_fingerprint.startswith("millm:millm-tiny@")
     assert tiny.system_fingerprint.endswith(":float32/unquantized:transformers")
     got = model_stub.GetModel(model_service_pb2.GetModelRequest(id=MODEL)).model
@@ -147,8 +149,10 @@ def test_token_id_prompt(generation_stub):
         (lambda: chat_request(frequency_penalty=3), "frequency_penalty", "invalid_parameter"),
         (lambda: chat_request(stop=["a", "b", "c", "d", "e"]), "stop", "invalid_parameter"),
         (lambda: chat_request(stop=[""]), "stop[0]", "invalid_parameter"),
-        (lambda: chat_request(max_tokens=5000), "messages", "context_length_exceeded"),
-        (lambda: prompt_request("x " * 1100, max_tokens=1), "prompt", "context_length_exceeded"),
+        (lambda: chat_request(max_tokens=CONTEXT_WINDOW), "messages",
+         "context_length_exceeded"),
+        (lambda: prompt_request("x " * (CONTEXT_WINDOW + 100), max_tokens=1), "prompt",
+         "context_length_exceeded"),
         (lambda: prompt_request([1, 99999]), "prompt", "invalid_parameter"),
         (lambda: prompt_request(""), "prompt", "invalid_parameter"),
         (lambda: chat_request(model=""), "model", "invalid_parameter"),
@@ -181,6 +185,6 @@ def test_unknown_model_is_not_found(generation_stub):
 
 def test_context_length_message_gives_the_figures(generation_stub):
     with pytest.raises(grpc.RpcError) as err:
-        list(generation_stub.Generate(chat_request(max_tokens=2000), timeout=30))
-    assert "maximum context length is 1024 tokens" in err.value.details()
-    assert "2000 in the completion" in err.value.details()
+        list(generation_stub.Generate(chat_request(max_tokens=CONTEXT_WINDOW), timeout=30))
+    assert f"maximum context length is {CONTEXT_WINDOW} tokens" in err.value.details()
+    assert f"{CONTEXT_WINDOW} in the completion" in err.value.details()

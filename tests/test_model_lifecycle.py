@@ -14,6 +14,7 @@ import time
 import openai
 import pytest
 
+from service.demo_model.build import CONTEXT_WINDOW
 from tests import harness
 from tests.conftest import wait_until
 from tests.http_helpers import SseStream
@@ -129,7 +130,7 @@ def test_a_load_failing_after_the_unload_is_model_load_failed(life):
 
 def test_explicit_load_and_unload(life):
     status, body, _ = call(life, "POST", f"/api/models/{Q8}/load")
-    assert status == 200 and body["state"] == "loaded" and body["context_window"] == 1024
+    assert status == 200 and body["state"] == "loaded" and body["context_window"] == CONTEXT_WINDOW
     status, body, _ = call(life, "POST", f"/api/models/{Q8}/unload")
     assert status == 200 and body["state"] == "ready"
     assert "loaded" not in states(life).values()
@@ -294,14 +295,14 @@ def test_memory_needed_counts_weights_and_the_gguf_kv_cache():
 
     registry = ModelRegistry(harness.models_dir())
     gguf, tiny = registry.resolve(F32), registry.resolve(TINY)
-    # 2 layers x 2 KV heads x (16 + 16) dims x 2 bytes (f16), over the 1,024-token context.
-    assert (gguf.context_length, gguf.kv_bytes_per_token) == (1024, 256)
+    # 2 layers x 2 KV heads x (16 + 16) dims x 2 bytes (f16), over the file's own context.
+    assert (gguf.context_length, gguf.kv_bytes_per_token) == (CONTEXT_WINDOW, 256)
     # ... for each of the 8 slots the GGUF engine decodes together by default, and
     # the lanes and scoring context it may open beside them (engines/gguf/kv_plan.py).
     kv = ModelLifecycle(registry, LifecycleConfig(device="cpu")).check_load(gguf)
-    assert (kv.window, kv.slots, kv.kv_bytes) == (1024, 8, 256 * 1024 * 8)
-    assert kinds.memory_needed(gguf, "cpu", kv) == (gguf.path.stat().st_size,
-                                                    engine_bytes(kinds.cell_cost(gguf), 1024, 8))
+    assert (kv.window, kv.slots, kv.kv_bytes) == (CONTEXT_WINDOW, 8, 256 * CONTEXT_WINDOW * 8)
+    assert kinds.memory_needed(gguf, "cpu", kv) == (
+        gguf.path.stat().st_size, engine_bytes(kinds.cell_cost(gguf), CONTEXT_WINDOW, 8))
     assert kinds.memory_needed(tiny, "cpu") == (tiny.size_bytes, 0)  # float32 as stored
     capped = ModelLifecycle(registry, LifecycleConfig(device="cpu", gguf_context=256,
                                                       gguf_slots=2)).check_load(gguf)

@@ -25,6 +25,7 @@ from rest_bridge.protocol.embeddings import EmbeddingRequest
 from rest_bridge.serving.chat import ChatCompletionHandler
 from rest_bridge.serving.completions import CompletionHandler
 from rest_bridge.serving.embeddings import EmbeddingsHandler
+from service.demo_model.build import CONTEXT_WINDOW
 from service.errors import ERROR_CODES
 from tests.conftest import MODEL
 from tests.grpc_helpers import error_info
@@ -162,11 +163,11 @@ ROWS = [
     ("model-empty", CHAT, chat(model=""), {}, 400, "invalid_parameter", "model", None),
     ("completion-model-unknown", COMPLETIONS, text(model="nope"), {}, 404, "model_not_found",
      "model", None),
-    ("chat-too-long", CHAT, chat(max_tokens=5000), {}, 400, "context_length_exceeded",
+    ("chat-too-long", CHAT, chat(max_tokens=CONTEXT_WINDOW), {}, 400, "context_length_exceeded",
      "messages", None),
-    ("completion-too-long", COMPLETIONS, text(max_tokens=2000), {}, 400,
+    ("completion-too-long", COMPLETIONS, text(max_tokens=CONTEXT_WINDOW), {}, 400,
      "context_length_exceeded", "prompt", None),
-    ("streamed-too-long", CHAT, chat(max_tokens=5000, stream=True), {}, 400,
+    ("streamed-too-long", CHAT, chat(max_tokens=CONTEXT_WINDOW, stream=True), {}, 400,
      "context_length_exceeded", "messages", None),
     # -- fields that cannot be honoured --------------------------------------------------------
     ("tools-built-in", CHAT, chat(tools=[{"type": "web_search"}]), {}, 400,
@@ -301,7 +302,7 @@ ROWS = [
      "input[1]", None),
     ("embed-token-out-of-vocab", EMBED, embed(input=[[1, 2], [99999]]), {}, 400,
      "invalid_parameter", "input[1]", None),
-    ("embed-too-long", EMBED, embed(input=[[5, 6], [5] * 1100]), {}, 400,
+    ("embed-too-long", EMBED, embed(input=[[5, 6], [5] * (CONTEXT_WINDOW + 1)]), {}, 400,
      "context_length_exceeded", "input[1]", None),
     ("embed-unknown-model", EMBED, embed(model="nope"), {}, 404, "model_not_found", "model",
      None),

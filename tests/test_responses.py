@@ -15,6 +15,7 @@ import jsonschema
 import openai
 import pytest
 
+from service.demo_model.build import CONTEXT_WINDOW
 from tests.conftest import MODEL
 from tests.http_helpers import call
 
@@ -246,7 +247,7 @@ def test_json_schema_text_format(client):
     ({"prompt": {"id": "pmpt_1"}}, 400, "field_not_honoured", "prompt"),
     ({"temperature": 5}, 400, "invalid_parameter", "temperature"),
     ({"max_output_tokens": 0}, 400, "invalid_parameter", "max_output_tokens"),
-    ({"max_output_tokens": 5000}, 400, "context_length_exceeded", "input"),
+    ({"max_output_tokens": CONTEXT_WINDOW}, 400, "context_length_exceeded", "input"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [TOOL]}, 400,
      "invalid_parameter", "tool_choice.name"),
     ({"input": [{"role": "user", "content": "a"},

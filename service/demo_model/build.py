@@ -8,10 +8,26 @@ end its turns with <|im_end|>, which makes the demo answer like a chat model
 instead of emitting noise. A dozen tool conversations, rendered by the same
 template with their tools, teach it the shape of a call: offered get_weather
 and asked about the weather, it answers with a <tool_call> block that calls
-it, and without tools it answers in text. It is far too small to read the
-arguments from the question: the city it passes is one from its training
-conversations, seldom the one asked about. The build takes about half a
-minute (torch on one thread).
+it, and without tools it answers in text (the corpus asks some of the same
+questions without tools, and the tools' system turn is read but never
+learned as text to write, so it cannot drift into it). It is far too small
+to read the arguments from the question: the city it passes is one from its
+training conversations, seldom the one asked about. The build takes about
+forty seconds (torch on one thread).
+
+Its window is a real one (32,768 positions) because clients send real
+prompts: Open WebUI's default chat request carries some 26,000 characters of
+tool definitions and asks for up to 1,000 tokens. So the tokenizer's
+vocabulary (up to 8,192 tokens) is learned from more than the model's own
+training text: vocabulary.txt, the project's documentation, gives it the
+pieces of English and of JSON, about 3.4 characters a token on text it has
+not seen where the corpus alone gave 2.5. Rotary positions need no training
+to reach far: the model is trained on short windows and reads long prompts
+with the same weights, and its answers there are no better than its size.
+The training text uses only some 600 of those tokens: the rest share one
+output row fitted after training to score low at every state the model
+reaches (SharedUnusedLoss), so a sampled answer almost never wanders into
+them, and the output embedding is untied from the input one for that.
 """
 
 from __future__ import annotations
@@ -19,6 +35,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -31,16 +48,24 @@ from service.demo_model import sae as demo_sae
 
 MODEL_ID = "millm-tiny"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# Room for the tool conversations' JSON without taking merges from the prose.
-VOCAB_SIZE = 1024
-CONTEXT_WINDOW = 1024
+# A ceiling: the trainer stops earlier when its text has no pair left to
+# merge (vocabulary.txt gives about 8,000); the real size is len(tokenizer).
+VOCAB_SIZE = 8192
+CONTEXT_WINDOW = 32768
 SEED = 1234
-TRAIN_STEPS = 250
+TRAIN_STEPS = 400
+LR = 5e-3
 LR_DECAY = 0.8
 TRAIN_BATCH = 16
 TRAIN_SEQ = 96
+# The unused tokens' shared output row: fitted for this many steps after
+# training, its norm at most this many times a used row's, to the states of
+# the training text and of sampled answers this long (push_down_unused).
+UNUSED_STEPS = 300
+UNUSED_NORM = 4.0
+SAMPLED_TOKENS = 48
 # Tool conversations in every step: whole ones, and windows (see build_model).
-TOOL_BATCH = 6
+TOOL_BATCH = 4
 TOOL_WINDOWS = 2
 TOOL_SEQ = 256
 # Marker written last: a directory without it is an interrupted build.
@@ -48,9 +73,13 @@ METADATA_FILE = "millm_model.json"
 # Bumped when the build's output changes, so an older build is rebuilt.
 # 2: <|endoftext|> is an end token too (generation_config), as llama.cpp reads it.
 # 3: the template renders tools, and the model is trained to call them.
-BUILD_VERSION = 3
+# 4: a 32,768-token window, and a vocabulary learned from vocabulary.txt too.
+# 5: untied output embedding (the unused tokens score low), the tools' system
+#    turn masked out of the loss, 400 steps.
+BUILD_VERSION = 5
 
 CORPUS = pathlib.Path(__file__).with_name("corpus.txt")
+VOCABULARY_TEXT = pathlib.Path(__file__).with_name("vocabulary.txt")
 
 ROLES = ("system", "user", "assistant", "tool", "call", "tools", "function")
 
@@ -105,6 +134,8 @@ def training_documents() -> tuple[list[str], list[str]]:
     return prose + plain, with_tools
 
 def build_tokenizer(documents: list[str]):
+    """A byte-level BPE learned from the training documents and from
+    vocabulary.txt (the model is trained on the documents only)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -119,7 +150,8 @@ def build_tokenizer(documents: list[str]):
     )
     # Train on plain text: the ChatML markers are special tokens, not text to merge.
     plain = [d.replace("<|im_start|>", "").replace("<|im_end|>", "") for d in documents]
-    tok.train_from_iterator(plain, trainer=trainer)
+    tok.train_from_iterator(plain + [VOCABULARY_TEXT.read_text(encoding="utf-8")],
+                            trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -141,26 +173,150 @@ def token_stream(tokenizer, documents: list[str], end_id: int):
 
 def tools_offered_at(ids: list[int], turn_end: int, doc_end: int):
     """For each token of a stream of tool conversations, where its
-    conversation's first turn (the tools' system turn) ends."""
+    conversation starts and where its first turn (the tools' system turn)
+    ends."""
     import torch
 
-    ends, doc_start = [], 0
+    starts, ends, doc_start = [], [], 0
     for i, token in enumerate(ids):
         if token == doc_end:
             first = ids.index(turn_end, doc_start, i + 1)
+            starts.extend([doc_start] * (i + 1 - doc_start))
             ends.extend([first] * (i + 1 - doc_start))
             doc_start = i + 1
-    return torch.tensor(ends)
+    return torch.tensor(starts), torch.tensor(ends)
 
-def padded(sequences: list[list[int]], pad_id: int) -> dict:
+def padded(sequences: list[list[int]], pad_id: int, prompts: list[int]) -> dict:
     """A batch padded on the right; the padding is masked out of attention
-    and of the loss."""
+    and of the loss, and so is each sequence's first `prompts[i]` tokens."""
     import torch
 
     width = max(map(len, sequences))
     ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in sequences])
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
-    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    learned = torch.tensor([[0] * p + [1] * (width - p) for p in prompts]) * mask
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(learned == 0, -100)}
+
+class SharedUnusedLoss:
+    """The next-token loss over the whole vocabulary, with every token the
+    training text never uses sharing one embedding.
+
+    The text uses about 600 of the 8,000 tokens. The others still have to be
+    pushed down, or their summed probability crowds into sampled answers; but
+    a softmax over all of them at every position would make the build several
+    times slower. Tied to one vector, the unused tokens' part of the softmax
+    is one logit plus log(count), exact and as cheap as one more token. The
+    vector is copied into every unused row when training ends (build_model),
+    so the saved model computes the same distribution the loss trained."""
+
+    def __init__(self, vocab_size: int, used: list[int]):
+        import torch
+
+        self.used = torch.tensor(sorted(set(used)))
+        unused = sorted(set(range(vocab_size)) - set(self.used.tolist()))
+        self.unused = torch.tensor(unused)
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long)
+        self.index[self.used] = torch.arange(len(self.used))
+        self.log_unused = math.log(max(1, len(unused)))
+
+    def __call__(self, model, input_ids, labels, attention_mask=None):
+        import torch
+        import torch.nn.functional as F
+
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+        y = labels[:, 1:].reshape(-1)
+        h, y = h[y != -100], y[y != -100]
+        if not len(y):  # a window with nothing to learn (build_model masks)
+            return hidden.sum() * 0
+        weight = model.lm_head.weight
+        logits = h @ weight[self.used].T
+        if len(self.unused):
+            shared = h @ weight[self.unused[0]] + self.log_unused
+            logits = torch.cat([logits, shared[:, None]], dim=1)
+        return F.cross_entropy(logits, self.index[y])
+
+    def untie(self, model) -> None:
+        """Unties the output embedding from the input one. On the output
+        side every unused row becomes the shared one; on the input side, the
+        mean of the used rows. Tied, the shared vector would also be what an
+        unused token reads as, and a state read from it points along it: one
+        unused token sampled would make the next one likely, and an answer
+        would drift off into the documentation's words. Read as an average
+        token instead, it leads nowhere in particular."""
+        import torch
+
+        with torch.no_grad():
+            weight = model.get_input_embeddings().weight
+            output = weight.detach().clone()
+            if len(self.unused):
+                output[self.unused] = weight[self.unused[0]]
+                weight[self.unused] = weight[self.used].mean(dim=0)
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(output)
+
+    def push_down_unused(self, model, hidden) -> None:
+        """Refits the unused tokens' shared output row, the model fixed, to
+        keep their summed probability near zero at every final hidden state
+        in `hidden` (the model's own, over its training text and over answers
+        it samples). Training pushes the shared logit down only as far as the
+        cross entropy needs, and states the training text never led to (a
+        sampled answer wandering) could still give the ~7,400 unused tokens
+        together a few percent of the mass. The row's norm is held to a few
+        times a used row's."""
+        import torch
+        import torch.nn.functional as F
+
+        if not len(self.unused):
+            return
+        output = model.lm_head.weight
+        with torch.no_grad():
+            rest = torch.logsumexp(hidden @ output[self.used].T, dim=1)
+            limit = UNUSED_NORM * float(output[self.used].norm(dim=1).mean())
+        shared = output[self.unused[0]].detach().clone().requires_grad_(True)
+        optimizer = torch.optim.Adam([shared], lr=0.05)
+        for _ in range(UNUSED_STEPS):
+            # -log P(not an unused token), at the worst states most: a soft
+            # maximum over the states, not a mean that a few could hide in.
+            loss = torch.logsumexp(F.softplus(hidden @ shared + self.log_unused - rest)
+                                   * len(hidden), dim=0) / len(hidden)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            with torch.no_grad():
+                shared.mul_(min(1.0, limit / float(shared.norm())))
+        with torch.no_grad():
+            output[self.unused] = shared.detach()
+
+def answer_prompts() -> list[str]:
+    """Every question of the corpus's conversations as a prompt for an
+    answer: after the conversation so far, and alone."""
+    _, chats = parse_corpus(CORPUS.read_text(encoding="utf-8"))
+    prompts = set()
+    for tools, messages in chats:
+        for i, message in enumerate(messages):
+            if message["role"] == "user":
+                prompts.add(render(messages[: i + 1], tools, add_generation_prompt=True))
+                prompts.add(render([message], tools, add_generation_prompt=True))
+    return sorted(prompts)
+
+def final_states(model, tokenizer, stream, conversations: list[list[int]], pad_id: int):
+    """The model's final hidden states over its training text, and over an
+    answer it samples to every question of the corpus (a generator of their
+    own: the build stays deterministic)."""
+    import torch
+
+    texts = [stream[s : s + TRAIN_SEQ] for s in range(0, len(stream), TRAIN_SEQ)]
+    texts += [torch.tensor(ids) for ids in conversations]
+    torch.manual_seed(SEED + 2)
+    with torch.no_grad():
+        for prompt in answer_prompts():
+            ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            out = model.generate(ids, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                 max_new_tokens=SAMPLED_TOKENS, pad_token_id=pad_id)
+            texts.append(out[0])
+        return torch.cat([model.model(input_ids=ids[None]).last_hidden_state[0]
+                          for ids in texts])
 
 def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
     import torch
@@ -198,9 +354,12 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
     conversations = [tokenizer(doc, add_special_tokens=False)["input_ids"] + [pad_id]
                      for doc in tool_documents]
     tool_stream = torch.tensor([token for ids in conversations for token in ids])
-    offered = tools_offered_at(tool_stream.tolist(), eos_id, pad_id)
+    conversation_at, offered = tools_offered_at(tool_stream.tolist(), eos_id, pad_id)
+    prompts = [ids.index(eos_id) + 1 for ids in conversations]
+    positions = torch.arange(len(tool_stream))
+    lm_loss = SharedUnusedLoss(len(tokenizer), stream.tolist() + tool_stream.tolist())
     tool_generator = torch.Generator().manual_seed(SEED + 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     # The rate falls linearly to 20% by the last step: the last steps settle
     # the weights instead of leaving them wherever the last batches pushed.
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -209,19 +368,24 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
     for _ in range(TRAIN_STEPS):
         starts = torch.randint(0, len(stream) - TRAIN_SEQ - 1, (TRAIN_BATCH,), generator=generator)
         batch = torch.stack([stream[s : s + TRAIN_SEQ] for s in starts.tolist()])
-        loss = model(input_ids=batch, labels=batch).loss
+        loss = lm_loss(model, batch, batch)
         starts = torch.randint(0, len(tool_stream) - TOOL_SEQ - 1, (TOOL_WINDOWS,),
                                generator=tool_generator).tolist()
         batch = torch.stack([tool_stream[s : s + TOOL_SEQ] for s in starts])
-        seen = torch.stack([offered[s : s + TOOL_SEQ] >= s for s in starts])
-        loss = loss + model(input_ids=batch, labels=batch.masked_fill(~seen, -100)).loss
+        seen = torch.stack([(conversation_at[s : s + TOOL_SEQ] >= s)
+                            & (positions[s : s + TOOL_SEQ] > offered[s : s + TOOL_SEQ])
+                            for s in starts])
+        loss = loss + lm_loss(model, batch, batch.masked_fill(~seen, -100))
         picks = torch.randint(0, len(conversations), (TOOL_BATCH,), generator=tool_generator)
-        loss = loss + model(**padded([conversations[i] for i in picks.tolist()], pad_id)).loss
+        loss = loss + lm_loss(model, **padded([conversations[i] for i in picks.tolist()], pad_id,
+                                              [prompts[i] for i in picks.tolist()]))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         schedule.step()
     model.eval()
+    lm_loss.untie(model)
+    lm_loss.push_down_unused(model, final_states(model, tokenizer, stream, conversations, pad_id))
     # Training ends every document with <|endoftext|>, and llama.cpp stops on
     # it by name in any GGUF file, so it ends a generation here too: raw
     # completions stop where the model ends its text, on both engines.

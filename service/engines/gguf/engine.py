@@ -122,11 +122,16 @@ class GgufEngine(Engine):
         vocab = model.vocab
         n_vocab = llm.n_vocab()
         self._token_bytes = [token_piece(vocab, i, special=False) for i in range(n_vocab)]
-        self._tokens = TokenTable(n_vocab, self._token_bytes)
         self._control_char_ids = control_char_ids(self._token_bytes)
         self._eog = frozenset(i for i in range(n_vocab) if lib.llama_vocab_is_eog(vocab, i))
         self._control = frozenset(i for i in range(n_vocab)
                                   if lib.llama_vocab_is_control(vocab, i))
+        # Log-probabilities name a special token by its text, as the
+        # transformers engine does (its table is decode(skip_special_tokens=
+        # False)'s); generated text leaves it out (_token_bytes).
+        self._tokens = TokenTable(n_vocab, [
+            token_piece(vocab, i, special=True) if i in self._control else piece
+            for i, piece in enumerate(self._token_bytes)])
         self._special_tokens = tuple(sorted({
             token_piece(vocab, i, special=True).decode("utf-8", errors="replace")
             for i in self._control} - {""}))
