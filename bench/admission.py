@@ -18,8 +18,20 @@ short request should not wait for the long one. Printed per run: the short
 request's latency, the long request's whole time, and their ratio (target:
 at most 0.2; while seeded GGUF requests ran alone it was 0.78).
 
+"long" (issue 27): one greedy stream runs; a long prompt (--long-rules, about
+33 tokens a rule; 26 make ~860, what the demo model's 1,024-token window
+allows) is sent beside it. Printed per engine, side by side: the stream's
+median step before, its longest gap between tokens while the long prompt was
+read (from sending it to its first token), the tokens it got meanwhile, and
+the long request's time to first token. Engines: the transformers engine with
+prefill chunks of 512 (the default) and 64 tokens, with chunking off (the
+whole prompt in one forward pass, as before), and the GGUF engine (its batch
+takes decoding rows first and at most n_batch = 512 prompt tokens a step).
+Target: the longest gap stays within a few steps when chunked.
+
 Usage: python bench/admission.py [--small 20] [--stream-tokens 600]
-                                 [--engines fair,fifo,gguf] [--gguf-runs 5]
+                                 [--engines fair,fifo,gguf,long] [--gguf-runs 5]
+                                 [--long-rules 26] [--long-runs 3]
 """
 
 from __future__ import annotations
@@ -46,6 +58,12 @@ ENGINES = {
     "fifo": {"MILLM_MAX_ROWS_PER_REQUEST": "64", "MILLM_ADMISSION_AGING_S": "0"},
 }
 GGUF_MODEL = "millm-tiny-gguf:Q8_0"
+LONG_ENGINES = {
+    "chunk 512": {},
+    "chunk 64": {"MILLM_PREFILL_CHUNK_TOKENS": "64"},
+    "one pass": {"MILLM_PREFILL_CHUNK_TOKENS": "1000000"},
+    "gguf": {"MILLM_MODEL": GGUF_MODEL},
+}
 
 
 async def stream_gaps(stub, request, gaps: list[float], stop: asyncio.Event) -> None:
@@ -138,6 +156,71 @@ async def short_beside_seeded(port: int, long_tokens: int, short_tokens: int
         return alone, beside, await long
 
 
+def long_text(rules: int, run: int) -> str:
+    return " ".join(f"Rule {i}: keeper {run} lights lamp {i} at dusk and logs ship {i * 7}."
+                    for i in range(rules))
+
+
+async def stall_beside_long(port: int, model: str, rules: int, run: int) -> dict:
+    """A stream's gaps while a long prompt is read (module docstring)."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        times: list[float] = []  # arrival of each stream token
+        stop = asyncio.Event()
+
+        async def stream() -> None:
+            async for response in stub.Generate(prompt_request(
+                    f"Stream {run}", model=model, max_tokens=900, temperature=0,
+                    ignore_eos=True), timeout=600):
+                now = time.perf_counter()
+                times.extend(now for c in response.choices for _ in c.token_ids)
+                if stop.is_set():
+                    return
+
+        task = asyncio.create_task(stream())
+        while len(times) < 30:
+            await asyncio.sleep(0.005)
+        step = (times[-1] - times[-21]) / 20  # (a slow reader gets merged steps)
+        sent = time.perf_counter()
+        first = None
+        async for response in stub.Generate(prompt_request(
+                long_text(rules, run), model=model, max_tokens=4, temperature=0,
+                ignore_eos=True), timeout=600):
+            if first is None and any(c.token_ids for c in response.choices):
+                first = time.perf_counter()
+        stop.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        during = [t for t in times if sent <= t <= first]
+        edges = [sent, *during, first]
+        return {"step": step, "gap": max(b - a for a, b in zip(
+            edges, edges[1:], strict=False)), "tokens": len(during), "ttft": first - sent}
+
+
+def long_rows(args, tmp: pathlib.Path) -> None:
+    rows = {}
+    for name, env in LONG_ENGINES.items():
+        folder = tmp / name.replace(" ", "-")
+        folder.mkdir()
+        engine, port = harness.start_engine(folder, **env)
+        model = env.get("MILLM_MODEL", "millm-tiny")
+        try:
+            harness.wait_serving(engine, port)
+            asyncio.run(stall_beside_long(port, model, 2, -1))  # warm up
+            runs = [asyncio.run(stall_beside_long(port, model, args.long_rules, i))
+                    for i in range(args.long_runs)]
+        finally:
+            engine.stop()
+        rows[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    print(f"a long prompt ({args.long_rules} rules, ~{args.long_rules * 33} tokens) sent "
+          f"beside one greedy stream; medians of {args.long_runs} runs")
+    print(f"{'engine':<11}{'step ms':>9}{'max gap ms':>12}{'gap/step':>10}{'tokens':>8}"
+          f"{'TTFT ms':>9}")
+    for name, r in rows.items():
+        print(f"{name:<11}{r['step'] * 1e3:>9.1f}{r['gap'] * 1e3:>12.1f}"
+              f"{r['gap'] / r['step']:>10.1f}{r['tokens']:>8.0f}{r['ttft'] * 1e3:>9.1f}")
+
+
 def transformers_rows(args, tmp: pathlib.Path, names: list[str]) -> None:
     rows = {}
     for name in names:
@@ -187,8 +270,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--small", type=int, default=20)
     parser.add_argument("--stream-tokens", type=int, default=600)
-    parser.add_argument("--engines", default="fair,fifo,gguf")
+    parser.add_argument("--engines", default="fair,fifo,gguf,long")
     parser.add_argument("--gguf-runs", type=int, default=5)
+    parser.add_argument("--long-rules", type=int, default=26)
+    parser.add_argument("--long-runs", type=int, default=3)
     args = parser.parse_args()
     names = args.engines.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,6 +282,8 @@ def main() -> None:
             transformers_rows(args, pathlib.Path(tmp), chosen)
         if "gguf" in names:
             gguf_rows(args, pathlib.Path(tmp))
+        if "long" in names:
+            long_rows(args, pathlib.Path(tmp))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ class EngineConfig:
     # A stream whose reader takes nothing for this long is cancelled, its row and lease freed.
     stream_stall_s: float = 30.0
     prefix_cache_tokens: int = 32768
+    # Prompt tokens prefilled per scheduler turn at most, between the running rows' steps.
+    prefill_chunk_tokens: int = 512
     batching: str = "continuous"
     # Prometheus metrics on this port (0: off); without a key when open.
     metrics_port: int = 0
@@ -132,6 +134,12 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         "--prefix-cache-tokens", type=int,
         default=int(_env("MILLM_PREFIX_CACHE_TOKENS", "32768")),
         help="MILLM_PREFIX_CACHE_TOKENS: prompt-prefix KV budget in tokens; 0 disables",
+    )
+    parser.add_argument(
+        "--prefill-chunk-tokens", type=int,
+        default=int(_env("MILLM_PREFILL_CHUNK_TOKENS", "512")),
+        help="MILLM_PREFILL_CHUNK_TOKENS: prompt tokens prefilled per scheduler turn at most "
+             "(a longer prompt takes several turns, between the running rows' decode steps)",
     )
     parser.add_argument(
         "--batching", choices=("continuous", "serial"),
@@ -240,6 +248,8 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         parser.error("--max-rows-per-request and --admission-aging-s must not be negative")
     if args.prefix_cache_tokens < 0:
         parser.error("--prefix-cache-tokens must not be negative")
+    if args.prefill_chunk_tokens < 1:
+        parser.error("--prefill-chunk-tokens must be at least 1")
     data_dir = pathlib.Path(args.data_dir)
     models_dir = pathlib.Path(args.models_dir) if args.models_dir else data_dir / "models"
     if args.torch_threads < 1:
@@ -260,6 +270,7 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         admission_aging_s=args.admission_aging_s,
         stream_stall_s=args.stream_stall_s,
         prefix_cache_tokens=args.prefix_cache_tokens,
+        prefill_chunk_tokens=args.prefill_chunk_tokens,
         batching=args.batching,
         metrics_port=args.metrics_port,
         metrics_open=args.metrics_open,

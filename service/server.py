@@ -106,6 +106,7 @@ class EngineServer:
                     max_rows_per_request=config.max_rows_per_request,
                     aging_s=config.admission_aging_s,
                     stall_s=config.stream_stall_s,
+                    prefill_chunk=config.prefill_chunk_tokens,
                     serial=config.batching == "serial",
                 ),
                 prefix_cache_tokens=config.prefix_cache_tokens,

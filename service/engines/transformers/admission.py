@@ -26,6 +26,7 @@ class SchedulerLimits:
     max_rows_per_request: int = 0  # rows one request holds at once; 0: half of max_batch
     aging_s: float = 5.0  # how long later requests may pass one that does not fit
     stall_s: float = 30.0  # a reader that takes nothing this long is cancelled (job.py)
+    prefill_chunk: int = 512  # prompt tokens computed per turn at most (prefill.py)
 
     @property
     def request_rows(self) -> int:

@@ -1,9 +1,9 @@
 """The running batch of the transformers engine: rows, sampling and prefill.
 
 A *row* is one choice being generated; it samples with its own options and
-generator and turns tokens into deltas. `prefill` computes the prompts of
-several groups in one forward pass and samples each row's first token; the
-rows then join a lane (lane.py), where they are decoded together.
+generator and turns tokens into deltas. A prefill (prefill.py) computes the
+prompts of its groups, a chunk per turn, and samples each row's first token;
+the rows then join a lane (lane.py), where they are decoded together.
 
 A row whose own bookkeeping fails (its detokenizer, stop matcher or grammar
 matcher) is marked failed and leaves; the other rows of the step go on
@@ -23,17 +23,15 @@ import torch
 
 from service.engines import faults
 from service.engines.scores import TokenTable
-from service.engines.transformers import kv, reading
+from service.engines.transformers import reading
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
 from service.requests.generation import PromptGroup
 from service.sampling import SamplingOptions, apply_penalties, choose_tokens
-from service.steering.probes import ProbeReader, add_reads
+from service.steering.probes import ProbeReader
 from service.steering.runtime import (
     ActivationRecorder,
-    Capture,
     ForwardSteering,
     SteeringRuntime,
-    stack_deltas,
 )
 from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
 
@@ -242,91 +240,6 @@ class Prefilled:
     results: list[tuple[Row, ChoiceDelta, bool]]
 
 
-def prefill(
-    ctx: ModelContext, progresses: list[GroupProgress], prefix_cache, read_cache: bool
-) -> Prefilled:
-    """Compute the prompts of several groups in one forward pass (left-padded),
-    then sample the first token of each of their rows.
-
-    A lone group may start from cached prefix blocks (`read_cache`); groups
-    prefilled together never do, so they share one starting column.
-    """
-    faults.hit("prefill")
-    device = ctx.device
-    config = ctx.model.config
-    prompts = [p.group.prompt_ids for p in progresses]
-    cached, layers = (0, [])
-    if (read_cache and ctx.reuses_prefixes and len(progresses) == 1
-            and not progresses[0].steered_or_reading):
-        cached, layers = prefix_cache.lookup(prompts[0])
-        if not progresses[0].continuation:
-            progresses[0].cached_tokens = cached
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-    positions = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-    for i, prompt in enumerate(prompts):
-        start = width - len(prompt)
-        ids[i, start:] = torch.tensor(prompt, dtype=torch.long, device=device)
-        mask[i, start:] = 1
-        positions[i, start:] = torch.arange(len(prompt), device=device)
-    cache = kv.from_prefix(config, layers) if cached else kv.new_cache(config)
-    steering = _prefill_steering(ctx, progresses, width, ids)
-    with _steered(ctx, steering):
-        out = ctx.model(
-            input_ids=ids[:, cached:],
-            attention_mask=mask if len(prompts) > 1 else None,
-            position_ids=positions[:, cached:],
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-    if ctx.reuses_prefixes:
-        computed = kv.attention_kv(cache)
-        for i, prompt in enumerate(prompts):
-            if not progresses[i].steered_or_reading:
-                prefix_cache.store(prompt, computed, row=i, start=width - len(prompt))
-
-    # One row per choice: group i's KV is repeated for its n rows.
-    owner = [i for i, p in enumerate(progresses) for _ in range(p.group.n)]
-    rows = [Row(ctx, p, j) for p in progresses for j in range(p.group.n)]
-    index = torch.tensor(owner, dtype=torch.long, device=device)
-    if owner != list(range(len(prompts))):
-        kv.select_rows(cache, index)
-    logits = out.logits[:, -1, :].float()[index]
-    mask = mask[index]
-    counts = torch.zeros((len(rows), ctx.vocab_width), dtype=torch.float32, device=device)
-    seen = torch.zeros((len(rows), ctx.vocab_width), dtype=torch.bool, device=device)
-    for r, i in enumerate(owner):
-        seen[r, torch.tensor(prompts[i], dtype=torch.long, device=device)] = True
-    results = sample(ctx, rows, logits, counts, seen)
-    keep = [r for r, (_, _, done) in enumerate(results) if not done]
-    if len(keep) < len(rows) and keep:
-        index = torch.tensor(keep, dtype=torch.long, device=device)
-        kv.select_rows(cache, index)
-        mask, counts, seen = mask[index], counts[index], seen[index]
-    return Prefilled([rows[r] for r in keep], cache, mask, counts, seen, results)
-
-
 def _steered(ctx: ModelContext, steering: ForwardSteering | None):
     """The hooks see `steering` for one forward pass (nothing to do without it)."""
     return ctx.steering.applying(steering) if steering is not None else contextlib.nullcontext()
-
-
-def _prefill_steering(ctx: ModelContext, progresses: list[GroupProgress], width: int,
-                      ids: torch.Tensor) -> ForwardSteering | None:
-    """Each group's own deltas and activation captures for the prefill pass
-    (one batch row per group; its prompt sits in the last columns)."""
-    if ctx.steering is None or not any(p.steered_or_reading for p in progresses):
-        return None
-    deltas = stack_deltas([p.deltas for p in progresses], ctx.steering)
-    captures: dict[int, list[Capture]] = {}
-    monitors: dict[int, list] = {}
-    for i, p in enumerate(progresses):
-        prompt = list(p.group.prompt_ids)
-        if p.recorder is not None:
-            captures.setdefault(p.recorder.spec.layer, []).append(
-                Capture(i, width - len(prompt), list(range(len(prompt))), prompt, p.recorder))
-        if not p.continuation:  # a request's later parts share the prompt already read
-            add_reads(monitors, p.monitor, i, width - len(prompt), list(range(len(prompt))))
-    return ForwardSteering(deltas, captures, monitors)

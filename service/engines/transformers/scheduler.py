@@ -2,9 +2,12 @@
 
 Every turn of the loop (1) takes new jobs from the inbox, (2) drops rows and
 queued jobs whose caller left, (3) admits waiting prompt groups while the
-running batch has room, prefilling each, and (4) runs one decode step for
-every lane. A new request therefore joins at the next step and a finished
-one leaves at once, as in vLLM and TGI.
+running batch has room, (4) computes at most `prefill_chunk` prompt tokens of
+the admitted prompts (prefill.py: a long prompt takes several turns), handing
+those complete to a lane, and (5) runs one decode step for every lane. A new
+request therefore joins within a step or a few and a finished one leaves at
+once, as in vLLM and TGI, and a long prompt never holds the running streams
+for more than one chunk's forward pass per token.
 
 All unseeded rows share one lane, whatever their sampling parameters, stop
 sequences or lengths. A seeded group gets a lane of its own and never reads
@@ -52,8 +55,9 @@ from service.engines.model_thread import (
     run_one_chunk,
 )
 from service.engines.transformers.admission import SchedulerLimits, Waiting, split_parts
-from service.engines.transformers.batch import GroupProgress, ModelContext, Row, prefill
+from service.engines.transformers.batch import GroupProgress, ModelContext, Prefilled, Row
 from service.engines.transformers.lane import Lane
+from service.engines.transformers.prefill import Prefills
 from service.engines.transformers.prefix_cache import PrefixCache
 from service.errors import (
     EngineError,
@@ -67,11 +71,6 @@ from service.generation.job import GenerationJob, GroupDone, GroupFailed, StepOu
 log = logging.getLogger(__name__)
 
 
-# Prompt tokens prefilled in one forward pass at most, so a burst of long
-# prompts does not stall the running rows' next step for too long.
-PREFILL_TOKEN_BUDGET = 4096
-
-
 class Scheduler:
     def __init__(self, ctx: ModelContext, limits: SchedulerLimits, prefix_cache: PrefixCache):
         self.ctx, self.limits, self.prefix_cache = ctx, limits, prefix_cache
@@ -82,6 +81,9 @@ class Scheduler:
         self._reads: collections.deque[ModelCall] = collections.deque()
         self._shared = Lane(ctx)
         self._isolated: list[Lane] = []
+        # Admitted prompts being computed (a lone part that fails fails its request).
+        self._prefills = Prefills(ctx, prefix_cache, limits,
+                                  lambda job, exc: self._fail(job, failure_of(exc)))
         self._groups_left: dict[int, int] = {}  # id(job) -> groups not yet done, once admitted
         self._lock = threading.Lock()
         self._submitted = 0  # jobs in the inbox or waiting
@@ -133,7 +135,7 @@ class Scheduler:
                 completed_generations_total=self._completed,
                 cancelled_generations_total=self._cancelled,
                 failed_generations_total=self._failed,
-                running_rows=sum(len(lane.rows) for lane in lanes),
+                running_rows=self._running_rows(),
                 lanes=sum(1 for lane in lanes if lane.rows),
                 max_batch=self.limits.max_batch,
                 max_queued=self.limits.max_queued,
@@ -173,18 +175,22 @@ class Scheduler:
         run_one_chunk(self._reads, self.ctx)
         faults.hit("turn")
         self._admit()
+        for isolated, new in self._prefills.turn():
+            self._join(new, isolated)
         self._step_lanes()
 
     def _running_jobs(self) -> list[GenerationJob]:
-        return list({id(r.job): r.job for lane in [self._shared, *self._isolated]
-                     for r in lane.rows}.values())
+        jobs = {id(r.job): r.job for lane in [self._shared, *self._isolated] for r in lane.rows}
+        jobs.update((id(job), job) for p in self._prefills.items for job in p.jobs)
+        return list(jobs.values())
 
     def _reset(self) -> None:
-        """Fail every running row's request and start from an empty batch; the
-        waiting requests stay queued."""
+        """Fail every running row's request (prompts being prefilled too) and
+        start from an empty batch; the waiting requests stay queued."""
         jobs = self._running_jobs()
         with self._lock:
             self._shared, self._isolated = Lane(self.ctx), []
+            self._prefills.items = []
         for job in jobs:
             self._fail(job, batch_reset())
 
@@ -202,7 +208,9 @@ class Scheduler:
         report_death()
 
     def _running_rows(self) -> int:
-        return len(self._shared.rows) + sum(len(lane.rows) for lane in self._isolated)
+        """Rows in lanes, and rows whose prompts are being prefilled."""
+        return (len(self._shared.rows) + sum(len(lane.rows) for lane in self._isolated)
+                + self._prefills.rows())
 
     def _take_inbox(self) -> None:
         idle = not self._waiting and not self._reads and self._running_rows() == 0
@@ -244,12 +252,14 @@ class Scheduler:
                 for job in gone:
                     self._end_job(job, "cancelled")
         self._isolated = [lane for lane in self._isolated if lane.rows]
+        for job in self._prefills.drop_cancelled():
+            self._end_job(job, "cancelled")
 
     def _admit(self) -> None:
         """Admit waiting parts while the batch has room (module docstring: the
         per-request share and aging). Unseeded parts with nothing cached are
-        prefilled together in one forward pass; a part with a cached prefix,
-        or a seeded one, is prefilled on its own."""
+        prefilled together, up to a chunk of prompt tokens; a part with a
+        cached prefix, or a seeded one, is prefilled on its own."""
         if not self._waiting:
             return  # every decode turn comes here: nothing to count when nothing waits
         together: list[GroupProgress] = []
@@ -257,6 +267,8 @@ class Scheduler:
         share = self.limits.request_rows
         held = collections.Counter(id(r.job) for lane in [self._shared, *self._isolated]
                                    for r in lane.rows)
+        for progress in (p for prefill in self._prefills.items for p in prefill.progresses):
+            held[id(progress.job)] += progress.group.n
         now = time.monotonic()
         for waiting in list(self._waiting):
             job = waiting.job
@@ -290,32 +302,24 @@ class Scheduler:
                     self._fail(job, failure_of(exc))
                     break
                 if job.spec.seed is not None:
-                    self._prefill([progress], isolated=True)
+                    self._prefills.start([progress], isolated=True)
                 elif cached:
-                    self._prefill([progress], isolated=False)
+                    self._prefills.start([progress], isolated=False)
                 else:
                     together.append(progress)
-                    if sum(len(p.group.prompt_ids) for p in together) >= PREFILL_TOKEN_BUDGET:
-                        self._prefill(together, isolated=False)
+                    if (sum(len(p.group.prompt_ids) for p in together)
+                            >= self.limits.prefill_chunk):
+                        self._prefills.start(together, isolated=False)
                         together = []
             if waiting.groups and not held[id(job)] and now - waiting.since >= self.limits.aging_s:
                 break  # it has waited long enough: rows now free up for it alone
         if together:
-            self._prefill(together, isolated=False)
+            self._prefills.start(together, isolated=False)
 
-    def _prefill(self, progresses: list[GroupProgress], isolated: bool) -> None:
-        try:
-            new = prefill(self.ctx, progresses, self.prefix_cache, read_cache=not isolated)
-        except Exception as exc:
-            if len(progresses) > 1:
-                log.warning("a prefill of %d parts failed (%s); retrying each alone",
-                            len(progresses), type(exc).__name__)
-                for progress in progresses:
-                    self._prefill([progress], isolated)
-                return
-            log.exception("prefill failed")
-            self._fail(progresses[0].job, failure_of(exc))
-            return
+    def _join(self, new: Prefilled, isolated: bool) -> None:
+        """Hand a complete prefill's first tokens out and its rows to a lane."""
+        # A request that failed meanwhile (another of its parts) gets nothing more.
+        new.results = [r for r in new.results if r[0].job.outcome is None]
         self._deliver(new.results)
         lane = Lane(self.ctx) if isolated else self._shared
         try:
