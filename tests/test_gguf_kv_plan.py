@@ -117,9 +117,13 @@ def test_the_cost_of_a_cell_is_what_llama_cpp_allocates(cells, seqs, type_kv):
     kv, compute = llama_cpp_sizes(entry.path, cells, seqs, type_kv)
     assert kv * MIB == cells * cost.kv_bytes * width // 2  # to the byte (MiB to 2 decimals)
     ours = cost.context_bytes(cells, kv_width=width) / MIB
-    # Beyond the per-cell part, llama.cpp's compute buffer has a fixed part
-    # (logits and activations of one micro-batch: under 1 MiB here).
-    assert 0 <= (kv + compute) - ours < 1.0, (kv, compute, ours)
+    # llama.cpp's allocator reuses its compute buffer between the attention
+    # scratch and the logits of one micro-batch (512 x vocabulary f32 values),
+    # so the buffer is the larger of the two plus a small fixed part
+    # (activations: under 1 MiB here). The plan counts the scratch; the logits
+    # are left to the headroom (kv_plan.py), and win only on short contexts.
+    logits = min(512, cells) * harness.demo_config()["vocab_size"] * 4 / MIB
+    assert 0 <= (kv + compute) - max(ours, kv + logits) < 1.0, (kv, compute, ours, logits)
 
 
 # -- a long-context file on a real engine ------------------------------------------

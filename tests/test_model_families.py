@@ -50,7 +50,8 @@ L1 = "sae_millm-tiny-res-l1"
 FEATURE, STRENGTH = 3, 48.0
 PROMPTS = [
     "The lighthouse keeper wrote in his journal every night, and the river ran past the "
-    "old mill where the cats sleep most of the day.",
+    "old mill where the cats sleep most of the day. In the morning the baker opened his "
+    "shop, the children walked to school, and the fishing boats went out to sea.",
     "A",
     "Cats sleep most of the day. They find a warm spot by the window and",
     "The river ran past the mill, under the bridge, beside the road to town, and on to",
