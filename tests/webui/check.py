@@ -73,7 +73,7 @@ ANSWER_TIMEOUT = 300  # a model switch loads the other model first
 TASK_MARKERS = {
     "title": "Generate a concise title",
     "tags": "Generate 1-3 broad tags",
-    "follow_ups": "Suggest 3-5 relevant follow-up",
+    "follow_ups": "Predict 3-5 useful messages",
 }
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
@@ -117,19 +117,26 @@ class Relay(ThreadingHTTPServer):
     def port(self) -> int:
         return self.server_address[1]
 
-    def chats(self, model: str, kind: str = "chat") -> list[dict]:
+    def chats(self, model: str, kind: str = "chat", prompt: str | None = None) -> list[dict]:
+        """Finished chat completions for model of that kind (and, given prompt,
+        whose last message is the user's prompt)."""
         with self.lock:
             return [x for x in self.exchanges if x.get("model") == model and x["kind"] == kind
-                    and "status" in x and x.get("done")]
+                    and x.get("done") and (prompt is None or (
+                        x["messages"] and x["messages"][-1]["role"] == "user"
+                        and x["messages"][-1]["content"].strip() == prompt))]
 
 
 def task_kind(body: dict) -> str:
-    text = " ".join(str(m.get("content", "")) for m in body.get("messages") or []
-                    if isinstance(m, dict))
+    """'chat' for a chat turn; Open WebUI's background tasks put one prompt
+    that starts with '### Task:' in a user message."""
+    texts = [str(m.get("content", "")) for m in body.get("messages") or [] if isinstance(m, dict)]
+    if not any(t.lstrip().startswith("### Task:") for t in texts):
+        return "chat"
     for kind, marker in TASK_MARKERS.items():
-        if marker in text:
+        if any(marker in t for t in texts):
             return kind
-    return "chat"
+    return "task"
 
 
 class RelayHandler(BaseHTTPRequestHandler):
@@ -319,10 +326,9 @@ class Page:
         return match.group(1)
 
     def sidebar_title(self, chat_id: str) -> str:
-        items = self.d.find_elements(By.CSS_SELECTOR, f'[data-sidebar-chat-id="{chat_id}"]')
-        if not items:
-            return ""
-        return (items[0].get_attribute("textContent") or "").strip().split("\n")[0].strip()
+        items = self.d.find_elements(
+            By.CSS_SELECTOR, f'[data-sidebar-chat-id="{chat_id}"] a div[dir="auto"]')
+        return (items[0].get_attribute("textContent") or "").strip() if items else ""
 
     def open_sidebar(self) -> None:
         for button in self.d.find_elements(By.CSS_SELECTOR, 'button[aria-label="Open Sidebar"]'):
@@ -348,16 +354,14 @@ def check_model(page: Page, relay: Relay, model: str, result: dict) -> None:
 
     turns = []
     for number, (prompt, kind) in enumerate(((FIRST, "first"), (FOLLOW_UP, "follow_up"))):
-        before = len(relay.chats(model))
-
-        def refused(b=before):
-            done = relay.chats(model)[b:]
+        def refused(p=prompt):
+            done = relay.chats(model, prompt=p)
             return bool(done) and (done[-1]["status"] != 200 or bool(done[-1].get("error")))
 
         shown = page.send(prompt, number, refused)
-        wait(page.d, lambda b=before: len(relay.chats(model)) > b, 30,
+        wait(page.d, lambda p=prompt: relay.chats(model, prompt=p), 30,
              f"the bridge's answer to {prompt!r} to be recorded")
-        sent = relay.chats(model)[-1]
+        sent = relay.chats(model, prompt=prompt)[-1]
         bridge_error = sent.get("error")
         if bridge_error:
             message = bridge_error.get("message", "") if isinstance(bridge_error, dict) else ""
