@@ -14,7 +14,7 @@ TS_CLIENT := clients/typescript
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
 .PHONY: setup tools proto proto-check model run test lint breaking breaking-previous bench clean clients \
-  llama-server go-toolchain eco-venvs postgres deploy-check kubectl cluster browser
+  llama-server go-toolchain eco-venvs postgres deploy-check kubectl cluster browser webui-check
 
 setup: $(INSTALLED)
 
@@ -130,6 +130,21 @@ $(ECO_NODE)/node_modules/.installed: $(ECO_NODE)/package.json $(ECO_NODE)/packag
 
 eco-venvs: $(ECO_VENV)/.installed $(ECO_LEGACY_VENV)/.installed $(ECO_NODE)/node_modules/.installed
 
+# make webui-check: Open WebUI against the bridge, driven in headless Chromium
+# (tests/webui/check.py, docs/open-webui.md). Not part of `make test`: its venv,
+# pinned by tests/webui/requirements.txt, is about 3 GB (a few minutes to
+# install on two cores with torch's CPU build already on disk).
+WEBUI_VENV := .venv-webui
+$(WEBUI_VENV)/.installed: tests/webui/requirements.txt
+	rm -rf $(WEBUI_VENV)
+	$(PYTHON) -m venv $(WEBUI_VENV)
+	$(WEBUI_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(WEBUI_VENV)/bin/python -m pip install --quiet -r $<
+	touch $@
+
+webui-check: setup proto model browser $(WEBUI_VENV)/.installed
+	$(PY) tests/webui/check.py
+
 # make deploy-check: the Kubernetes manifests (deploy/k8s), rendered per overlay,
 # against the Kubernetes schemas and checkov (tools/deploy_check.sh), in a venv
 # of their own. kustomize comes with kubectl; Debian's kubernetes-client when
@@ -190,4 +205,4 @@ bench: setup proto model llama-server
 clean:
 	rm -rf $(VENV) tools/node_modules .pytest_cache .ruff_cache $(TS_CLIENT)/node_modules \
 	  $(TS_CLIENT)/dist $(TS_CLIENT)/src/gen clients/go/.gopath $(ECO_VENV) $(ECO_LEGACY_VENV) \
-	  $(ECO_NODE)/node_modules
+	  $(ECO_NODE)/node_modules $(WEBUI_VENV)
