@@ -107,6 +107,45 @@ def profile(stack: SteerStack, name: str, *entries: tuple[int, int, float]) -> N
         for layer, feature, strength in entries]})
 
 
+def feature_that_changes_the_text(port: int, strength: float, layer: int = 1,
+                                  messages: list[dict] = MESSAGES, skip: tuple[int, ...] = ()
+                                  ) -> int:
+    """The lowest-numbered feature of the SAE attached at `layer` (through the
+    bridge on `port`) whose steering at `strength` changes the first eight
+    tokens of the greedy answer to `messages`.
+
+    A test that must see steering take effect steers with it: a trained SAE
+    has features that this tiny model's greedy text ignores at a given
+    strength, and which ones changes with every rebuild of the demo model, so
+    the tests ask the model rather than name one. If steering has no effect
+    at all, no feature qualifies and the calling test fails here."""
+    attached = [s for s in call(port, "GET", "/api/saes").json()["saes"]
+                if s["attached"] and s["layer"] == layer]
+    assert attached, f"no SAE attached at layer {layer}"
+
+    def text(**extra) -> str:
+        reply = call(port, "POST", "/v1/chat/completions", {
+            "model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 8, **extra})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["message"]["content"]
+
+    plain = text()
+    for feature in range(attached[0]["d_sae"]):
+        if feature in skip:
+            continue
+        name = f"changes-the-text-{feature}"
+        written = call(port, "POST", "/api/profiles", {"name": name, "entries": [
+            {"layer": layer, "feature": feature, "strength": strength}]})
+        assert written.status_code == 200, written.text
+        try:
+            steered = text(profile=name)
+        finally:
+            call(port, "DELETE", f"/api/profiles/{name}")
+        if steered != plain:
+            return feature
+    raise AssertionError(f"no layer-{layer} feature at strength {strength} changes {plain!r}")
+
+
 def circuit_document(name: str, rung: int, **extra) -> dict:
     return {"format": "millm.circuit.v1", "name": name, "rung": rung, "members": [
         {"layer": 0, "feature": 5, "strength": 6.0}, {"layer": 1, "feature": 3, "strength": 8.0}],
