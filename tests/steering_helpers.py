@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
+from collections.abc import Callable
 
 import openai
 import torch
@@ -105,6 +106,51 @@ def profile(stack: SteerStack, name: str, *entries: tuple[int, int, float]) -> N
     stack.ok("POST", "/api/profiles", {"name": name, "entries": [
         {"layer": layer, "feature": feature, "strength": strength}
         for layer, feature, strength in entries]})
+
+
+def first_feature_that_changes(d_sae: int, plain: str, steered: Callable[[int], str],
+                               skip: tuple[int, ...] = ()) -> int:
+    """The lowest-numbered of `d_sae` features whose `steered` text (the
+    greedy answer under a profile of that feature alone) is not `plain`.
+
+    A test that must see steering take effect steers with it: a trained SAE
+    has features that this tiny model's greedy text ignores at a given
+    strength, and which ones changes with every rebuild of the demo model, so
+    the tests ask the model rather than name one. If steering has no effect
+    at all, no feature qualifies and the calling test fails here."""
+    for feature in range(d_sae):
+        if feature not in skip and steered(feature) != plain:
+            return feature
+    raise AssertionError(f"no feature changes the greedy text {plain!r}")
+
+
+def feature_that_changes_the_text(port: int, strength: float, layer: int = 1,
+                                  messages: list[dict] = MESSAGES, skip: tuple[int, ...] = ()
+                                  ) -> int:
+    """first_feature_that_changes for the SAE attached at `layer`, through
+    the bridge on `port`: steering at `strength` changes the first eight
+    tokens of the greedy answer to `messages`."""
+    attached = [s for s in call(port, "GET", "/api/saes").json()["saes"]
+                if s["attached"] and s["layer"] == layer]
+    assert attached, f"no SAE attached at layer {layer}"
+
+    def text(**extra) -> str:
+        reply = call(port, "POST", "/v1/chat/completions", {
+            "model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 8, **extra})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["message"]["content"]
+
+    def steered(feature: int) -> str:
+        name = f"changes-the-text-{feature}"
+        written = call(port, "POST", "/api/profiles", {"name": name, "entries": [
+            {"layer": layer, "feature": feature, "strength": strength}]})
+        assert written.status_code == 200, written.text
+        try:
+            return text(profile=name)
+        finally:
+            call(port, "DELETE", f"/api/profiles/{name}")
+
+    return first_feature_that_changes(attached[0]["d_sae"], text(), steered, skip)
 
 
 def circuit_document(name: str, rung: int, **extra) -> dict:

@@ -156,8 +156,17 @@ def _readout_probe(stack, feature: int) -> tuple[float, dict]:
     return max(values) / 2, body
 
 
+def _strongest_on_the_prompt(stack) -> int:
+    """The layer-1 feature that fires hardest on the test prompt, unsteered."""
+    body = chat(stack, return_sae_activations={
+        "sae_id": L1, "top_k": 1, "positions": "prompt", "read_point": "pre_steering"})
+    top = [p["features"][0] for p in body["millm"]["sae_activations"]["positions"]]
+    return max(top, key=lambda f: f["value"])["index"]
+
+
 def test_verdicts_match_the_requests_own_pre_steering_activations(clean):
-    feature = 7
+    # A feature the prompt activates, so that the probe has something to see.
+    feature = _strongest_on_the_prompt(clean)
     threshold, _ = _readout_probe(clean, feature)
     assert threshold > 0
     clean.ok("POST", "/api/probes", {"name": "half", "sae_id": L1, "feature": feature,

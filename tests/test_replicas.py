@@ -39,6 +39,7 @@ from tests.conftest import wait_until
 from tests.grpc_helpers import chat_request, error_info
 from tests.http_helpers import call
 from tests.postgres import PostgresCluster
+from tests.steering_helpers import first_feature_that_changes
 
 L1 = "sae_millm-tiny-res-l1"
 PROMPT = "Tell me about the sea."
@@ -134,6 +135,26 @@ def test_engines_starting_together_migrate_once(cluster):
     assert logs.count("schema is current") == 1
 
 
+def _feature_that_changes_the_text(replica: Replica, strength: float) -> int:
+    """A layer-1 feature whose steering changes this replica's greedy text
+    (steering_helpers.first_feature_that_changes), tried on that replica
+    alone with profiles of its own writing."""
+    sae = next(s for s in replica.steering.ListSaes(
+        steering_service_pb2.ListSaesRequest(), timeout=10).saes if s.id == L1)
+
+    def steered(feature: int) -> str:
+        name = f"changes-the-text-{feature}"
+        replica.steering.CreateProfile(steering_service_pb2.CreateProfileRequest(
+            name=name, entries=_entries((1, feature, strength))), timeout=10)
+        try:
+            return replica.chat(profile=name)
+        finally:
+            replica.steering.DeleteProfile(
+                steering_service_pb2.DeleteProfileRequest(name=name), timeout=10)
+
+    return first_feature_that_changes(sae.d_sae, replica.chat(), steered)
+
+
 def test_a_profile_written_through_the_bridge_steers_both_replicas_within_a_second(cluster):
     _, replicas, http = cluster
     a, b = replicas
@@ -142,8 +163,9 @@ def test_a_profile_written_through_the_bridge_steers_both_replicas_within_a_seco
     assert wait_until(lambda: all(list(r.steering.GetSteering(
         steering_service_pb2.GetSteeringRequest()).steering.attached_sae_ids) == [L1]
         for r in replicas), 1.0)
+    feature = _feature_that_changes_the_text(a, 8.0)
     reply = call(http, "POST", "/api/profiles", {"name": "sea", "entries": [
-        {"layer": 1, "feature": 3, "strength": 8.0}]})
+        {"layer": 1, "feature": feature, "strength": 8.0}]})
     assert reply.status_code == 200, reply.text
     assert wait_until(lambda: all(r.profile("sea") is not None for r in replicas), 1.0)
     texts = [r.chat(profile="sea") for r in replicas]

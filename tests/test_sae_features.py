@@ -45,14 +45,30 @@ def test_features_are_browsable_and_searchable(stack):
         assert 0 < feature["density"] < 1
         assert all(set(e) == {"value", "token", "left", "right"} for e in feature["examples"])
 
-    trains = call(stack.http_port, "GET", f"/api/saes/{L0}/features?query=%20TRAIN").json()
-    assert 0 < trains["total"] < 128
-    for feature in trains["features"]:
-        assert any("train" in t["token"].lower() for t in feature["top_tokens"])
-    # The best train feature fires on the word in the text it was trained on.
-    best = max(trains["features"], key=lambda f: sum(
-        t["count"] for t in f["top_tokens"] if t["token"].strip() == "train"))
-    assert any(e["token"].strip() == "train" for e in best["examples"])
+    # The word the layer-0 SAE is most specialised on: the one that fills the
+    # most of one feature's strongest positions. Read from the record, since
+    # which words a retrained demo SAE specialises on changes with each build.
+    everything = call(stack.http_port, "GET", f"/api/saes/{L0}/features?limit=256").json()
+    assert everything["total"] == len(everything["features"]) == 128
+    count, word = max((t["count"], t["token"].strip()) for f in everything["features"]
+                      for t in f["top_tokens"] if t["token"].strip().isalpha())
+    # A quarter of a feature's strongest positions: a feature for that word.
+    assert count >= 8, (count, word)
+    needle = word.lower()
+    # Search ignores case and surrounding spaces, and finds exactly the
+    # features with the word among their top tokens.
+    found = call(stack.http_port, "GET",
+                 f"/api/saes/{L0}/features?limit=256&query=%20{word.upper()}").json()
+    assert 0 < found["total"] < 128
+    assert [f["index"] for f in found["features"]] == [
+        f["index"] for f in everything["features"]
+        if any(needle in t["token"].lower() for t in f["top_tokens"])]
+    for feature in found["features"]:
+        assert any(needle in t["token"].lower() for t in feature["top_tokens"])
+    # The best feature for the word fires on the word in the text it was trained on.
+    best = max(found["features"], key=lambda f: sum(
+        t["count"] for t in f["top_tokens"] if t["token"].strip() == word))
+    assert any(e["token"].strip() == word for e in best["examples"])
 
 
 @pytest.mark.parametrize(("query", "param"), [

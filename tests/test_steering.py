@@ -24,7 +24,16 @@ from tests import harness
 from tests.conftest import MODEL
 from tests.grpc_helpers import MaxRunningRows
 from tests.http_helpers import SseStream
-from tests.steering_helpers import L0, L1, MESSAGES, SteerStack, chat, error, profile
+from tests.steering_helpers import (
+    L0,
+    L1,
+    MESSAGES,
+    SteerStack,
+    chat,
+    error,
+    feature_that_changes_the_text,
+    profile,
+)
 
 # -- SAEs ------------------------------------------------------------------------------------------
 
@@ -278,7 +287,8 @@ def test_steering_fields_on_completions_are_not_honoured(clean):
     {"temperature": 1.0, "seed": 11},
 ], ids=["greedy-shared-lane", "seeded"])
 def test_concurrent_requests_with_different_profiles_each_get_their_own(clean, sampling):
-    profile(clean, "a", (1, 3, 8.0))
+    # Three different texts, so that a row steered by another's profile shows.
+    profile(clean, "a", (1, feature_that_changes_the_text(clean.http_port, 8.0, skip=(40, 9)), 8.0))
     profile(clean, "b", (1, 40, 8.0), (1, 9, -6.0))
 
     async def one(client, name):

@@ -63,17 +63,26 @@ def test_activation_readout_shape_and_positions(clean):
     assert "millm" not in plain.json()
 
 
+def _strongest_on_the_prompt(stack) -> int:
+    """The layer-1 feature that fires hardest on the test prompt, unsteered."""
+    read = _read(stack, "prompt", spec={"top_k": 1, "read_point": "pre_steering"}).json()
+    top = [p["features"][0] for p in read["millm"]["sae_activations"]["positions"]]
+    return max(top, key=lambda f: f["value"])["index"]
+
+
 def test_pre_steering_removes_only_this_layers_delta(clean):
     strength = 5.0
-    profile(clean, "one", (1, 3, strength))
-    spec = {"features": [3], "top_k": 1}
+    # A feature active on the prompt, so that there are activations to compare.
+    feature = _strongest_on_the_prompt(clean)
+    profile(clean, "one", (1, feature, strength))
+    spec = {"features": [feature], "top_k": 1}
     post = _read(clean, "all", profile="one", spec=spec).json()["millm"]["sae_activations"]
     pre = _read(clean, "all", profile="one",
                 spec={**spec, "read_point": "pre_steering"}).json()["millm"]["sae_activations"]
     assert pre["read_point"] == "pre_steering"
     pairs = [(a["features"][0]["value"], b["features"][0]["value"])
              for a, b in zip(pre["positions"], post["positions"], strict=True)]
-    # Tied unit-norm decoder and encoder: the delta raises feature 3's
+    # Tied unit-norm decoder and encoder: the delta raises the feature's
     # pre-activation by exactly the strength (where it was active at all).
     assert any(before > 0 for before, _ in pairs), pairs
     for before, after in pairs:
