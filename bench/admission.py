@@ -19,8 +19,8 @@ request's latency, the long request's whole time, and their ratio (target:
 at most 0.2; while seeded GGUF requests ran alone it was 0.78).
 
 "long" (issue 27): one greedy stream runs; a long prompt (--long-rules, about
-33 tokens a rule; 26 make ~860, what the demo model's 1,024-token window
-allows) is sent beside it. Printed per engine, side by side: the stream's
+20 tokens a rule with the demo tokenizer; the default 1,000 make ~20,000, an
+agent's system prompt and tools) is sent beside it. Printed per engine, side by side: the stream's
 median step before, its longest gap between tokens while the long prompt was
 read (from sending it to its first token), the tokens it got meanwhile, and
 the long request's time to first token. Engines: the transformers engine with
@@ -31,7 +31,7 @@ Target: the longest gap stays within a few steps when chunked.
 
 Usage: python bench/admission.py [--small 20] [--stream-tokens 600]
                                  [--engines fair,fifo,gguf,long] [--gguf-runs 5]
-                                 [--long-rules 26] [--long-runs 3]
+                                 [--long-rules 1000] [--long-runs 3]
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def long_rows(args, tmp: pathlib.Path) -> None:
         finally:
             engine.stop()
         rows[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    print(f"a long prompt ({args.long_rules} rules, ~{args.long_rules * 33} tokens) sent "
+    print(f"a long prompt ({args.long_rules} rules, ~{args.long_rules * 20} tokens) sent "
           f"beside one greedy stream; medians of {args.long_runs} runs")
     print(f"{'engine':<11}{'step ms':>9}{'max gap ms':>12}{'gap/step':>10}{'tokens':>8}"
           f"{'TTFT ms':>9}")
@@ -272,7 +272,7 @@ def main() -> None:
     parser.add_argument("--stream-tokens", type=int, default=600)
     parser.add_argument("--engines", default="fair,fifo,gguf,long")
     parser.add_argument("--gguf-runs", type=int, default=5)
-    parser.add_argument("--long-rules", type=int, default=26)
+    parser.add_argument("--long-rules", type=int, default=1000)
     parser.add_argument("--long-runs", type=int, default=3)
     args = parser.parse_args()
     names = args.engines.split(",")

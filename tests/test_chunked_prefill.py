@@ -23,8 +23,9 @@ from tests.harness import start_engine, wait_serving
 CHUNK = 16
 
 
-def long_text(rules: int = 26, topic: str = "lamp") -> str:
-    """About 33 tokens a rule: 26 rules make a prompt of about 860 tokens."""
+def long_text(rules: int = 45, topic: str = "lamp") -> str:
+    """About 20 tokens a rule with the demo tokenizer: 45 rules make a prompt
+    of about 890 tokens."""
     return " ".join(f"Rule {i}: the keeper lights {topic} {i} at dusk and logs ship {i * 7}."
                     for i in range(rules))
 
@@ -131,7 +132,7 @@ def test_several_prompts_of_one_request_prefilled_in_chunks_equal_one_pass(engin
 
 def test_the_next_turn_reuses_the_long_prefix(engines):
     chunked, whole = engines
-    system = long_text(22, "beacon")
+    system = long_text(38, "beacon")
     first = prompt_request(system + " Question: what is rule 3?", max_tokens=12,
                            temperature=0, ignore_eos=True)
     second = prompt_request(system + " Question: and rule 9?", max_tokens=12, temperature=0,

@@ -62,7 +62,8 @@ def test_bridge_balances_over_several_engines(stack, tmp_path, server_stub):
     import grpc
 
     from millm.v1 import server_service_pb2_grpc
-    from tests.conftest import inference_status
+    from tests.conftest import inference_status, wait_until
+    from tests.test_routing import _routable
 
     second, second_port = harness.start_engine(tmp_path)
     bridge = None
@@ -72,6 +73,9 @@ def test_bridge_balances_over_several_engines(stack, tmp_path, server_stub):
         bridge, port = harness.start_bridge(tmp_path, stack.grpc_port,
                                             MILLM_ENGINE_TARGETS=targets)
         harness.wait_http(bridge, f"http://127.0.0.1:{port}/readyz")
+        # The router sends calls only to replicas whose load stream it hears;
+        # until the second one's is live, every call would go to the first.
+        assert wait_until(lambda: _routable(port) == 2, timeout=10), "a replica never routable"
         with grpc.insecure_channel(f"127.0.0.1:{second_port}") as channel:
             second_stub = server_service_pb2_grpc.ServerServiceStub(channel)
             before = (inference_status(server_stub).completed_generations_total,
