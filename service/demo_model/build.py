@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import pathlib
 import shutil
@@ -45,6 +44,7 @@ import time
 from service.chat_template import CHATML, render
 from service.demo_model import gguf_export
 from service.demo_model import sae as demo_sae
+from service.demo_model.unused_tokens import SharedUnusedLoss
 
 MODEL_ID = "millm-tiny"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -58,11 +58,8 @@ LR = 5e-3
 LR_DECAY = 0.8
 TRAIN_BATCH = 16
 TRAIN_SEQ = 96
-# The unused tokens' shared output row: fitted for this many steps after
-# training, its norm at most this many times a used row's, to the states of
-# the training text and of sampled answers this long (push_down_unused).
-UNUSED_STEPS = 300
-UNUSED_NORM = 4.0
+# The unused tokens' shared output row is refitted (unused_tokens.py) to the
+# states of the training text and of sampled answers this long.
 SAMPLED_TOKENS = 48
 # Tool conversations in every step: whole ones, and windows (see build_model).
 TOOL_BATCH = 4
@@ -196,97 +193,6 @@ def padded(sequences: list[list[int]], pad_id: int, prompts: list[int]) -> dict:
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
     learned = torch.tensor([[0] * p + [1] * (width - p) for p in prompts]) * mask
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(learned == 0, -100)}
-
-class SharedUnusedLoss:
-    """The next-token loss over the whole vocabulary, with every token the
-    training text never uses sharing one embedding.
-
-    The text uses about 600 of the 8,000 tokens. The others still have to be
-    pushed down, or their summed probability crowds into sampled answers; but
-    a softmax over all of them at every position would make the build several
-    times slower. Tied to one vector, the unused tokens' part of the softmax
-    is one logit plus log(count), exact and as cheap as one more token. The
-    vector is copied into every unused row when training ends (build_model),
-    so the saved model computes the same distribution the loss trained."""
-
-    def __init__(self, vocab_size: int, used: list[int]):
-        import torch
-
-        self.used = torch.tensor(sorted(set(used)))
-        unused = sorted(set(range(vocab_size)) - set(self.used.tolist()))
-        self.unused = torch.tensor(unused)
-        self.index = torch.full((vocab_size,), -1, dtype=torch.long)
-        self.index[self.used] = torch.arange(len(self.used))
-        self.log_unused = math.log(max(1, len(unused)))
-
-    def __call__(self, model, input_ids, labels, attention_mask=None):
-        import torch
-        import torch.nn.functional as F
-
-        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
-        y = labels[:, 1:].reshape(-1)
-        h, y = h[y != -100], y[y != -100]
-        if not len(y):  # a window with nothing to learn (build_model masks)
-            return hidden.sum() * 0
-        weight = model.lm_head.weight
-        logits = h @ weight[self.used].T
-        if len(self.unused):
-            shared = h @ weight[self.unused[0]] + self.log_unused
-            logits = torch.cat([logits, shared[:, None]], dim=1)
-        return F.cross_entropy(logits, self.index[y])
-
-    def untie(self, model) -> None:
-        """Unties the output embedding from the input one. On the output
-        side every unused row becomes the shared one; on the input side, the
-        mean of the used rows. Tied, the shared vector would also be what an
-        unused token reads as, and a state read from it points along it: one
-        unused token sampled would make the next one likely, and an answer
-        would drift off into the documentation's words. Read as an average
-        token instead, it leads nowhere in particular."""
-        import torch
-
-        with torch.no_grad():
-            weight = model.get_input_embeddings().weight
-            output = weight.detach().clone()
-            if len(self.unused):
-                output[self.unused] = weight[self.unused[0]]
-                weight[self.unused] = weight[self.used].mean(dim=0)
-        model.config.tie_word_embeddings = False
-        model.lm_head.weight = torch.nn.Parameter(output)
-
-    def push_down_unused(self, model, hidden) -> None:
-        """Refits the unused tokens' shared output row, the model fixed, to
-        keep their summed probability near zero at every final hidden state
-        in `hidden` (the model's own, over its training text and over answers
-        it samples). Training pushes the shared logit down only as far as the
-        cross entropy needs, and states the training text never led to (a
-        sampled answer wandering) could still give the ~7,400 unused tokens
-        together a few percent of the mass. The row's norm is held to a few
-        times a used row's."""
-        import torch
-        import torch.nn.functional as F
-
-        if not len(self.unused):
-            return
-        output = model.lm_head.weight
-        with torch.no_grad():
-            rest = torch.logsumexp(hidden @ output[self.used].T, dim=1)
-            limit = UNUSED_NORM * float(output[self.used].norm(dim=1).mean())
-        shared = output[self.unused[0]].detach().clone().requires_grad_(True)
-        optimizer = torch.optim.Adam([shared], lr=0.05)
-        for _ in range(UNUSED_STEPS):
-            # -log P(not an unused token), at the worst states most: a soft
-            # maximum over the states, not a mean that a few could hide in.
-            loss = torch.logsumexp(F.softplus(hidden @ shared + self.log_unused - rest)
-                                   * len(hidden), dim=0) / len(hidden)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            with torch.no_grad():
-                shared.mul_(min(1.0, limit / float(shared.norm())))
-        with torch.no_grad():
-            output[self.unused] = shared.detach()
 
 def answer_prompts() -> list[str]:
     """Every question of the corpus's conversations as a prompt for an
