@@ -13,17 +13,14 @@ import json
 import os
 import pathlib
 import re
-import shutil
 
 import openai
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from tests import harness
+from tests import harness, headless_chromium
 from tests.conftest import MODEL
 from tests.http_helpers import Reply
 
@@ -79,22 +76,7 @@ def shots(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def browser(stack, shots):
-    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and driver_path, "Chromium and chromedriver are needed: run `make browser`"
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    # Nothing beyond loopback: no background networking, component updates,
-    # sync, default apps or metrics reporting (Chromium tries them all at start).
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1280,1000", "--disable-extensions", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-default-apps",
-                 "--metrics-recording-only", "--disable-domain-reliability",
-                 "--disable-client-side-phishing-detection", "--no-pings",
-                 "--disable-features=OptimizationHints,MediaRouter,Translate"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    driver.set_page_load_timeout(30)
+    driver = headless_chromium.start(1280, 1000, page_load_timeout=30)
     try:
         yield driver
     finally:
