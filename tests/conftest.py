@@ -72,6 +72,18 @@ def clean(steer):
     steering_helpers.reset(steer)
 
 
+@pytest.fixture(scope="module")
+def pg():
+    """A throwaway PostgreSQL cluster of the module's own (tests/postgres.py)."""
+    from tests.postgres import PostgresCluster
+
+    cluster = PostgresCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
 @pytest.fixture(scope="session")
 def channel(stack):
     with grpc.insecure_channel(stack.grpc_target) as ch:

@@ -18,16 +18,6 @@ from service.state import migrations
 from service.state.database import SqliteDatabase, open_database
 from service.state.postgres import Listener, PostgresDatabase
 from service.steering.store import SteeringStore
-from tests.postgres import PostgresCluster
-
-
-@pytest.fixture(scope="module")
-def pg():
-    cluster = PostgresCluster()
-    try:
-        yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

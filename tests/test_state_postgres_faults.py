@@ -26,22 +26,12 @@ from service.steering.intensity import IntensityLimits
 from service.steering.manager import SteeringManager
 from service.steering.replication import Follower
 from service.steering.store import SteeringStore
-from tests.postgres import PostgresCluster
 
 TABLES = ("schema_migrations", "settings", "attached_saes", "profiles", "clusters", "circuits",
           "probes", "replicas", "responses", "response_input_items", "state_version")
 CLUSTER = {"format": "millm.cluster.v1", "name": "calm", "description": "a\x00b",
            "members": [{"layer": 1, "feature": 3, "strength": 1.0}]}
 CIRCUIT = {**CLUSTER, "format": "millm.circuit.v1", "rung": 1}
-
-
-@pytest.fixture(scope="module")
-def pg():
-    cluster = PostgresCluster()
-    try:
-        yield cluster
-    finally:
-        cluster.close()
 
 
 def _fresh(url: str) -> PostgresDatabase:
