@@ -2,10 +2,11 @@
 
 Tool-call arguments, steering documents and stored responses' JSON fields
 come as strings, so the bridge's body checks (depth, NaN) never saw their
-contents. (Schemas have their own reader with tighter limits:
-structured_output.check_schema.) Python's json module reads NaN and Infinity, which no JSON writer
-may write back, and raises RecursionError (not ValueError) on deep nesting,
-which a handler catching ValueError lets through as an internal error. Here
+contents. (Schemas are read here too; structured_output.check_schema then
+holds them to its tighter size and depth limits.) Python's json module reads
+NaN and Infinity, which no JSON writer may write back, and raises
+RecursionError (not ValueError) on deep nesting, which a handler catching
+ValueError lets through as an internal error. Here
 both are a ValueError with a reason, and so is nesting deeper than a request
 body may be (rest_bridge/protocol/base.py MAX_BODY_DEPTH), so every caller
 refuses them as it refuses any other text that is not JSON.

@@ -15,6 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from service import json_text
 from service.errors import EngineError
 from service.schema_limits import RepeatBudget, limit_problem
 
@@ -96,10 +97,6 @@ class Constraint:
             schema, strict = grammar_schema(self.schema), True
         return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
                                             separators=(",", ":"), strict_mode=strict)
-
-
-def _not_json(name: str):
-    raise ValueError(f"{name} is not JSON")
 
 
 class _SchemaWalk:
@@ -191,8 +188,8 @@ def check_schema(schema_json: str, budget: RepeatBudget | None = None) -> dict:
     if not schema_json:
         raise unsupported(param, f"'{param}' is required for json_schema.")
     try:
-        schema = json.loads(schema_json, parse_constant=_not_json)
-    except (ValueError, RecursionError) as exc:
+        schema = json_text.loads(schema_json)
+    except ValueError as exc:
         raise unsupported(param, f"'{param}' is not JSON: {exc}") from None
     if not isinstance(schema, dict):
         raise unsupported(param, f"'{param}' must be a JSON object.")
