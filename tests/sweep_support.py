@@ -297,6 +297,10 @@ def stream_problem(content: bytes) -> str | None:
         error = event.get("error") if isinstance(event, dict) else None
         if event.get("type") == "response.failed":
             error = event["response"].get("error")
+            if not isinstance(error, dict):
+                return f"a response.failed that says no error: {payload[:300]!r}"
+        if error is not None and (not isinstance(error, dict) or not error.get("code")):
+            return f"an error event without a code: {payload[:300]!r}"
         if error and (error.get("code") in SERVER_CODES or error.get("type") == "server_error"):
             return f"a server fault inside the stream: {json.dumps(error)[:300]}"
     if responses:

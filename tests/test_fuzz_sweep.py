@@ -85,6 +85,11 @@ def test_a_stream_check_fails_on_a_server_fault():
     body = b"event: response.failed\ndata: " + json.dumps(failed).encode() + b"\n\n"
     assert sweep_support.stream_problem(body) is None
     assert sweep_support.stream_problem(b'data: {"choices": []}\n\n') is not None
+    failed["response"]["error"] = None  # failed, saying nothing of why
+    body = b"event: response.failed\ndata: " + json.dumps(failed).encode() + b"\n\n"
+    assert "says no error" in sweep_support.stream_problem(body)
+    uncoded = b'data: {"error": {"message": "m", "type": "x"}}\n\ndata: [DONE]\n\n'
+    assert "without a code" in sweep_support.stream_problem(uncoded)
 
 
 @pytest.mark.parametrize("value", ["x", 7, True, [], ["x"], 2**64, {"sae_id": 7}])
