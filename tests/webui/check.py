@@ -521,6 +521,10 @@ def main() -> int:
     print(f"Open WebUI's log: {len(attempts)} line(s) about outside connections"
           + "".join(f"\n       {a}" for a in attempts[:10]))
     print(f"screenshots: {shots}  (summary.json beside them)")
+    if attempts:
+        # Nothing may reach beyond loopback: isolated, these failed at once;
+        # on the host's network they may have gone out.
+        failures.append("Open WebUI tried to reach outside hosts")
     if failures:
         print(f"FAILED: {', '.join(failures)}")
         return 1
