@@ -23,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from common.log_text import shown
+from service import formats
 from service.engines.base import (
     KIND_CAPABILITIES,
     Engine,
@@ -35,7 +36,7 @@ from service.errors import EngineError, model_not_found, model_not_loaded
 from service.generation.run import Generation
 from service.models.lifecycle import Lease, LifecycleConfig, ModelLifecycle, ModelState, ModelView
 from service.models.registry import ModelEntry, ModelRegistry
-from service.requests import checks, embeddings, tools
+from service.requests import checks, embeddings, reasoning, tools
 from service.requests.generation import ValidatedGeneration, fit_groups, validated
 from service.requests.params import EmbedParams, GenerateParams
 from service.requests.tools import ToolPlan
@@ -156,6 +157,17 @@ class InferenceService:
         ignored.extend(checked.tools_unused)
         if checked.scoring:
             ignored.extend(checks.scoring_unused(params))
+        fmt = engine.format or formats.detect(engine.chat_template, engine.special_tokens)
+        if checked.tools is not None:
+            # Calls are written (and constrained) in the model's own syntax.
+            checked = dataclasses.replace(checked, tools=dataclasses.replace(
+                checked.tools, syntax=fmt.calls))
+        variables = {}
+        if params.messages is not None:
+            variables = reasoning.template_variables(checked.reasoning, engine.chat_template,
+                                                     ignored)
+            ignored.extend(reasoning.unused_without_format(checked.reasoning, fmt.reasoning,
+                                                           engine.chat_template))
         checks.refuse_if_strict(params, ignored)
         dial = intensity.parse_dial(params.steering_intensity)
         steering = self.steering if caps.steer else None
@@ -184,14 +196,24 @@ class InferenceService:
         if params.prompts is not None:
             checks.check_token_ids(params, info.vocab_size)
         checks.check_allowed_token_ids(params, info.vocab_size)
-        prompt_ids = await asyncio.to_thread(self._tokenize, engine, params, checked.tools)
+        prompt_ids = await asyncio.to_thread(self._tokenize, engine, params, checked.tools,
+                                             variables)
+        plan = None
+        if params.messages is not None and fmt.reasoning is not None and not checked.scoring:
+            # Where the answer starts: the rendered prompt's end says.
+            tail = await asyncio.to_thread(engine.decode,
+                                           prompt_ids[0][-reasoning.PROMPT_TAIL_TOKENS:])
+            plan = reasoning.plan_for(fmt.reasoning, reasoning.prompt_mode(fmt.reasoning, tail),
+                                      checked.reasoning, engine.chat_template, ignored)
         grammar = None
-        constrained = checked.constraint or checked.tools  # never both (checks.py)
-        if constrained is not None:
+        constrained = reasoning.grammar_item(plan, checked.constraint or checked.tools)
+        if constrained is not None:  # (response_format and tools never both: checks.py)
             # On the engine's own grammar thread, under a time limit: a slow
             # schema never holds the default executor's threads.
             grammar = await engine.grammar_for(constrained)
         groups = fit_groups(params, checked, prompt_ids, info.context_window)
+        if plan is not None and plan.budget is not None:
+            reasoning.check_budget(plan.budget, groups[0].max_tokens)
         if activations is not None:
             readout.check_size(activations, len(groups[0].prompt_ids),
                                0 if checked.scoring else groups[0].max_tokens)
@@ -202,13 +224,13 @@ class InferenceService:
                            for p in params.prompts])
         return validated(params, checked, groups, request_id, ignored_fields=tuple(ignored),
                          grammar=grammar, prompt_texts=texts, steering=resolved,
-                         activations=activations, monitoring=monitoring)
+                         activations=activations, monitoring=monitoring, reasoning=plan)
 
     @staticmethod
-    def _tokenize(engine: Engine, params: GenerateParams,
-                  plan: ToolPlan | None) -> list[list[int]]:
+    def _tokenize(engine: Engine, params: GenerateParams, plan: ToolPlan | None,
+                  variables: dict) -> list[list[int]]:
         if params.messages is not None:
-            return [InferenceService._encode_chat(engine, turns, plan)
+            return [InferenceService._encode_chat(engine, turns, plan, variables)
                     for _, turns in params.conversations()]
         add_special = params.add_special_tokens is not False
         return [list(p) if isinstance(p, tuple)
@@ -217,15 +239,17 @@ class InferenceService:
                 for p in params.prompts]
 
     @staticmethod
-    def _encode_chat(engine: Engine, turns, plan: ToolPlan | None) -> list[int]:
+    def _encode_chat(engine: Engine, turns, plan: ToolPlan | None,
+                     variables: dict) -> list[int]:
         messages, partial = checks.continuation(turns)
         if engine.renders_tools:
             return engine.encode_chat(messages, partial,
-                                      plan.openai_tools() if plan is not None else None)
+                                      plan.openai_tools() if plan is not None else None,
+                                      variables)
         if plan is not None or any(t.tool_calls or t.role == "tool" for t in turns):
             # A template that knows nothing of tools: they are written out as text.
             messages = tools.plain_messages(messages, plan)
-        return engine.encode_chat(messages, partial)
+        return engine.encode_chat(messages, partial, template_kwargs=variables)
 
     # -- embeddings -------------------------------------------------------------------
 

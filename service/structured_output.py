@@ -89,14 +89,27 @@ class Constraint:
         # One cache entry per distinct schema, however its keys were ordered.
         return self.kind + ":" + json.dumps(self.schema, sort_keys=True, separators=(",", ":"))
 
-    def compile(self, compiler):
+    def _grammar_schema(self) -> tuple[dict, bool]:
         if self.kind == JSON_OBJECT:
             # Any object: properties of any name and value.
-            schema, strict = {"type": "object"}, False
-        else:
-            schema, strict = grammar_schema(self.schema), True
+            return {"type": "object"}, False
+        return grammar_schema(self.schema), True
+
+    def compile(self, compiler):
+        schema, strict = self._grammar_schema()
         return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
                                             separators=(",", ":"), strict_mode=strict)
+
+    def structural_format(self):
+        """The same document as an xgrammar structural-tag part (after a
+        reasoning block: requests/reasoning.py)."""
+        import xgrammar
+        from xgrammar import structural_tag as st
+
+        schema, strict = self._grammar_schema()
+        grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
+                                                    separators=(",", ":"), strict_mode=strict)
+        return st.GrammarFormat(grammar=str(grammar))
 
 
 class _SchemaWalk:

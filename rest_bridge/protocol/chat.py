@@ -33,6 +33,10 @@ class ChatMessage(OpenAIBaseModel):
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's reasoning, as this server returned it (vLLM's newer
+    # name `reasoning` too); the chat template keeps or drops it.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class FunctionSpec(OpenAIBaseModel):
@@ -79,3 +83,7 @@ class ChatCompletionRequest(GenerationFields):
     tools: list[ChatTool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Reasoning models (the engine checks the values: requests/reasoning.py).
+    reasoning_effort: str | None = None
+    thinking_token_budget: Int64 | None = None
+    chat_template_kwargs: dict[str, Any] | None = None

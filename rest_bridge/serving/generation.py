@@ -118,6 +118,7 @@ class Accumulated:
     scores: dict[int, list] = field(default_factory=dict)
     # Tool calls by choice, then by call index (OpenAI's message.tool_calls entries).
     calls: dict[int, dict[int, dict]] = field(default_factory=dict)
+    reasoning: dict[int, list[str]] = field(default_factory=dict)
     usage: generation_pb2.Usage | None = None
     activations: object = None  # steering_pb2.SaeActivations, when asked for
     verdicts: object = None  # monitoring_pb2.ProbeVerdicts, when the model is monitored
@@ -164,6 +165,10 @@ class GenerationHandler(abc.ABC):
 
     def tool_call_choice(self, reply: Reply, index: int, fragments) -> dict | None:
         """A streamed chunk choice for tool-call fragments (chat only)."""
+        return None
+
+    def reasoning_choice(self, reply: Reply, index: int, reasoning: str) -> dict | None:
+        """A streamed chunk choice for reasoning text (chat only)."""
         return None
 
     def relabel(self, error: OpenAIError) -> OpenAIError:
@@ -232,6 +237,7 @@ class GenerationHandler(abc.ABC):
             "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens,
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         }
 
     async def collect(self, call: GenerateCall, reply: Reply) -> Accumulated:
@@ -246,6 +252,8 @@ class GenerationHandler(abc.ABC):
                 for delta in message.choices:
                     acc.texts.setdefault(delta.index, []).append(delta.text)
                     acc.scores.setdefault(delta.index, []).extend(delta.logprobs)
+                    if delta.reasoning:
+                        acc.reasoning.setdefault(delta.index, []).append(delta.reasoning)
                     if delta.tool_calls:
                         tool_calls.fold(acc.calls.setdefault(delta.index, {}), delta.tool_calls)
                     if delta.finish_reason:
@@ -271,6 +279,8 @@ class GenerationHandler(abc.ABC):
             extra = {}
             if acc.calls.get(i):
                 extra["calls"] = [acc.calls[i][k] for k in sorted(acc.calls[i])]
+            if acc.reasoning.get(i):
+                extra["reasoning"] = "".join(acc.reasoning[i])
             body["choices"].append(self.final_choice(
                 reply, i, "".join(acc.texts.get(i, [])), acc.finish.get(i),
                 acc.scores.get(i, []), **extra))
@@ -323,6 +333,10 @@ class GenerationHandler(abc.ABC):
                 for delta in message.choices:
                     finish = FINISH_REASONS.get(delta.finish_reason)
                     scores = list(delta.logprobs)
+                    if delta.reasoning:
+                        thought = self.reasoning_choice(reply, delta.index, delta.reasoning)
+                        if thought is not None:
+                            events.append(chunk([thought]))
                     if delta.text or scores:
                         events.append(chunk([self.delta_choice(reply, delta.index, delta.text,
                                                                None, scores)]))

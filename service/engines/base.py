@@ -22,6 +22,7 @@ from service.models.registry import GGUF, TRANSFORMERS, ModelEntry
 
 if TYPE_CHECKING:
     from service.engines.scores import ScoredPrompt
+    from service.formats import ModelFormat
     from service.generation.job import GenerationJob
     from service.requests.tools import ToolPlan
     from service.steering.runtime import ActivationRecorder, SteeringPlan, SteeringRuntime
@@ -100,6 +101,9 @@ class Engine(abc.ABC):
     called from worker threads; the awaitable ones run on the model thread."""
 
     kind: str  # TRANSFORMERS or GGUF: the key of KIND_CAPABILITIES
+    # The family syntax of its output (service/formats), set by the lifecycle
+    # once the model is loaded.
+    format: ModelFormat | None = None
 
     def __init__(self, entry: ModelEntry):
         self.entry = entry
@@ -147,12 +151,20 @@ class Engine(abc.ABC):
     def renders_tools(self) -> bool:
         """Whether the chat template renders `tools` and tool turns itself."""
 
+    @property
+    @abc.abstractmethod
+    def chat_template(self) -> str:
+        """The template text conversations are rendered with (ChatML when
+        the model brought none)."""
+
     @abc.abstractmethod
     def encode_chat(self, messages: list[dict], partial: str | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None,
+                    template_kwargs: dict | None = None) -> list[int]:
         """Render a conversation (Hugging Face template shape, tool turns
-        included) with the chat template, `tools` and its generation prompt,
-        append `partial` (an answer to continue) raw, and tokenize."""
+        included) with the chat template, `tools`, `template_kwargs` (say
+        enable_thinking) and its generation prompt, append `partial` (an
+        answer to continue) raw, and tokenize."""
 
     @abc.abstractmethod
     def encode_text(self, text: str, parse_special: bool = False,

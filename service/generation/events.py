@@ -66,3 +66,4 @@ class GenerationFinished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    reasoning_tokens: int = 0  # of completion_tokens, those inside reasoning blocks

@@ -62,6 +62,8 @@ class ChoiceDelta:
     # engines.scores.TokenScore per text-bearing token, when logprobs were asked for.
     logprobs: tuple = ()
     tool_calls: tuple[ToolCallFragment, ...] = ()
+    # Reasoning text, split out of `text` (generation/reasoning.py).
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def merge_steps(first: StepOutput, second: StepOutput) -> StepOutput:
         merged[d.index] = d if before is None else ChoiceDelta(
             d.index, before.text + d.text, before.token_ids + d.token_ids,
             d.finish_reason or before.finish_reason, before.logprobs + d.logprobs,
-            before.tool_calls + d.tool_calls,
+            before.tool_calls + d.tool_calls, before.reasoning + d.reasoning,
         )
     return StepOutput(tuple(merged.values()))
 

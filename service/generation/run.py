@@ -25,6 +25,7 @@ from service.generation.events import (
     ProbesRead,
 )
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob, StepOutput
+from service.generation.reasoning import Reasoning
 from service.generation.tool_calls import ToolCalls
 from service.models.lifecycle import Lease
 from service.request_metrics import RequestTimer
@@ -83,7 +84,14 @@ class Generation:
                 yield self.started()
             documents = DocumentCheck(spec.constraint) if spec.constraint else None
             calls = ToolCalls(spec.tools) if spec.tools else None
+            thinking = None
+            if spec.reasoning is not None:
+                syntax = spec.reasoning.syntax
+                thinking = Reasoning(syntax.open, syntax.close, spec.reasoning.mode)
             async for step in job.events():
+                if thinking is not None:
+                    # The reasoning first: the document and the calls are the answer's.
+                    step = thinking.apply(step)
                 if documents is not None:
                     documents.check(step)
                 if calls is not None:
@@ -99,7 +107,8 @@ class Generation:
             job.cancelled.set()
         if timer is not None:
             timer.finished(spec.prompt_tokens, job.cached_tokens)
-        yield GenerationFinished(spec.prompt_tokens, job.completion_tokens, job.cached_tokens)
+        yield GenerationFinished(spec.prompt_tokens, job.completion_tokens, job.cached_tokens,
+                                 thinking.tokens if thinking is not None else 0)
         if job.monitor is not None and self.monitoring is not None:
             yield ProbesRead(self.monitoring.record(job.monitor))
         if spec.activations is not None:

@@ -1,6 +1,7 @@
 """Tool calls parsed out of a choice's text as it streams.
 
-The grammar (requests/tools.py) holds every call to one syntax:
+The grammar (requests/tools.py) holds every call to the model's own syntax
+(formats/base.py's CallSyntax; Hermes here):
 
     <tool_call>
     {"name": "<function>", "arguments": <JSON object>}
@@ -8,8 +9,11 @@ The grammar (requests/tools.py) holds every call to one syntax:
 
 so a small state machine per choice can split the text into content and
 call fragments without ever letting half a call into the content: text that
-could still become `<tool_call>` is held back until it cannot (as stop
-sequences are). A call's first fragment carries its index, id and name; its
+could still become the syntax's opener (`<tool_call>`) is held back until it
+cannot (as stop sequences are). After the opener the markup is literal text
+the parser expects character by character; a name runs to the first
+character no name may hold; the arguments run until their JSON object
+closes. A call's first fragment carries its index, id and name; its
 arguments follow in pieces as they are generated. Each finished call's
 arguments are validated against the tool's schema before the choice may end
 with finish_reason "tool_calls" (the rule structured output follows).
@@ -25,14 +29,13 @@ from dataclasses import dataclass
 from service import json_text
 from service.errors import EngineError
 from service.generation.job import ChoiceDelta, FinishReason, StepOutput, ToolCallFragment
-from service.requests.tools import AUTO, CALL_CLOSE, CALL_OPEN, ToolPlan
+from service.requests.tools import AUTO, ToolPlan
 
 log = logging.getLogger(__name__)
 
 TEXT, LITERAL, NAME, ARGUMENTS = "text", "literal", "name", "arguments"
-AFTER_OPEN = '\n{"name": "'
-BEFORE_ARGUMENTS = ', "arguments": '  # after the name's closing quote
-AFTER_ARGUMENTS = "}\n" + CALL_CLOSE
+CALL_ENDED = "call_ended"  # a literal's target: the call is whole
+NAME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
 def invalid_call(message: str) -> EngineError:
@@ -51,9 +54,12 @@ class ChoiceCalls:
 
     def __init__(self, plan: ToolPlan):
         self.plan = plan
+        self.syntax = syntax = plan.syntax
+        self.opener = syntax.opener
         self.state = TEXT
         self.pending = ""  # text not yet known to be content
-        self.literal, self.then = "", TEXT
+        # LITERAL: the texts that may follow, each with the state it leads to.
+        self.options: list[tuple[str, str]] = []
         self.calls: list[_Call] = []
         self.depth, self.in_string, self.escaped = 0, False, False
         self.finished_calls = 0
@@ -61,7 +67,7 @@ class ChoiceCalls:
 
     def feed(self, text: str) -> tuple[str, list[ToolCallFragment]]:
         content, fragments = [], []
-        if self.state == TEXT and not self.pending and "<" not in text:
+        if self.state == TEXT and not self.pending and self.opener[0] not in text:
             ready = text.rstrip()  # plain text: only trailing whitespace is held
             self.pending = text[len(ready):]
             return ready, fragments
@@ -89,8 +95,8 @@ class ChoiceCalls:
         """Pending text that can no longer start a call. Trailing whitespace
         is held too: whitespace next to a call is not content, and the answer
         must not depend on where the text was cut into steps."""
-        keep = next((k for k in range(min(len(CALL_OPEN) - 1, len(self.pending)), 0, -1)
-                     if CALL_OPEN.startswith(self.pending[-k:])), 0)
+        keep = next((k for k in range(min(len(self.opener) - 1, len(self.pending)), 0, -1)
+                     if self.opener.startswith(self.pending[-k:])), 0)
         ready = self.pending[:len(self.pending) - keep].rstrip()
         self.pending = self.pending[len(ready):]
         return ready
@@ -98,31 +104,31 @@ class ChoiceCalls:
     def _step(self, c: str, content: list[str], fragments: list[ToolCallFragment]) -> None:
         if self.state == TEXT:
             self.pending += c
-            if self.pending.endswith(CALL_OPEN):
+            if self.pending.endswith(self.opener):
                 # Whitespace around calls is not content.
-                content.append(self.pending[:-len(CALL_OPEN)].rstrip())
+                content.append(self.pending[:-len(self.opener)].rstrip())
                 self.pending = ""
-                self.calls.append(_Call("call_" + secrets.token_hex(12)))
-                self._expect(AFTER_OPEN, NAME)
+                syntax = self.syntax
+                rest = (syntax.group_open + syntax.call_open)[len(self.opener):]
+                self._expect([(rest, NAME)])
         elif self.state == LITERAL:
-            if c != self.literal[0]:
-                raise invalid_call(f"Tool call {len(self.calls) - 1} is not in the call syntax.")
-            self.literal = self.literal[1:]
-            if not self.literal:
-                self.state = self.then
-                if self.then == TEXT:
-                    self.finished_calls += 1
+            options = [(text[1:], then) for text, then in self.options if text[:1] == c]
+            if not options:
+                raise invalid_call(f"Tool call {max(len(self.calls) - 1, 0)} is not in the "
+                                   "call syntax.")
+            self._expect(options)
         elif self.state == NAME:
             call = self.calls[-1]
-            if c != '"':
+            if c in NAME_CHARACTERS:
                 call.name += c
                 return
             if self.plan.schema_of(call.name) is None:
                 raise invalid_call(f"Tool call {len(self.calls) - 1} names '{call.name}', "
                                    "which is not among the tools.")
             fragments.append(ToolCallFragment(len(self.calls) - 1, call.id, call.name, ""))
-            self._expect(BEFORE_ARGUMENTS, ARGUMENTS)
             self.depth, self.in_string, self.escaped = 0, False, False
+            self._expect([(self.syntax.name_close, ARGUMENTS)])
+            self._step(c, content, fragments)  # the first character after the name
         else:
             self._argument(c, fragments)
 
@@ -150,10 +156,27 @@ class ChoiceCalls:
             if self.depth == 0:
                 self._flush(fragments)
                 self._check(call)
-                self._expect(AFTER_ARGUMENTS, TEXT)
+                self._expect([(self.syntax.call_close, CALL_ENDED)])
 
-    def _expect(self, literal: str, then: str) -> None:
-        self.state, self.literal, self.then = LITERAL, literal, then
+    def _expect(self, options: list[tuple[str, str]]) -> None:
+        """Expect one of `options`' texts next; a whole one moves to its state."""
+        done = next((then for text, then in options if not text), None)
+        if done is None:
+            self.state, self.options = LITERAL, options
+        elif done == NAME:
+            self.state = NAME
+            self.calls.append(_Call("call_" + secrets.token_hex(12)))
+        elif done == CALL_ENDED:
+            self.finished_calls += 1
+            syntax = self.syntax
+            if syntax.group_open:
+                # Another call of the group, or its end.
+                self._expect([(syntax.separator + syntax.call_open, NAME),
+                              (syntax.group_close, TEXT)])
+            else:
+                self.state = TEXT
+        else:
+            self.state = done
 
     def _check(self, call: _Call) -> None:
         import jsonschema
@@ -212,5 +235,5 @@ class ToolCalls:
                 held, reason = parser.finish(reason)
                 content += held
             deltas.append(ChoiceDelta(d.index, content, d.token_ids, reason, d.logprobs,
-                                      tuple(fragments)))
+                                      tuple(fragments), d.reasoning))
         return StepOutput(tuple(deltas))

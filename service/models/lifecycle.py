@@ -46,6 +46,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from service import formats
 from service.engines import kinds
 from service.engines.base import Engine, LoadedModel
 from service.engines.gguf.kv_plan import KvPlan
@@ -395,6 +396,10 @@ class ModelLifecycle:
         (or the engine's own refusal) and the model is FAILED."""
         try:
             info = await asyncio.to_thread(engine.load)
+            engine.format = formats.resolve(engine.chat_template, engine.special_tokens,
+                                            dict(entry.format_settings))
+            log.info("%s: tool_call_format=%s reasoning_format=%s", entry.id,
+                     engine.format.tool_call_format, engine.format.reasoning_format)
             engine.start(asyncio.get_running_loop())
             return info
         except Exception as exc:

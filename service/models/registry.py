@@ -61,6 +61,16 @@ class ModelEntry:
     context_length: int = 0
     kv_bytes_per_token: int = 0
     attention_heads: int = 0
+    # Output-format settings of its millm_model.json (tool_call_format,
+    # reasoning_format: service/formats), as (name, value) pairs.
+    format_settings: tuple[tuple[str, object], ...] = ()
+
+
+FORMAT_SETTINGS = ("tool_call_format", "reasoning_format")
+
+
+def _format_settings(meta: dict) -> tuple[tuple[str, object], ...]:
+    return tuple((name, meta[name]) for name in FORMAT_SETTINGS if name in meta)
 
 
 def _metadata(directory: pathlib.Path) -> dict:
@@ -135,6 +145,7 @@ def _checkpoint_entry(path: pathlib.Path) -> ModelEntry:
         unsupported=unsupported,
         unsupported_code=unsupported_code,
         stored_bytes_per_param=stored,
+        format_settings=_format_settings(meta),
     )
 
 
@@ -251,6 +262,7 @@ def _gguf_entry(path: pathlib.Path, repo: str, meta: dict) -> ModelEntry:
         context_length=facts.context_length,
         kv_bytes_per_token=facts.kv_bytes_per_token,
         attention_heads=facts.attention_heads,
+        format_settings=_format_settings(meta),
     )
 
 

@@ -23,6 +23,7 @@ from service.errors import (
 )
 from service.requests import fields
 from service.requests.params import CHAT_ROLES, GenerateParams
+from service.requests.reasoning import ReasoningRequest, check_reasoning
 from service.requests.tools import ToolPlan, check_history, check_tools, template_message
 from service.sampling import SamplingOptions
 from service.structured_output import (
@@ -65,6 +66,8 @@ class CheckedParams:
     # Tool calling (requests/tools.py), and tool fields that went unused.
     tools: ToolPlan | None = None
     tools_unused: tuple[str, ...] = ()
+    # Chat: the reasoning fields (requests/reasoning.py).
+    reasoning: ReasoningRequest = ReasoningRequest()
 
 
 def _number(
@@ -280,9 +283,13 @@ def check_params(params: GenerateParams) -> CheckedParams:
                        tools_unused)
     if plan is not None:
         check_tool_combinations(params, scoring, constraint)
+    reasoning = ReasoningRequest()
+    if params.messages is not None:
+        reasoning = check_reasoning(params.reasoning_effort, params.thinking_token_budget,
+                                    params.chat_template_kwargs, max_tokens)
     return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed,
                          params.ignore_eos, constraint, params.logprobs, scoring, params.echo,
-                         plan, tuple(tools_unused))
+                         plan, tuple(tools_unused), reasoning)
 
 
 def check_tool_combinations(params: GenerateParams, scoring: bool,

@@ -140,6 +140,18 @@ RULES: dict[str, FieldRule] = {
                              why_engine="this engine cannot constrain calls"),
     "parallel_tool_calls": FieldRule({CHAT: "grammar"}, frozenset({COMPLETIONS, EMBEDDINGS}),
                                      why_engine="this engine cannot constrain calls"),
+    # Reasoning (requests/reasoning.py, generation/reasoning.py): a model
+    # with no reasoning format reports the first two as ignored.
+    "reasoning_effort": FieldRule({CHAT: ALWAYS}, frozenset({COMPLETIONS, EMBEDDINGS}),
+                                  note="passed to the chat template; 'none' switches thinking "
+                                  "off; reported as ignored by a model with no reasoning "
+                                  "format whose template does not read it"),
+    "thinking_token_budget": FieldRule({CHAT: ALWAYS}, frozenset({COMPLETIONS, EMBEDDINGS}),
+                                       note="reported as ignored by a model with no reasoning "
+                                       "format"),
+    "chat_template_kwargs": FieldRule({CHAT: ALWAYS}, frozenset({COMPLETIONS, EMBEDDINGS}),
+                                      no_change=({},), note="names the chat template never "
+                                      "mentions are reported as ignored"),
     "functions": FieldRule(no_change=([],), why="function calling is not supported"),
     "function_call": FieldRule(no_change=("none",), why="function calling is not supported"),
     "logit_bias": FieldRule(no_change=({},), why="logit bias is not supported"),

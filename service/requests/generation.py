@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from service.errors import context_length_exceeded, invalid_parameter
 from service.requests.checks import CheckedParams, invalid_scoring_request
 from service.requests.params import GenerateParams
+from service.requests.reasoning import ReasoningPlan
 from service.requests.tools import ToolPlan
 from service.sampling import SamplingOptions
 from service.structured_output import Constraint
@@ -78,6 +79,8 @@ class ValidatedGeneration:
     tools: ToolPlan | None = None
     # Monitoring: the probes that read this generation (None: not monitored).
     monitoring: MonitorSpec | None = None
+    # A model with a reasoning format: where its answer starts, and the budget.
+    reasoning: ReasoningPlan | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -160,7 +163,8 @@ def validated(params: GenerateParams, checked: CheckedParams, groups: tuple[Prom
               grammar: CompiledGrammar | None = None, prompt_texts: tuple[str, ...] = (),
               steering: Resolved | None = None,
               activations: ActivationSpec | None = None,
-              monitoring: MonitorSpec | None = None) -> ValidatedGeneration:
+              monitoring: MonitorSpec | None = None,
+              reasoning: ReasoningPlan | None = None) -> ValidatedGeneration:
     """The one place a ValidatedGeneration is built, from the checked
     parameters, the fitted groups and what needed the model."""
     return ValidatedGeneration(
@@ -185,6 +189,7 @@ def validated(params: GenerateParams, checked: CheckedParams, groups: tuple[Prom
         activations=activations,
         tools=checked.tools,
         monitoring=None if checked.scoring else monitoring,
+        reasoning=reasoning,
     )
 
 

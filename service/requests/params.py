@@ -25,6 +25,7 @@ class ChatTurn:
     name: str = ""
     tool_calls: tuple[ToolCallRecord, ...] = ()  # an assistant turn's calls
     tool_call_id: str = ""  # a tool turn: the call it answers
+    reasoning_content: str = ""  # an assistant turn's reasoning, for the template
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class GenerateParams:
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Chat only: reasoning (requests/reasoning.py).
+    reasoning_effort: str | None = None
+    thinking_token_budget: int | None = None
+    chat_template_kwargs: dict | None = None
 
     @property
     def input_param(self) -> str:
@@ -115,6 +120,9 @@ class GenerateParams:
             "add_special_tokens": self.add_special_tokens,
             "tools": self.tools or None, "tool_choice": self.tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls,
+            "reasoning_effort": self.reasoning_effort,
+            "thinking_token_budget": self.thinking_token_budget,
+            "chat_template_kwargs": self.chat_template_kwargs,
         }
         sent = {name: value for name, value in contract.items() if value is not None}
         sent.update(self.extra_fields)

@@ -1,24 +1,24 @@
 """Tool calling: a request's tools, its tool choice and its tool history,
 checked and turned into a ToolPlan the engines constrain with.
 
-The calls are written in one syntax, whatever the model (Hermes style, which
-Qwen 2.5/3, Hermes and the demo model's templates use):
+The calls are written in the loaded model's own syntax (service/formats: one
+per family; Hermes, which Qwen 2.5/3, Hermes and the demo model's templates
+use, when the template shows none):
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-The grammar is assembled from xgrammar's structural-tag parts (its
-ready-made "qwen_3" tag lets text surround the calls of a "required" choice,
-and lets whitespace into the arguments). For `auto` each call is
-constrained once the model opens one (its trigger is `<tool_call>`). A
-forced or required choice is only calls, as OpenAI answers it: no text
-before the first, newlines between them, and after the last (the only one
+The grammar is assembled from xgrammar's structural-tag parts by the
+family's CallSyntax (formats/base.py). For `auto` each call is constrained
+once the model opens one (its trigger, `<tool_call>` here). A forced or
+required choice is only calls, as OpenAI answers it: no text before the
+first, the family's separator between them, and after the last (the only one
 when the choice names a function or parallel_tool_calls is false) nothing
 but the end of the message. Arguments are spaced as json.dumps spaces them.
 generation/tool_calls.py parses the calls back out of the text. A template
 that renders tools itself gets them natively; any other gets them described
-in a system turn in this syntax (`plain_messages`).
+in a system turn in the Hermes syntax (`plain_messages`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 from service import json_text
 from service.errors import EngineError, invalid_parameter
+from service.formats import hermes
+from service.formats.base import CallSyntax
 from service.schema_limits import RepeatBudget
 from service.structured_output import NAME_PATTERN, check_schema
 
@@ -67,11 +69,13 @@ class ToolPlan:
     mode: str  # AUTO, REQUIRED or FUNCTION
     name: str = ""
     parallel: bool = True
+    # The loaded model's call syntax (set once the model is known).
+    syntax: CallSyntax = hermes.CALLS
 
     @property
     def key(self) -> str:
-        return "tools:" + json.dumps([self.tools, self.mode, self.name, self.parallel],
-                                     sort_keys=True, separators=(",", ":"))
+        return "tools:" + json.dumps([self.syntax.name, self.tools, self.mode, self.name,
+                                      self.parallel], sort_keys=True, separators=(",", ":"))
 
     def schema_of(self, name: str) -> dict | None:
         return next((schema for n, _, schema in self.tools if n == name), None)
@@ -87,22 +91,17 @@ class ToolPlan:
         """The field a refusal of this plan's grammar names."""
         return "tools"
 
+    def structural_format(self):
+        """The calls as an xgrammar structural-tag format, in the model's syntax."""
+        tags = [self.syntax.tag(name, _arguments(schema))
+                for name, _, schema in self.tools if self.mode != FUNCTION or name == self.name]
+        one = self.mode == FUNCTION or not self.parallel
+        return self.syntax.calls_format(tags, auto=self.mode == AUTO, one=one)
+
     def compile(self, compiler):
         from xgrammar import structural_tag as st
 
-        tags = [st.TagFormat(begin=f'{CALL_OPEN}\n{{"name": "{name}", "arguments": ',
-                             content=_arguments(schema), end="}\n" + CALL_CLOSE)
-                for name, _, schema in self.tools if self.mode != FUNCTION or name == self.name]
-        one = self.mode == FUNCTION or not self.parallel
-        if self.mode == AUTO:
-            # Free text, and each call constrained once the model opens one.
-            calls = st.TriggeredTagsFormat(triggers=[CALL_OPEN], tags=tags, stop_after_first=one)
-        else:
-            # Calls only: newlines between them, nothing before the first,
-            # and after the last nothing but the end of the message.
-            calls = st.TagsWithSeparatorFormat(tags=tags, separator="\n", at_least_one=True,
-                                               stop_after_first=one)
-        return compiler.compile_structural_tag(st.StructuralTag(format=calls))
+        return compiler.compile_structural_tag(st.StructuralTag(format=self.structural_format()))
 
 
 def _arguments(schema: dict):
@@ -197,15 +196,19 @@ def check_history(conversations) -> None:
                                         "earlier tool call.")
 
 
-def call_text(name: str, arguments_json: str) -> str:
+def call_text(name: str, arguments_json: str, syntax: CallSyntax = hermes.CALLS) -> str:
     """One call in the syntax the grammar constrains."""
-    return f'{CALL_OPEN}\n{{"name": "{name}", "arguments": {arguments_json}}}\n{CALL_CLOSE}'
+    return syntax.call_text(name, arguments_json)
 
 
 def template_message(turn) -> dict:
-    """A turn in the Hugging Face chat-template shape (tool calls included)."""
+    """A turn in the Hugging Face chat-template shape (tool calls and an
+    assistant's reasoning_content included: templates that show reasoning
+    read it there, and drop or keep it as their family does)."""
     message = {"role": "system" if turn.role == "developer" else turn.role,
                "content": turn.content}
+    if getattr(turn, "reasoning_content", ""):
+        message["reasoning_content"] = turn.reasoning_content
     if turn.tool_calls:
         message["tool_calls"] = [
             {"id": c.id, "type": "function",

@@ -72,7 +72,7 @@ def turns_from_pb(chat: generation_pb2.ChatInput) -> tuple[ChatTurn, ...]:
     return tuple(ChatTurn(role=_ROLES.get(m.role, ""), content=m.content, name=m.name,
                           tool_calls=tuple(tools.ToolCallRecord(c.id, c.name, c.arguments_json)
                                            for c in m.tool_calls),
-                          tool_call_id=m.tool_call_id)
+                          tool_call_id=m.tool_call_id, reasoning_content=m.reasoning_content)
                  for m in chat.messages)
 
 
@@ -95,6 +95,16 @@ def _extra_fields(request) -> dict:
         return json_format.MessageToDict(request.extra_fields)
     except ValueError as exc:  # NaN or infinity: not JSON
         raise invalid_parameter("extra_fields", f"'extra_fields' must hold JSON: {exc}") from None
+
+
+def _template_kwargs(request) -> dict | None:
+    if not request.HasField("chat_template_kwargs"):
+        return None
+    try:
+        return json_format.MessageToDict(request.chat_template_kwargs)
+    except ValueError as exc:  # NaN or infinity: not JSON
+        raise invalid_parameter("chat_template_kwargs", "'chat_template_kwargs' must hold "
+                                f"JSON: {exc}") from None
 
 
 def _response_format(request) -> ResponseFormat | None:
@@ -227,6 +237,9 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         profile=request.profile if request.HasField("profile") else None,
         steering_intensity=_dial(request),
         sae_activations=readout_from_pb(request),
+        reasoning_effort=_opt(request, "reasoning_effort"),
+        thinking_token_budget=_opt(request, "thinking_token_budget"),
+        chat_template_kwargs=_template_kwargs(request),
     )
 
 
@@ -283,6 +296,7 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
                     tool_calls=[generation_pb2.ToolCallDelta(
                         index=f.index, id=f.id, name=f.name, arguments=f.arguments)
                         for f in d.tool_calls],
+                    reasoning=d.reasoning,
                 )
                 for d in event.deltas
             ]
@@ -299,6 +313,7 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
                 completion_tokens=event.completion_tokens,
                 total_tokens=event.prompt_tokens + event.completion_tokens,
                 cached_tokens=event.cached_tokens,
+                reasoning_tokens=event.reasoning_tokens,
             )
         )
     raise TypeError(f"unknown generation event {event!r}")

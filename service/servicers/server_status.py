@@ -64,6 +64,10 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
             attached_saes=sorted(steering.attached) if can_steer else (),
             seed_scope=generation_pb2.SEED_SCOPE_REQUEST,
             max_batch=status.max_batch if status else 0))
+        fmt = self._inference.engine.format if self._inference.engine is not None else None
+        if fmt is not None:
+            reply.tool_call_format, reply.reasoning_format = (fmt.tool_call_format,
+                                                              fmt.reasoning_format)
         for name, route, cell in fields.support_table(kind, caps):
             reply.fields.append(server_service_pb2.FieldSupport(
                 field=name, route=route, honoured=cell.treatment is fields.Treatment.HONOURED,

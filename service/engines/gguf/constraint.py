@@ -18,8 +18,12 @@ from llama_cpp.llama_cpp import llama_get_logits_ith as _logits_ith
 class GrammarMask:
     """One constrained choice's place in its grammar."""
 
-    def __init__(self, grammar, n_vocab: int, control_ids: list[int]):
+    def __init__(self, grammar, n_vocab: int, control_ids: list[int], watch=None,
+                 pieces: list[bytes] | None = None):
         self.matcher = xgrammar.GrammarMatcher(grammar)
+        # A reasoning block before the document is free text: the control
+        # ban waits until `watch` (generation/reasoning.py) sees it close.
+        self.watch, self.pieces = watch, pieces
         self.n_vocab = n_vocab
         self.bitmask = xgrammar.allocate_token_bitmask(1, n_vocab)
         # Tokens holding a control character never belong in a compact JSON
@@ -39,8 +43,11 @@ class GrammarMask:
         logits = self._view[1]
         self.matcher.fill_next_token_bitmask(self.bitmask)
         xgrammar.apply_token_bitmask_inplace(logits, self.bitmask)
-        if len(self.control):
+        if len(self.control) and self.watch is None:
             logits[self.control] = float("-inf")
 
     def accept(self, token: int) -> bool:
+        if self.watch is not None and self.watch.push(
+                self.pieces[token].decode("utf-8", "ignore")):
+            self.watch = None
         return self.matcher.accept_token(token)

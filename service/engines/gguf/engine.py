@@ -37,7 +37,9 @@ from service.engines.gguf.slots import Slots
 from service.engines.model_thread import ModelCall, answer_unrun, report_death, run_one_chunk
 from service.engines.scores import TokenTable, score_logits
 from service.errors import EngineError, batch_reset, invalid_parameter, queue_full, thread_died
+from service.formats.base import CLOSED
 from service.generation.job import GenerationJob
+from service.generation.reasoning import CloseWatch
 from service.grammars import GrammarCache
 from service.models.registry import GGUF
 from service.text_output import control_char_ids
@@ -192,13 +194,19 @@ class GgufEngine(Engine):
     def renders_tools(self) -> bool:
         return "tools" in self._template
 
+    @property
+    def chat_template(self) -> str:
+        return self._template
+
     def encode_chat(self, messages: list[dict], partial: str | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None,
+                    template_kwargs: dict | None = None) -> list[int]:
         from jinja2 import TemplateError
 
         try:
             rendered = render_folding_system(
-                lambda turns: self._formatter(messages=turns, tools=tools).prompt, messages)
+                lambda turns: self._formatter(messages=turns, tools=tools,
+                                              **(template_kwargs or {})).prompt, messages)
         except TemplateError as exc:
             raise invalid_parameter("messages", f"The chat template refused the "
                                     f"conversation: {exc}") from None
@@ -318,8 +326,12 @@ class GgufEngine(Engine):
         sampler = sampler_chain(spec.options, self.llm.n_vocab(), banned, seed,
                                 history=self.info.context_window)
         # A JSON document holds no raw control character; a tool call's syntax has newlines.
+        watch = None
+        if spec.reasoning is not None and spec.reasoning.mode != CLOSED:
+            watch = CloseWatch(spec.reasoning.syntax.close)
         mask = (GrammarMask(spec.grammar, self.llm.n_vocab(),
-                            self._control_char_ids if spec.constraint is not None else [])
+                            self._control_char_ids if spec.constraint is not None else [],
+                            watch, self._token_bytes)
                 if spec.grammar is not None else None)
         return sampler, mask
 

@@ -24,7 +24,9 @@ import torch
 from service.engines import faults
 from service.engines.scores import TokenTable
 from service.engines.transformers import reading
+from service.formats.base import CLOSED
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
+from service.generation.reasoning import CloseWatch
 from service.requests.generation import PromptGroup
 from service.sampling import SamplingOptions, apply_penalties, choose_tokens
 from service.steering.probes import ProbeReader
@@ -131,7 +133,13 @@ class Row:
             self.matcher = xgrammar.GrammarMatcher(spec.grammar)
         # A JSON document holds no raw control character; a tool call's
         # syntax has newlines, and `auto` lets the model write free text.
+        # Reasoning before the document is free text too: the ban starts
+        # once its block closes.
         self.bans_controls = spec.constraint is not None
+        self.reasoning_watch = None
+        if self.bans_controls and spec.reasoning is not None and spec.reasoning.mode != CLOSED:
+            self.bans_controls = False
+            self.reasoning_watch = CloseWatch(spec.reasoning.syntax.close)
         self.logprobs = spec.logprobs  # alternatives per token; None: not asked for
         self.generated = 0
         self.last_token = -1
@@ -159,7 +167,10 @@ class Row:
         if token in eos:
             return (ChoiceDelta(self.index, self._final_text(), (token,), FinishReason.STOP,
                                 scores), True)
-        text, hit = self.stopper.push(self.detokenizer.push(token))
+        piece = self.detokenizer.push(token)
+        if self.reasoning_watch is not None and self.reasoning_watch.push(piece):
+            self.bans_controls, self.reasoning_watch = True, None
+        text, hit = self.stopper.push(piece)
         if hit:
             return ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores), True
         if self.generated >= self.max_tokens:

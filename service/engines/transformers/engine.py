@@ -137,10 +137,16 @@ class TransformersEngine(Engine):
 
     @property
     def renders_tools(self) -> bool:
-        return "tools" in (self.tokenizer.chat_template or CHATML)
+        return "tools" in self.chat_template
+
+    @property
+    def chat_template(self) -> str:
+        template = self.tokenizer.chat_template
+        return template if isinstance(template, str) and template else CHATML
 
     def encode_chat(self, messages: list[dict], partial: str | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None,
+                    template_kwargs: dict | None = None) -> list[int]:
         from jinja2 import TemplateError
 
         template = None if self.tokenizer.chat_template else CHATML
@@ -149,7 +155,7 @@ class TransformersEngine(Engine):
                 text = render_folding_system(
                     lambda turns: self.tokenizer.apply_chat_template(
                         turns, chat_template=template, add_generation_prompt=True,
-                        tokenize=False, tools=tools), messages)
+                        tokenize=False, tools=tools, **(template_kwargs or {})), messages)
             except TemplateError as exc:
                 # Templates refuse conversations they cannot render (say, roles
                 # that do not alternate): the caller's to fix.

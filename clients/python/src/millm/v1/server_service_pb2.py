@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from millm.v1 import generation_pb2 as millm_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmillm/v1/server_service.proto\x12\x08millm.v1\x1a\x19millm/v1/generation.proto\"\x18\n\x16GetCapabilitiesRequest\"\xa6\x03\n\x17GetCapabilitiesResponse\x12\x14\n\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n\x06\x65ngine\x18\x02 \x01(\tR\x06\x65ngine\x12%\n\x0e\x63ontext_window\x18\x03 \x01(\x03R\rcontextWindow\x12\x1d\n\nvocab_size\x18\x04 \x01(\x03R\tvocabSize\x12-\n\x12system_fingerprint\x18\x05 \x01(\tR\x11systemFingerprint\x12K\n\x08versions\x18\x06 \x03(\x0b\x32/.millm.v1.GetCapabilitiesResponse.VersionsEntryR\x08versions\x12.\n\x08\x66\x65\x61tures\x18\x07 \x01(\x0b\x32\x12.millm.v1.FeaturesR\x08\x66\x65\x61tures\x12.\n\x06\x66ields\x18\x08 \x03(\x0b\x32\x16.millm.v1.FieldSupportR\x06\x66ields\x1a;\n\rVersionsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\xc2\x02\n\x08\x46\x65\x61tures\x12\x18\n\x07scoring\x18\x01 \x01(\x08R\x07scoring\x12\x1a\n\x08logprobs\x18\x02 \x01(\x08R\x08logprobs\x12!\n\x0cmax_logprobs\x18\x03 \x01(\x03R\x0bmaxLogprobs\x12+\n\x11structured_output\x18\x04 \x01(\x08R\x10structuredOutput\x12\x1e\n\nembeddings\x18\x05 \x01(\x08R\nembeddings\x12\x1a\n\x08steering\x18\x06 \x01(\x08R\x08steering\x12#\n\rattached_saes\x18\x07 \x03(\tR\x0c\x61ttachedSaes\x12\x32\n\nseed_scope\x18\x08 \x01(\x0e\x32\x13.millm.v1.SeedScopeR\tseedScope\x12\x1b\n\tmax_batch\x18\t \x01(\x03R\x08maxBatch\"\xad\x01\n\x0c\x46ieldSupport\x12\x14\n\x05\x66ield\x18\x01 \x01(\tR\x05\x66ield\x12\x14\n\x05route\x18\x02 \x01(\tR\x05route\x12\x1a\n\x08honoured\x18\x03 \x01(\x08R\x08honoured\x12!\n\x0crefusal_code\x18\x04 \x01(\tR\x0brefusalCode\x12\x16\n\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1a\n\x08reported\x18\x06 \x01(\x08R\x08reported\"\x19\n\x17\x43learPrefixCacheRequest\"=\n\x18\x43learPrefixCacheResponse\x12!\n\x0ctokens_freed\x18\x01 \x01(\x03R\x0btokensFreed\"\x1b\n\x19GetInferenceStatusRequest\"\xd0\x05\n\x1aGetInferenceStatusResponse\x12\x18\n\x07\x62\x61\x63kend\x18\x01 \x01(\tR\x07\x62\x61\x63kend\x12\x14\n\x05model\x18\x02 \x01(\tR\x05model\x12-\n\x12\x61\x63tive_generations\x18\x03 \x01(\x03R\x11\x61\x63tiveGenerations\x12\'\n\x0fqueued_requests\x18\x04 \x01(\x03R\x0equeuedRequests\x12\x34\n\x16generated_tokens_total\x18\x05 \x01(\x03R\x14generatedTokensTotal\x12>\n\x1b\x63ompleted_generations_total\x18\x06 \x01(\x03R\x19\x63ompletedGenerationsTotal\x12>\n\x1b\x63\x61ncelled_generations_total\x18\x07 \x01(\x03R\x19\x63\x61ncelledGenerationsTotal\x12\x38\n\x18\x66\x61iled_generations_total\x18\x08 \x01(\x03R\x16\x66\x61iledGenerationsTotal\x12!\n\x0crunning_rows\x18\t \x01(\x03R\x0brunningRows\x12\x14\n\x05lanes\x18\n \x01(\x03R\x05lanes\x12\x1b\n\tmax_batch\x18\x0b \x01(\x03R\x08maxBatch\x12\x1d\n\nmax_queued\x18\x0c \x01(\x03R\tmaxQueued\x12\'\n\x10kv_tokens_in_use\x18\r \x01(\x03R\rkvTokensInUse\x12*\n\x11kv_padding_tokens\x18\x0e \x01(\x03R\x0fkvPaddingTokens\x12.\n\x13prefix_cache_tokens\x18\x0f \x01(\x03R\x11prefixCacheTokens\x12@\n\x1dprefix_cache_hit_tokens_total\x18\x10 \x01(\x03R\x19prefixCacheHitTokensTotal\"3\n\x10WatchLoadRequest\x12\x1f\n\x0binterval_ms\x18\x01 \x01(\x03R\nintervalMs\"\xdf\x02\n\x11WatchLoadResponse\x12\x1d\n\nreplica_id\x18\x01 \x01(\tR\treplicaId\x12,\n\x05state\x18\x02 \x01(\x0e\x32\x16.millm.v1.ReplicaStateR\x05state\x12\x14\n\x05model\x18\x03 \x01(\tR\x05model\x12\x1f\n\x0bmodel_names\x18\x04 \x03(\tR\nmodelNames\x12)\n\x10running_requests\x18\x05 \x01(\x03R\x0frunningRequests\x12)\n\x10waiting_requests\x18\x06 \x01(\x03R\x0fwaitingRequests\x12!\n\x0crunning_rows\x18\x07 \x01(\x03R\x0brunningRows\x12\x1b\n\tmax_batch\x18\x08 \x01(\x03R\x08maxBatch\x12\x30\n\x14kv_cache_utilization\x18\t \x01(\x01R\x12kvCacheUtilization*\x9d\x01\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16REPLICA_STATE_STARTING\x10\x01\x12\x19\n\x15REPLICA_STATE_SERVING\x10\x02\x12\x1b\n\x17REPLICA_STATE_SWITCHING\x10\x03\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x04\x32\xeb\x02\n\rServerService\x12_\n\x12GetInferenceStatus\x12#.millm.v1.GetInferenceStatusRequest\x1a$.millm.v1.GetInferenceStatusResponse\x12Y\n\x10\x43learPrefixCache\x12!.millm.v1.ClearPrefixCacheRequest\x1a\".millm.v1.ClearPrefixCacheResponse\x12V\n\x0fGetCapabilities\x12 .millm.v1.GetCapabilitiesRequest\x1a!.millm.v1.GetCapabilitiesResponse\x12\x46\n\tWatchLoad\x12\x1a.millm.v1.WatchLoadRequest\x1a\x1b.millm.v1.WatchLoadResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dmillm/v1/server_service.proto\x12\x08millm.v1\x1a\x19millm/v1/generation.proto\"\x18\n\x16GetCapabilitiesRequest\"\xfb\x03\n\x17GetCapabilitiesResponse\x12\x14\n\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n\x06\x65ngine\x18\x02 \x01(\tR\x06\x65ngine\x12%\n\x0e\x63ontext_window\x18\x03 \x01(\x03R\rcontextWindow\x12\x1d\n\nvocab_size\x18\x04 \x01(\x03R\tvocabSize\x12-\n\x12system_fingerprint\x18\x05 \x01(\tR\x11systemFingerprint\x12K\n\x08versions\x18\x06 \x03(\x0b\x32/.millm.v1.GetCapabilitiesResponse.VersionsEntryR\x08versions\x12.\n\x08\x66\x65\x61tures\x18\x07 \x01(\x0b\x32\x12.millm.v1.FeaturesR\x08\x66\x65\x61tures\x12.\n\x06\x66ields\x18\x08 \x03(\x0b\x32\x16.millm.v1.FieldSupportR\x06\x66ields\x12(\n\x10tool_call_format\x18( \x01(\tR\x0etoolCallFormat\x12)\n\x10reasoning_format\x18) \x01(\tR\x0freasoningFormat\x1a;\n\rVersionsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\xc2\x02\n\x08\x46\x65\x61tures\x12\x18\n\x07scoring\x18\x01 \x01(\x08R\x07scoring\x12\x1a\n\x08logprobs\x18\x02 \x01(\x08R\x08logprobs\x12!\n\x0cmax_logprobs\x18\x03 \x01(\x03R\x0bmaxLogprobs\x12+\n\x11structured_output\x18\x04 \x01(\x08R\x10structuredOutput\x12\x1e\n\nembeddings\x18\x05 \x01(\x08R\nembeddings\x12\x1a\n\x08steering\x18\x06 \x01(\x08R\x08steering\x12#\n\rattached_saes\x18\x07 \x03(\tR\x0c\x61ttachedSaes\x12\x32\n\nseed_scope\x18\x08 \x01(\x0e\x32\x13.millm.v1.SeedScopeR\tseedScope\x12\x1b\n\tmax_batch\x18\t \x01(\x03R\x08maxBatch\"\xad\x01\n\x0c\x46ieldSupport\x12\x14\n\x05\x66ield\x18\x01 \x01(\tR\x05\x66ield\x12\x14\n\x05route\x18\x02 \x01(\tR\x05route\x12\x1a\n\x08honoured\x18\x03 \x01(\x08R\x08honoured\x12!\n\x0crefusal_code\x18\x04 \x01(\tR\x0brefusalCode\x12\x16\n\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1a\n\x08reported\x18\x06 \x01(\x08R\x08reported\"\x19\n\x17\x43learPrefixCacheRequest\"=\n\x18\x43learPrefixCacheResponse\x12!\n\x0ctokens_freed\x18\x01 \x01(\x03R\x0btokensFreed\"\x1b\n\x19GetInferenceStatusRequest\"\xd0\x05\n\x1aGetInferenceStatusResponse\x12\x18\n\x07\x62\x61\x63kend\x18\x01 \x01(\tR\x07\x62\x61\x63kend\x12\x14\n\x05model\x18\x02 \x01(\tR\x05model\x12-\n\x12\x61\x63tive_generations\x18\x03 \x01(\x03R\x11\x61\x63tiveGenerations\x12\'\n\x0fqueued_requests\x18\x04 \x01(\x03R\x0equeuedRequests\x12\x34\n\x16generated_tokens_total\x18\x05 \x01(\x03R\x14generatedTokensTotal\x12>\n\x1b\x63ompleted_generations_total\x18\x06 \x01(\x03R\x19\x63ompletedGenerationsTotal\x12>\n\x1b\x63\x61ncelled_generations_total\x18\x07 \x01(\x03R\x19\x63\x61ncelledGenerationsTotal\x12\x38\n\x18\x66\x61iled_generations_total\x18\x08 \x01(\x03R\x16\x66\x61iledGenerationsTotal\x12!\n\x0crunning_rows\x18\t \x01(\x03R\x0brunningRows\x12\x14\n\x05lanes\x18\n \x01(\x03R\x05lanes\x12\x1b\n\tmax_batch\x18\x0b \x01(\x03R\x08maxBatch\x12\x1d\n\nmax_queued\x18\x0c \x01(\x03R\tmaxQueued\x12\'\n\x10kv_tokens_in_use\x18\r \x01(\x03R\rkvTokensInUse\x12*\n\x11kv_padding_tokens\x18\x0e \x01(\x03R\x0fkvPaddingTokens\x12.\n\x13prefix_cache_tokens\x18\x0f \x01(\x03R\x11prefixCacheTokens\x12@\n\x1dprefix_cache_hit_tokens_total\x18\x10 \x01(\x03R\x19prefixCacheHitTokensTotal\"3\n\x10WatchLoadRequest\x12\x1f\n\x0binterval_ms\x18\x01 \x01(\x03R\nintervalMs\"\xdf\x02\n\x11WatchLoadResponse\x12\x1d\n\nreplica_id\x18\x01 \x01(\tR\treplicaId\x12,\n\x05state\x18\x02 \x01(\x0e\x32\x16.millm.v1.ReplicaStateR\x05state\x12\x14\n\x05model\x18\x03 \x01(\tR\x05model\x12\x1f\n\x0bmodel_names\x18\x04 \x03(\tR\nmodelNames\x12)\n\x10running_requests\x18\x05 \x01(\x03R\x0frunningRequests\x12)\n\x10waiting_requests\x18\x06 \x01(\x03R\x0fwaitingRequests\x12!\n\x0crunning_rows\x18\x07 \x01(\x03R\x0brunningRows\x12\x1b\n\tmax_batch\x18\x08 \x01(\x03R\x08maxBatch\x12\x30\n\x14kv_cache_utilization\x18\t \x01(\x01R\x12kvCacheUtilization*\x9d\x01\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16REPLICA_STATE_STARTING\x10\x01\x12\x19\n\x15REPLICA_STATE_SERVING\x10\x02\x12\x1b\n\x17REPLICA_STATE_SWITCHING\x10\x03\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x04\x32\xeb\x02\n\rServerService\x12_\n\x12GetInferenceStatus\x12#.millm.v1.GetInferenceStatusRequest\x1a$.millm.v1.GetInferenceStatusResponse\x12Y\n\x10\x43learPrefixCache\x12!.millm.v1.ClearPrefixCacheRequest\x1a\".millm.v1.ClearPrefixCacheResponse\x12V\n\x0fGetCapabilities\x12 .millm.v1.GetCapabilitiesRequest\x1a!.millm.v1.GetCapabilitiesResponse\x12\x46\n\tWatchLoad\x12\x1a.millm.v1.WatchLoadRequest\x1a\x1b.millm.v1.WatchLoadResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,30 +34,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETCAPABILITIESRESPONSE_VERSIONSENTRY']._loaded_options = None
   _globals['_GETCAPABILITIESRESPONSE_VERSIONSENTRY']._serialized_options = b'8\001'
-  _globals['_REPLICASTATE']._serialized_start=2272
-  _globals['_REPLICASTATE']._serialized_end=2429
+  _globals['_REPLICASTATE']._serialized_start=2357
+  _globals['_REPLICASTATE']._serialized_end=2514
   _globals['_GETCAPABILITIESREQUEST']._serialized_start=70
   _globals['_GETCAPABILITIESREQUEST']._serialized_end=94
   _globals['_GETCAPABILITIESRESPONSE']._serialized_start=97
-  _globals['_GETCAPABILITIESRESPONSE']._serialized_end=519
-  _globals['_GETCAPABILITIESRESPONSE_VERSIONSENTRY']._serialized_start=460
-  _globals['_GETCAPABILITIESRESPONSE_VERSIONSENTRY']._serialized_end=519
-  _globals['_FEATURES']._serialized_start=522
-  _globals['_FEATURES']._serialized_end=844
-  _globals['_FIELDSUPPORT']._serialized_start=847
-  _globals['_FIELDSUPPORT']._serialized_end=1020
-  _globals['_CLEARPREFIXCACHEREQUEST']._serialized_start=1022
-  _globals['_CLEARPREFIXCACHEREQUEST']._serialized_end=1047
-  _globals['_CLEARPREFIXCACHERESPONSE']._serialized_start=1049
-  _globals['_CLEARPREFIXCACHERESPONSE']._serialized_end=1110
-  _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=1112
-  _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=1139
-  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_start=1142
-  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_end=1862
-  _globals['_WATCHLOADREQUEST']._serialized_start=1864
-  _globals['_WATCHLOADREQUEST']._serialized_end=1915
-  _globals['_WATCHLOADRESPONSE']._serialized_start=1918
-  _globals['_WATCHLOADRESPONSE']._serialized_end=2269
-  _globals['_SERVERSERVICE']._serialized_start=2432
-  _globals['_SERVERSERVICE']._serialized_end=2795
+  _globals['_GETCAPABILITIESRESPONSE']._serialized_end=604
+  _globals['_GETCAPABILITIESRESPONSE_VERSIONSENTRY']._serialized_start=545
+  _globals['_GETCAPABILITIESRESPONSE_VERSIONSENTRY']._serialized_end=604
+  _globals['_FEATURES']._serialized_start=607
+  _globals['_FEATURES']._serialized_end=929
+  _globals['_FIELDSUPPORT']._serialized_start=932
+  _globals['_FIELDSUPPORT']._serialized_end=1105
+  _globals['_CLEARPREFIXCACHEREQUEST']._serialized_start=1107
+  _globals['_CLEARPREFIXCACHEREQUEST']._serialized_end=1132
+  _globals['_CLEARPREFIXCACHERESPONSE']._serialized_start=1134
+  _globals['_CLEARPREFIXCACHERESPONSE']._serialized_end=1195
+  _globals['_GETINFERENCESTATUSREQUEST']._serialized_start=1197
+  _globals['_GETINFERENCESTATUSREQUEST']._serialized_end=1224
+  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_start=1227
+  _globals['_GETINFERENCESTATUSRESPONSE']._serialized_end=1947
+  _globals['_WATCHLOADREQUEST']._serialized_start=1949
+  _globals['_WATCHLOADREQUEST']._serialized_end=2000
+  _globals['_WATCHLOADRESPONSE']._serialized_start=2003
+  _globals['_WATCHLOADRESPONSE']._serialized_end=2354
+  _globals['_SERVERSERVICE']._serialized_start=2517
+  _globals['_SERVERSERVICE']._serialized_end=2880
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,7 @@ class GetCapabilitiesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetCapabilitiesResponse(_message.Message):
-    __slots__ = ("model", "engine", "context_window", "vocab_size", "system_fingerprint", "versions", "features", "fields")
+    __slots__ = ("model", "engine", "context_window", "vocab_size", "system_fingerprint", "versions", "features", "fields", "tool_call_format", "reasoning_format")
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,8 @@ class GetCapabilitiesResponse(_message.Message):
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FORMAT_FIELD_NUMBER: _ClassVar[int]
     model: str
     engine: str
     context_window: int
@@ -50,7 +52,9 @@ class GetCapabilitiesResponse(_message.Message):
     versions: _containers.ScalarMap[str, str]
     features: Features
     fields: _containers.RepeatedCompositeFieldContainer[FieldSupport]
-    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., context_window: _Optional[int] = ..., vocab_size: _Optional[int] = ..., system_fingerprint: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldSupport, _Mapping]]] = ...) -> None: ...
+    tool_call_format: str
+    reasoning_format: str
+    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., context_window: _Optional[int] = ..., vocab_size: _Optional[int] = ..., system_fingerprint: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldSupport, _Mapping]]] = ..., tool_call_format: _Optional[str] = ..., reasoning_format: _Optional[str] = ...) -> None: ...
 
 class Features(_message.Message):
     __slots__ = ("scoring", "logprobs", "max_logprobs", "structured_output", "embeddings", "steering", "attached_saes", "seed_scope", "max_batch")
