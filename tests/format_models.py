@@ -1,0 +1,130 @@
+"""Model directories in real families' output syntaxes, made from the demo
+model's weights and tokenizer for tests/test_model_formats.py.
+
+Each chat template below is written here from its family's format (how the
+family's published template renders tools, calls, tool results and
+thinking), with the family's own markers as text: the demo tokenizer has
+none of them as special tokens, which is the point of detection from the
+template text alone. Assistant turns end with the demo tokenizer's end of
+turn, `<|im_end|>`, the token the model stops with.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+# DeepSeek R1 (and its distills): the generation prompt opens <think>; an
+# earlier assistant turn keeps only what follows its reasoning; calls are
+# grouped, typed "function" and fenced as ```json.
+R1 = r"""{%- set ns = namespace(system='') %}
+{%- for m in messages %}{%- if m.role == 'system' %}{%- set ns.system = m.content %}{%- endif %}{%- endfor %}
+{{- ns.system }}
+{%- if tools %}{{- '\n\n## Tools\nCall a function with <｜tool▁calls▁begin｜>.\n' }}
+{%- for t in tools %}{{- t | tojson + '\n' }}{%- endfor %}{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}{{- '<｜User｜>' + m.content }}
+{%- elif m.role == 'assistant' %}
+{%- set content = m.content or '' %}
+{%- if '</think>' in content %}{%- set content = content.split('</think>')[-1] %}{%- endif %}
+{{- '<｜Assistant｜>' + content }}
+{%- if m.tool_calls %}{{- '<｜tool▁calls▁begin｜>' }}
+{%- for c in m.tool_calls %}{%- if not loop.first %}{{- '\n' }}{%- endif %}
+{{- '<｜tool▁call▁begin｜>function<｜tool▁sep｜>' + c.function.name + '\n```json\n' + c.function.arguments | tojson + '\n```<｜tool▁call▁end｜>' }}
+{%- endfor %}{{- '<｜tool▁calls▁end｜>' }}{%- endif %}
+{{- '<|im_end|>' }}
+{%- elif m.role == 'tool' %}{{- '<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + m.content + '<｜tool▁output▁end｜><｜tool▁outputs▁end｜>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<｜Assistant｜><think>\n' }}{%- endif %}"""
+
+# DeepSeek V3.1: the same markers; a call is NAME<｜tool▁sep｜>ARGS, unfenced;
+# thinking is chosen by the `thinking` variable.
+V31 = (R1.replace("'<｜tool▁call▁begin｜>function<｜tool▁sep｜>' + c.function.name + "
+                  "'\\n```json\\n' + c.function.arguments | tojson + '\\n```<｜tool▁call▁end｜>'",
+                  "'<｜tool▁call▁begin｜>' + c.function.name + '<｜tool▁sep｜>' + "
+                  "c.function.arguments | tojson + '<｜tool▁call▁end｜>'")
+       .replace("{{- '<｜Assistant｜><think>\\n' }}",
+                "{{- '<｜Assistant｜>' + ('<think>' if thinking is defined and thinking "
+                "else '</think>') }}"))
+
+# Mistral (tokenizer v11+): tools announced before the last user turn in
+# [AVAILABLE_TOOLS]; each call [TOOL_CALLS]NAME[ARGS]{...}; results in
+# [TOOL_RESULTS].
+MISTRAL = r"""{%- set ns = namespace(last_user=-1) %}
+{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}
+{%- for m in messages %}
+{%- if m.role == 'system' %}{{- '[SYSTEM_PROMPT]' + m.content + '[/SYSTEM_PROMPT]' }}
+{%- elif m.role == 'user' %}
+{%- if tools and loop.index0 == ns.last_user %}{{- '[AVAILABLE_TOOLS]' + tools | tojson + '[/AVAILABLE_TOOLS]' }}{%- endif %}
+{{- '[INST]' + m.content + '[/INST]' }}
+{%- elif m.role == 'assistant' %}{{- m.content or '' }}
+{%- for c in m.tool_calls or [] %}{{- '[TOOL_CALLS]' + c.function.name + '[ARGS]' + c.function.arguments | tojson }}{%- endfor %}
+{{- '<|im_end|>' }}
+{%- elif m.role == 'tool' %}{{- '[TOOL_RESULTS]' + m.content + '[/TOOL_RESULTS]' }}
+{%- endif %}
+{%- endfor %}"""
+
+# Llama 3.1: header-framed turns; tools listed in the user turn with the
+# instruction to answer {"name": ..., "parameters": ...}; results from ipython.
+LLAMA31 = r"""{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- for c in m.tool_calls %}{{- '{"name": "' + c.function.name + '", "parameters": ' + c.function.arguments | tojson + '}' }}{%- endfor %}
+{{- '<|eot_id|>' }}
+{%- elif m.role == 'tool' %}{{- '<|start_header_id|>ipython<|end_header_id|>\n\n' + m.content + '<|eot_id|>' }}
+{%- else %}{{- '<|start_header_id|>' + m.role + '<|end_header_id|>\n\n' }}
+{%- if tools and m.role == 'user' and loop.last %}
+{{- 'Given the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\n\nRespond in the format {"name": function name, "parameters": dictionary of argument name and its value}. Do not use variables.\n\n' }}
+{%- for t in tools %}{{- t | tojson + '\n\n' }}{%- endfor %}{%- endif %}
+{{- m.content + '<|eot_id|>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"""
+
+# Qwen3: ChatML with Hermes calls; the model opens <think> itself, and
+# enable_thinking false closes an empty block in the generation prompt. An
+# earlier assistant turn's reasoning_content is dropped (only the latest
+# turn's would be kept, in Qwen3's own template).
+QWEN3 = r"""{%- if tools %}{{- '<|im_start|>system\n# Tools\n<tools>' }}
+{%- for t in tools %}{{- '\n' + t | tojson }}{%- endfor %}
+{{- '\n</tools>\nCall a function inside <tool_call></tool_call> tags.<|im_end|>\n' }}{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\n' + (m.content or '') }}
+{%- for c in m.tool_calls or [] %}{{- '\n<tool_call>\n{"name": "' + c.function.name + '", "arguments": ' + c.function.arguments | tojson + '}\n</tool_call>' }}{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif m.role == 'tool' %}{{- '<|im_start|>user\n<tool_response>\n' + m.content + '\n</tool_response><|im_end|>\n' }}
+{%- else %}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
+{%- endif %}"""
+
+TEMPLATES = {"tiny-r1": R1, "tiny-v31": V31, "tiny-mistral": MISTRAL, "tiny-llama31": LLAMA31,
+             "tiny-qwen3": QWEN3}
+FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+         "tokenizer_config.json")
+
+
+def build(demo: pathlib.Path, target: pathlib.Path, model_id: str, template: str,
+          settings: dict | None = None) -> pathlib.Path:
+    """A checkpoint directory: the demo's weights and tokenizer, `template`
+    as its chat template, `settings` in its millm_model.json."""
+    path = target / model_id
+    path.mkdir(parents=True)
+    for name in FILES:
+        shutil.copy(demo / name, path / name)
+    (path / "chat_template.jinja").write_text(template)
+    (path / "millm_model.json").write_text(json.dumps({"id": model_id, **(settings or {})}))
+    return path
+
+
+def build_gguf(checkpoint: pathlib.Path, target: pathlib.Path) -> str:
+    """Its F32 GGUF export in a repository of its own; returns the model id."""
+    from service.demo_model import gguf_export
+
+    repo = f"{checkpoint.name}-gguf"
+    (target / repo).mkdir()
+    gguf_export.write_file(checkpoint, target / repo / f"{repo}-F32.gguf", "F32", repo)
+    return f"{repo}:F32"
