@@ -114,6 +114,8 @@ class InferenceService:
 
     def _model_capabilities(self, engine: Engine) -> EngineCapabilities:
         caps = engine.capabilities
+        if engine.format is not None and engine.format.reasoning is None:
+            caps = dataclasses.replace(caps, reasoning=False)
         if self.steering is None and caps.steer:
             # No steering state in this process: steering fields are refused
             # (steering_unavailable), never silently dropped.
@@ -164,10 +166,9 @@ class InferenceService:
                 checked.tools, syntax=fmt.calls))
         variables = {}
         if params.messages is not None:
-            variables = reasoning.template_variables(checked.reasoning, engine.chat_template,
-                                                     ignored)
-            ignored.extend(reasoning.unused_without_format(checked.reasoning, fmt.reasoning,
-                                                           engine.chat_template))
+            # (A model with no reasoning format reports the fields: fields.py.)
+            variables = reasoning.template_variables(
+                checked.reasoning, engine.chat_template, ignored if caps.reasoning else [])
         checks.refuse_if_strict(params, ignored)
         dial = intensity.parse_dial(params.steering_intensity)
         steering = self.steering if caps.steer else None

@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the templates are written one Jinja statement a line)
 """Model directories in real families' output syntaxes, made from the demo
 model's weights and tokenizer for tests/test_model_formats.py.
 
@@ -84,13 +85,17 @@ LLAMA31 = r"""{%- for m in messages %}
 
 # Qwen3: ChatML with Hermes calls; the model opens <think> itself, and
 # enable_thinking false closes an empty block in the generation prompt. An
-# earlier assistant turn's reasoning_content is dropped (only the latest
-# turn's would be kept, in Qwen3's own template).
+# assistant turn after the last user turn (a tool-calling round) keeps its
+# reasoning_content in a <think> block; earlier turns drop it.
 QWEN3 = r"""{%- if tools %}{{- '<|im_start|>system\n# Tools\n<tools>' }}
 {%- for t in tools %}{{- '\n' + t | tojson }}{%- endfor %}
 {{- '\n</tools>\nCall a function inside <tool_call></tool_call> tags.<|im_end|>\n' }}{%- endif %}
+{%- set ns = namespace(last_user=-1) %}
+{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}
 {%- for m in messages %}
-{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\n' + (m.content or '') }}
+{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\n' }}
+{%- if m.reasoning_content and loop.index0 > ns.last_user %}{{- '<think>\n' + m.reasoning_content + '\n</think>\n\n' }}{%- endif %}
+{{- m.content or '' }}
 {%- for c in m.tool_calls or [] %}{{- '\n<tool_call>\n{"name": "' + c.function.name + '", "arguments": ' + c.function.arguments | tojson + '}\n</tool_call>' }}{%- endfor %}
 {{- '<|im_end|>\n' }}
 {%- elif m.role == 'tool' %}{{- '<|im_start|>user\n<tool_response>\n' + m.content + '\n</tool_response><|im_end|>\n' }}
@@ -128,3 +133,26 @@ def build_gguf(checkpoint: pathlib.Path, target: pathlib.Path) -> str:
     (target / repo).mkdir()
     gguf_export.write_file(checkpoint, target / repo / f"{repo}-F32.gguf", "F32", repo)
     return f"{repo}:F32"
+
+
+GGUF_EXPORTED = ("tiny-r1", "tiny-mistral", "tiny-llama31")
+
+
+def serve(tmp_path_factory, name: str):
+    """An engine and bridge of a test module's own on every model above
+    (the three GGUF exports too, as '<id>-gguf:F32'), plus tiny-overridden
+    (a Qwen3 template whose settings name Mistral's syntax and no reasoning)
+    and tiny-misnamed (a setting naming no format)."""
+    from tests import harness
+
+    models = tmp_path_factory.mktemp(f"{name}-models")
+    demo = harness.models_dir() / "millm-tiny"
+    for model_id, template in TEMPLATES.items():
+        path = build(demo, models, model_id, template)
+        if model_id in GGUF_EXPORTED:
+            build_gguf(path, models)
+    build(demo, models, "tiny-overridden", QWEN3,
+          {"tool_call_format": "mistral", "reasoning_format": "none"})
+    build(demo, models, "tiny-misnamed", QWEN3, {"tool_call_format": "klingon"})
+    return harness.OwnStack(tmp_path_factory.mktemp(name), MILLM_MODELS_DIR=str(models),
+                            MILLM_MODEL="tiny-r1")

@@ -92,6 +92,11 @@ VALUES: dict[str, dict[str, dict]] = {
     "conversation": {"*": {"conversation": "conv_1"}},
     "max_tool_calls": {"*": {"max_tool_calls": 2}},
     "include": {"*": {"include": ["message.output_text.logprobs"]}},
+    # The demo model has no reasoning format: reported on chat too
+    # (tests/test_model_formats.py serves models that have one).
+    "reasoning_effort": {"*": {"reasoning_effort": "low"}},
+    "thinking_token_budget": {"*": {"thinking_token_budget": 2}},
+    "chat_template_kwargs": {"*": {"chat_template_kwargs": {"enable_thinking": False}}},
 }
 
 

@@ -25,7 +25,7 @@ from millm.v1 import (
     server_service_pb2,
     server_service_pb2_grpc,
 )
-from tests import format_models, harness, http_helpers
+from tests import format_models, http_helpers
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"},
                                            "label": {"type": "string", "maxLength": 8}},
@@ -51,18 +51,7 @@ GGUF = {"tiny-r1": "tiny-r1-gguf:F32", "tiny-mistral": "tiny-mistral-gguf:F32",
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    models = tmp_path_factory.mktemp("format-models")
-    demo = harness.models_dir() / "millm-tiny"
-    for model_id, template in format_models.TEMPLATES.items():
-        path = format_models.build(demo, models, model_id, template)
-        if model_id in GGUF:
-            format_models.build_gguf(path, models)
-    format_models.build(demo, models, "tiny-overridden", format_models.QWEN3,
-                        {"tool_call_format": "mistral", "reasoning_format": "none"})
-    format_models.build(demo, models, "tiny-misnamed", format_models.QWEN3,
-                        {"tool_call_format": "klingon"})
-    own = harness.OwnStack(tmp_path_factory.mktemp("formats"), MILLM_MODELS_DIR=str(models),
-                           MILLM_MODEL="tiny-r1")
+    own = format_models.serve(tmp_path_factory, "formats")
     try:
         yield own
     finally:

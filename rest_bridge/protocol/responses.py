@@ -41,6 +41,10 @@ class InputItem(OpenAIBaseModel):
     name: str | None = None
     arguments: str | None = None
     output: str | list[ContentPart] | None = None
+    # reasoning: its text as reasoning_text content parts (summary parts are
+    # read when it has none; encrypted content is never produced here)
+    summary: list[ContentPart] | None = None
+    encrypted_content: str | None = None
 
 
 class FunctionToolSpec(OpenAIBaseModel):
@@ -71,6 +75,13 @@ class TextConfig(OpenAIBaseModel):
     format: TextFormat | None = None
 
 
+class ReasoningConfig(OpenAIBaseModel):
+    # The engine checks the value (OpenAI's set).
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
 class ResponsesRequest(SharedFields):
     """Its own fields; those it shares with chat (sampling, stop, steering)
     are protocol/base.py's SharedFields."""
@@ -89,5 +100,9 @@ class ResponsesRequest(SharedFields):
     tool_choice: str | ToolChoiceSpec | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    # As on chat completions (the engine judges them).
+    thinking_token_budget: Int64 | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     # A stored prompt template (OpenAI's dashboard prompts): nothing to load here.
     prompt: Any = None

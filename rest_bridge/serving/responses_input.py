@@ -20,7 +20,7 @@ from millm.v1 import response_service_pb2 as rpb
 from rest_bridge.errors import OpenAIError
 from rest_bridge.protocol.responses import ContentPart, ResponsesRequest
 from rest_bridge.serving import tool_calls
-from rest_bridge.serving.chat import response_format_pb
+from rest_bridge.serving.chat import add_reasoning_fields, response_format_pb
 
 ROLES = {"user": generation_pb2.ROLE_USER, "system": generation_pb2.ROLE_SYSTEM,
          "developer": generation_pb2.ROLE_DEVELOPER, "assistant": generation_pb2.ROLE_ASSISTANT}
@@ -97,13 +97,31 @@ def input_items(request: ResponsesRequest) -> list[rpb.ResponseItem]:
             items.append(rpb.ResponseItem(
                 id=new_id("fco"), function_call_output=rpb.FunctionCallOutputItem(
                     call_id=item.call_id, output="".join(p.text for p in parts))))
+        elif kind == "reasoning":
+            items.append(rpb.ResponseItem(id=new_id("rs"), reasoning=rpb.ReasoningItem(
+                text=_reasoning_text(item, where))))
         elif kind is None:
             raise _missing(f"{where}.type")
         else:
             raise OpenAIError(400, f"Input items of type '{kind}' are not supported; only "
-                              "message, function_call and function_call_output items are.",
+                              "message, function_call, function_call_output and reasoning "
+                              "items are.",
                               param=f"{where}.type", code="unsupported_item_type")
     return items
+
+
+def _reasoning_text(item, where: str) -> str:
+    """A reasoning item's text: its reasoning_text parts, else its summary's."""
+    for name, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = getattr(item, name)
+        if isinstance(parts, list) and parts:
+            for j, part in enumerate(parts):
+                if part.type != part_type or part.text is None:
+                    raise OpenAIError(400, f"'{where}.{name}[{j}]' must be a {part_type} part "
+                                      "with its text.", param=f"{where}.{name}[{j}]",
+                                      code="invalid_parameter")
+            return "".join(p.text for p in parts)
+    return ""
 
 
 @dataclass
@@ -172,15 +190,24 @@ def conversation(instructions: str | None, replayed: list[rpb.ResponseItem],
     located = [("previous_response_id", item) for item in replayed]
     located += [(f"input[{i}]", item) for i, item in enumerate(new)]
     calls_open = False  # the last turn is an assistant turn that may take calls
+    thought = ""  # reasoning waiting for the assistant turn it came before
     for origin, item in located:
         kind = item.WhichOneof("item")
-        if kind == "message":
+        if kind == "reasoning":
+            thought += item.reasoning.text
+            calls_open = False
+        elif kind == "message":
             m = item.message
-            turn(origin, role=m.role, content="".join(p.text for p in m.content))
-            calls_open = m.role == generation_pb2.ROLE_ASSISTANT
+            assistant = m.role == generation_pb2.ROLE_ASSISTANT
+            turn(origin, role=m.role, content="".join(p.text for p in m.content),
+                 reasoning_content=thought if assistant else "")
+            thought = "" if assistant else thought
+            calls_open = assistant
         elif kind == "function_call":
             if not calls_open:
-                turn(origin, role=generation_pb2.ROLE_ASSISTANT, content="")
+                turn(origin, role=generation_pb2.ROLE_ASSISTANT, content="",
+                     reasoning_content=thought)
+                thought = ""
                 calls_open = True
             c = item.function_call
             chat.messages[-1].tool_calls.add(id=c.call_id, name=c.name,
@@ -224,7 +251,16 @@ def settings(request: ResponsesRequest) -> rpb.ResponseSettings:
                                                     "text.format"))
     if request.user is not None:
         out.user = request.user
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        out.reasoning_effort = request.reasoning.effort
     return out
+
+
+@dataclass
+class _Reasoning:
+    reasoning_effort: str | None
+    thinking_token_budget: int | None
+    chat_template_kwargs: dict | None
 
 
 def generate_request(request: ResponsesRequest, chat: generation_pb2.ChatInput,
@@ -237,4 +273,12 @@ def generate_request(request: ResponsesRequest, chat: generation_pb2.ChatInput,
         pb.parallel_tool_calls = s.parallel_tool_calls
     if s.HasField("text_format"):
         pb.response_format.CopyFrom(s.text_format)
+    # reasoning.effort as chat's reasoning_effort, with the budget and variables.
+    add_reasoning_fields(_Reasoning(s.reasoning_effort if s.HasField("reasoning_effort")
+                                    else None, request.thinking_token_budget,
+                                    request.chat_template_kwargs), pb)
+    if request.reasoning is not None:
+        # Summaries are not written here: the reasoning itself is returned.
+        pb.unused_fields.extend(f"reasoning.{name}" for name in ("summary", "generate_summary")
+                                if getattr(request.reasoning, name) is not None)
     return pb

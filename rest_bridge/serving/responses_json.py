@@ -65,6 +65,10 @@ def item_json(item: rpb.ResponseItem, status: str | None = None) -> dict:
         c = item.function_call
         return {"id": item.id, "type": "function_call", "status": status, "call_id": c.call_id,
                 "name": c.name, "arguments": c.arguments_json}
+    if kind == "reasoning":
+        return {"id": item.id, "type": "reasoning", "status": status, "summary": [],
+                "content": [{"type": "reasoning_text", "text": item.reasoning.text}],
+                "encrypted_content": None}
     out = item.function_call_output
     return {"id": item.id, "type": "function_call_output", "status": status,
             "call_id": out.call_id, "output": out.output}
@@ -110,7 +114,7 @@ def usage_json(usage: generation_pb2.Usage) -> dict:
     return {"input_tokens": usage.prompt_tokens,
             "input_tokens_details": {"cached_tokens": usage.cached_tokens},
             "output_tokens": usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
             "total_tokens": usage.total_tokens}
 
 
@@ -134,7 +138,8 @@ def response_json(r: rpb.StoredResponse, *, store: bool, status: str | None = No
         "model": r.model, "output": [item_json(i) for i in r.output] if finished else [],
         "parallel_tool_calls": _opt(s, "parallel_tool_calls", True),
         "previous_response_id": r.previous_response_id or None,
-        "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
+        "reasoning": {"effort": _opt(s, "reasoning_effort"), "summary": None},
+        "service_tier": "default",
         "store": store, "temperature": _opt(sampling, "temperature", 1.0),
         "text": {"format": _format(s)}, "tool_choice": _tool_choice(s),
         "tools": [_tool(t) for t in s.tools], "top_p": _opt(sampling, "top_p", 1.0),

@@ -1,7 +1,8 @@
 """The engine's generation stream folded into Responses API output items.
 
 One fold for both answers: `feed` takes each GenerateResponse, grows the
-response's output items (a message for text, a function_call item per call)
+response's output items (a reasoning item for what a reasoning model thought,
+a message for text, a function_call item per call)
 and returns the events that growth is, in OpenAI's order; a streamed
 response sends those events, a whole one keeps only the items. So the two can
 never disagree about what was generated.
@@ -18,7 +19,7 @@ from rest_bridge.serving.responses_input import new_id
 from rest_bridge.serving.responses_json import item_json, part_json
 
 Event = tuple[str, dict]
-MESSAGE, CALL = "message", "call"
+MESSAGE, CALL, REASONING = "message", "call", "reasoning"
 
 
 class OutputBuilder:
@@ -39,6 +40,8 @@ class OutputBuilder:
         events: list[Event] = []
         for delta in message.choices:
             # A response has one choice (n stays 1: the engine refuses it unmapped).
+            if delta.reasoning:
+                events += self._reasoning(delta.reasoning)
             if delta.text:
                 events += self._text(delta.text)
             for fragment in delta.tool_calls:
@@ -53,7 +56,7 @@ class OutputBuilder:
         self._open = kind
         index = len(self.response.output) - 1
         shown = item_json(item, "in_progress")
-        if kind == MESSAGE:
+        if kind in (MESSAGE, REASONING):
             shown["content"] = []
         else:
             shown["arguments"] = ""
@@ -77,6 +80,18 @@ class OutputBuilder:
         events.append(("response.output_text.delta", {
             "item_id": item.id, "output_index": index, "content_index": 0, "delta": text,
             "logprobs": []}))
+        return events
+
+    def _reasoning(self, text: str) -> list[Event]:
+        events = []
+        if self._open != REASONING:
+            events += self._close(rpb.ITEM_STATUS_COMPLETED)
+            item = self.response.output.add(id=new_id("rs"), reasoning=rpb.ReasoningItem())
+            events += self._added(REASONING, item)
+        index, item = self._last
+        self._pending.setdefault(index, []).append(text)
+        events.append(("response.reasoning_text.delta", {
+            "item_id": item.id, "output_index": index, "content_index": 0, "delta": text}))
         return events
 
     def _call(self, fragment: generation_pb2.ToolCallDelta) -> list[Event]:
@@ -104,7 +119,11 @@ class OutputBuilder:
         self._flush(index)
         item.status = status
         events = []
-        if self._open == MESSAGE:
+        if self._open == REASONING:
+            events.append(("response.reasoning_text.done", {
+                "item_id": item.id, "output_index": index, "content_index": 0,
+                "text": item.reasoning.text}))
+        elif self._open == MESSAGE:
             part = item.message.content[0]
             events += [
                 ("response.output_text.done", {"item_id": item.id, "output_index": index,
@@ -129,6 +148,8 @@ class OutputBuilder:
         item = self.response.output[index]
         if item.HasField("message"):
             item.message.content[0].text += "".join(pieces)
+        elif item.HasField("reasoning"):
+            item.reasoning.text += "".join(pieces)
         else:
             item.function_call.arguments_json += "".join(pieces)
 
@@ -142,7 +163,8 @@ class OutputBuilder:
         response that generated nothing still has its (empty) message."""
         cut = self.finish_reason == generation_pb2.FINISH_REASON_LENGTH
         events = []
-        if not self.response.output:
+        if not any(item.HasField("message") or item.HasField("function_call")
+                   for item in self.response.output):
             events += self._text("")
         events += self._close(rpb.ITEM_STATUS_INCOMPLETE if cut else rpb.ITEM_STATUS_COMPLETED)
         self._flush_all()

@@ -40,6 +40,9 @@ class EngineCapabilities:
     steer: bool  # per-request SAE steering and activation readout
     embeddings: bool
     extra_conversations: bool  # extra_messages: several chats in one request
+    # The model has a reasoning format (service/formats): without one the
+    # reasoning fields are reported as ignored, never faked.
+    reasoning: bool = True
 
 
 KIND_CAPABILITIES: dict[str, EngineCapabilities] = {

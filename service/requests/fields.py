@@ -69,6 +69,9 @@ class FieldRule:
         needs = self.honoured[route]
         if needs == ALWAYS or getattr(model, needs):
             return Cell(Treatment.HONOURED, reason=self.note)
+        if needs in _REPORTED_WITHOUT:
+            # Nothing for the field to act on in this model: it changes nothing.
+            return Cell(Treatment.REPORTED, reason=_REPORTED_WITHOUT[needs])
         if getattr(kind, needs):
             # This kind of engine can, but not for the model it has loaded.
             return Cell(Treatment.REFUSED, *_UNAVAILABLE[needs])
@@ -76,6 +79,11 @@ class FieldRule:
 
 
 # A capability the engine kind has but the loaded model lacks.
+# A capability whose absence in the loaded model leaves the field nothing to
+# change (reported as ignored), with why.
+_REPORTED_WITHOUT = {
+    "reasoning": "the loaded model has no reasoning format",
+}
 _UNAVAILABLE = {
     "steer": ("steering_unavailable", "the loaded model's layers cannot be reached by the "
               "steering hooks"),
@@ -141,15 +149,13 @@ RULES: dict[str, FieldRule] = {
     "parallel_tool_calls": FieldRule({CHAT: "grammar"}, frozenset({COMPLETIONS, EMBEDDINGS}),
                                      why_engine="this engine cannot constrain calls"),
     # Reasoning (requests/reasoning.py, generation/reasoning.py): a model
-    # with no reasoning format reports the first two as ignored.
-    "reasoning_effort": FieldRule({CHAT: ALWAYS}, frozenset({COMPLETIONS, EMBEDDINGS}),
+    # with no reasoning format reports them as ignored.
+    "reasoning_effort": FieldRule({CHAT: "reasoning"}, frozenset({COMPLETIONS, EMBEDDINGS}),
                                   note="passed to the chat template; 'none' switches thinking "
-                                  "off; reported as ignored by a model with no reasoning "
-                                  "format whose template does not read it"),
-    "thinking_token_budget": FieldRule({CHAT: ALWAYS}, frozenset({COMPLETIONS, EMBEDDINGS}),
-                                       note="reported as ignored by a model with no reasoning "
-                                       "format"),
-    "chat_template_kwargs": FieldRule({CHAT: ALWAYS}, frozenset({COMPLETIONS, EMBEDDINGS}),
+                                  "off"),
+    "thinking_token_budget": FieldRule({CHAT: "reasoning"},
+                                       frozenset({COMPLETIONS, EMBEDDINGS})),
+    "chat_template_kwargs": FieldRule({CHAT: "reasoning"}, frozenset({COMPLETIONS, EMBEDDINGS}),
                                       no_change=({},), note="names the chat template never "
                                       "mentions are reported as ignored"),
     "functions": FieldRule(no_change=([],), why="function calling is not supported"),

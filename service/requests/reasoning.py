@@ -102,20 +102,6 @@ def template_variables(request: ReasoningRequest, template: str,
     return variables
 
 
-def unused_without_format(request: ReasoningRequest, syntax: ReasoningSyntax | None,
-                          template: str) -> list[str]:
-    """What a model with no reasoning format does not use (never faked)."""
-    if syntax is not None:
-        return []
-    unused = []
-    if request.effort is not None and "reasoning_effort" not in template and not (
-            request.effort == "none" and "enable_thinking" in template):
-        unused.append("reasoning_effort")
-    if request.budget is not None:
-        unused.append("thinking_token_budget")
-    return unused
-
-
 def check_budget(budget: int, max_tokens: int) -> None:
     """The budget against the completion's room once it is known."""
     if budget > max_tokens:

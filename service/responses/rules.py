@@ -60,7 +60,7 @@ def check_items(item_ids: list[str], kinds: list[str | None], where: str) -> Non
     for i, (item_id, kind) in enumerate(zip(item_ids, kinds, strict=True)):
         if kind is None:
             raise invalid_parameter(f"{where}[{i}]", f"'{where}[{i}]' is neither a message, a "
-                                    "function call nor a function call's output.")
+                                    "function call, a function call's output nor reasoning.")
         if not ITEM_ID.fullmatch(item_id):
             raise invalid_parameter(f"{where}[{i}].id", f"'{where}[{i}].id' must be 1 to 200 "
                                     "letters, digits, '_' or '-'.")

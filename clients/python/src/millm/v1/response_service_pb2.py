@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from millm.v1 import generation_pb2 as millm_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmillm/v1/response_service.proto\x12\x08millm.v1\x1a\x19millm/v1/generation.proto\"P\n\x0b\x43ontentPart\x12-\n\x04type\x18\x01 \x01(\x0e\x32\x19.millm.v1.ContentPartTypeR\x04type\x12\x12\n\x04text\x18\x02 \x01(\tR\x04text\"b\n\x0bMessageItem\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x0e.millm.v1.RoleR\x04role\x12/\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x15.millm.v1.ContentPartR\x07\x63ontent\"f\n\x10\x46unctionCallItem\x12\x17\n\x07\x63\x61ll_id\x18\x01 \x01(\tR\x06\x63\x61llId\x12\x12\n\x04name\x18\x02 \x01(\tR\x04name\x12%\n\x0e\x61rguments_json\x18\x03 \x01(\tR\rargumentsJson\"I\n\x16\x46unctionCallOutputItem\x12\x17\n\x07\x63\x61ll_id\x18\x01 \x01(\tR\x06\x63\x61llId\x12\x16\n\x06output\x18\x02 \x01(\tR\x06output\"\xa0\x02\n\x0cResponseItem\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x14.millm.v1.ItemStatusR\x06status\x12\x31\n\x07message\x18\x03 \x01(\x0b\x32\x15.millm.v1.MessageItemH\x00R\x07message\x12\x41\n\rfunction_call\x18\x04 \x01(\x0b\x32\x1a.millm.v1.FunctionCallItemH\x00R\x0c\x66unctionCall\x12T\n\x14\x66unction_call_output\x18\x05 \x01(\x0b\x32 .millm.v1.FunctionCallOutputItemH\x00R\x12\x66unctionCallOutputB\x06\n\x04item\"=\n\rResponseError\x12\x12\n\x04\x63ode\x18\x01 \x01(\tR\x04\x63ode\x12\x18\n\x07message\x18\x02 \x01(\tR\x07message\"\xd7\x02\n\x10ResponseSettings\x12\x34\n\x08sampling\x18\x01 \x01(\x0b\x32\x18.millm.v1.SamplingParamsR\x08sampling\x12,\n\x05tools\x18\x02 \x03(\x0b\x32\x16.millm.v1.FunctionToolR\x05tools\x12\x35\n\x0btool_choice\x18\x03 \x01(\x0b\x32\x14.millm.v1.ToolChoiceR\ntoolChoice\x12\x33\n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x00R\x11parallelToolCalls\x88\x01\x01\x12\x39\n\x0btext_format\x18\x05 \x01(\x0b\x32\x18.millm.v1.ResponseFormatR\ntextFormat\x12\x17\n\x04user\x18\x06 \x01(\tH\x01R\x04user\x88\x01\x01\x42\x16\n\x14_parallel_tool_callsB\x07\n\x05_user\"\x91\x05\n\x0eStoredResponse\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n\ncreated_at\x18\x02 \x01(\x03R\tcreatedAt\x12\x14\n\x05model\x18\x03 \x01(\tR\x05model\x12\x30\n\x06status\x18\x04 \x01(\x0e\x32\x18.millm.v1.ResponseStatusR\x06status\x12.\n\x06output\x18\x05 \x03(\x0b\x32\x16.millm.v1.ResponseItemR\x06output\x12%\n\x05usage\x18\x06 \x01(\x0b\x32\x0f.millm.v1.UsageR\x05usage\x12\x42\n\x08metadata\x18\x07 \x03(\x0b\x32&.millm.v1.StoredResponse.MetadataEntryR\x08metadata\x12\x30\n\x14previous_response_id\x18\x08 \x01(\tR\x12previousResponseId\x12\'\n\x0cinstructions\x18\t \x01(\tH\x00R\x0cinstructions\x88\x01\x01\x12-\n\x05\x65rror\x18\n \x01(\x0b\x32\x17.millm.v1.ResponseErrorR\x05\x65rror\x12G\n\x11incomplete_reason\x18\x0b \x01(\x0e\x32\x1a.millm.v1.IncompleteReasonR\x10incompleteReason\x12\x36\n\x08settings\x18\x0c \x01(\x0b\x32\x1a.millm.v1.ResponseSettingsR\x08settings\x12\x14\n\x05owner\x18\r \x01(\tR\x05owner\x1a;\n\rMetadataEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\x42\x0f\n\r_instructions\"\x84\x01\n\x13SaveResponseRequest\x12\x34\n\x08response\x18\x01 \x01(\x0b\x32\x18.millm.v1.StoredResponseR\x08response\x12\x37\n\x0binput_items\x18\x02 \x03(\x0b\x32\x16.millm.v1.ResponseItemR\ninputItems\".\n\x14SaveResponseResponse\x12\x16\n\x06pruned\x18\x01 \x01(\x03R\x06pruned\"T\n\x12GetResponseRequest\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12.\n\x13include_input_items\x18\x02 \x01(\x08R\x11includeInputItems\"\x84\x01\n\x13GetResponseResponse\x12\x34\n\x08response\x18\x01 \x01(\x0b\x32\x18.millm.v1.StoredResponseR\x08response\x12\x37\n\x0binput_items\x18\x02 \x03(\x0b\x32\x16.millm.v1.ResponseItemR\ninputItems\"\'\n\x15\x44\x65leteResponseRequest\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"(\n\x16\x44\x65leteResponseResponse\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"\xb6\x01\n\x15ListInputItemsRequest\x12\x1f\n\x0bresponse_id\x18\x01 \x01(\tR\nresponseId\x12\x19\n\x05limit\x18\x02 \x01(\x03H\x00R\x05limit\x88\x01\x01\x12)\n\x05order\x18\x03 \x01(\x0e\x32\x13.millm.v1.ListOrderR\x05order\x12\x14\n\x05\x61\x66ter\x18\x04 \x01(\tR\x05\x61\x66ter\x12\x16\n\x06\x62\x65\x66ore\x18\x05 \x01(\tR\x06\x62\x65\x66oreB\x08\n\x06_limit\"\x95\x01\n\x16ListInputItemsResponse\x12,\n\x05items\x18\x01 \x03(\x0b\x32\x16.millm.v1.ResponseItemR\x05items\x12\x19\n\x08\x66irst_id\x18\x02 \x01(\tR\x07\x66irstId\x12\x17\n\x07last_id\x18\x03 \x01(\tR\x06lastId\x12\x19\n\x08has_more\x18\x04 \x01(\x08R\x07hasMore*\x8c\x01\n\x0eResponseStatus\x12\x1f\n\x1bRESPONSE_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19RESPONSE_STATUS_COMPLETED\x10\x01\x12\x1e\n\x1aRESPONSE_STATUS_INCOMPLETE\x10\x02\x12\x1a\n\x16RESPONSE_STATUS_FAILED\x10\x03*^\n\x10IncompleteReason\x12!\n\x1dINCOMPLETE_REASON_UNSPECIFIED\x10\x00\x12\'\n#INCOMPLETE_REASON_MAX_OUTPUT_TOKENS\x10\x01*`\n\nItemStatus\x12\x1b\n\x17ITEM_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15ITEM_STATUS_COMPLETED\x10\x01\x12\x1a\n\x16ITEM_STATUS_INCOMPLETE\x10\x02*y\n\x0f\x43ontentPartType\x12!\n\x1d\x43ONTENT_PART_TYPE_UNSPECIFIED\x10\x00\x12 \n\x1c\x43ONTENT_PART_TYPE_INPUT_TEXT\x10\x01\x12!\n\x1d\x43ONTENT_PART_TYPE_OUTPUT_TEXT\x10\x02*P\n\tListOrder\x12\x1a\n\x16LIST_ORDER_UNSPECIFIED\x10\x00\x12\x12\n\x0eLIST_ORDER_ASC\x10\x01\x12\x13\n\x0fLIST_ORDER_DESC\x10\x02\x32\xd6\x02\n\x0fResponseService\x12M\n\x0cSaveResponse\x12\x1d.millm.v1.SaveResponseRequest\x1a\x1e.millm.v1.SaveResponseResponse\x12J\n\x0bGetResponse\x12\x1c.millm.v1.GetResponseRequest\x1a\x1d.millm.v1.GetResponseResponse\x12S\n\x0e\x44\x65leteResponse\x12\x1f.millm.v1.DeleteResponseRequest\x1a .millm.v1.DeleteResponseResponse\x12S\n\x0eListInputItems\x12\x1f.millm.v1.ListInputItemsRequest\x1a .millm.v1.ListInputItemsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmillm/v1/response_service.proto\x12\x08millm.v1\x1a\x19millm/v1/generation.proto\"P\n\x0b\x43ontentPart\x12-\n\x04type\x18\x01 \x01(\x0e\x32\x19.millm.v1.ContentPartTypeR\x04type\x12\x12\n\x04text\x18\x02 \x01(\tR\x04text\"b\n\x0bMessageItem\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x0e.millm.v1.RoleR\x04role\x12/\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x15.millm.v1.ContentPartR\x07\x63ontent\"f\n\x10\x46unctionCallItem\x12\x17\n\x07\x63\x61ll_id\x18\x01 \x01(\tR\x06\x63\x61llId\x12\x12\n\x04name\x18\x02 \x01(\tR\x04name\x12%\n\x0e\x61rguments_json\x18\x03 \x01(\tR\rargumentsJson\"I\n\x16\x46unctionCallOutputItem\x12\x17\n\x07\x63\x61ll_id\x18\x01 \x01(\tR\x06\x63\x61llId\x12\x16\n\x06output\x18\x02 \x01(\tR\x06output\"#\n\rReasoningItem\x12\x12\n\x04text\x18\x01 \x01(\tR\x04text\"\xd9\x02\n\x0cResponseItem\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x14.millm.v1.ItemStatusR\x06status\x12\x31\n\x07message\x18\x03 \x01(\x0b\x32\x15.millm.v1.MessageItemH\x00R\x07message\x12\x41\n\rfunction_call\x18\x04 \x01(\x0b\x32\x1a.millm.v1.FunctionCallItemH\x00R\x0c\x66unctionCall\x12T\n\x14\x66unction_call_output\x18\x05 \x01(\x0b\x32 .millm.v1.FunctionCallOutputItemH\x00R\x12\x66unctionCallOutput\x12\x37\n\treasoning\x18( \x01(\x0b\x32\x17.millm.v1.ReasoningItemH\x00R\treasoningB\x06\n\x04item\"=\n\rResponseError\x12\x12\n\x04\x63ode\x18\x01 \x01(\tR\x04\x63ode\x12\x18\n\x07message\x18\x02 \x01(\tR\x07message\"\x9c\x03\n\x10ResponseSettings\x12\x34\n\x08sampling\x18\x01 \x01(\x0b\x32\x18.millm.v1.SamplingParamsR\x08sampling\x12,\n\x05tools\x18\x02 \x03(\x0b\x32\x16.millm.v1.FunctionToolR\x05tools\x12\x35\n\x0btool_choice\x18\x03 \x01(\x0b\x32\x14.millm.v1.ToolChoiceR\ntoolChoice\x12\x33\n\x13parallel_tool_calls\x18\x04 \x01(\x08H\x00R\x11parallelToolCalls\x88\x01\x01\x12\x39\n\x0btext_format\x18\x05 \x01(\x0b\x32\x18.millm.v1.ResponseFormatR\ntextFormat\x12\x17\n\x04user\x18\x06 \x01(\tH\x01R\x04user\x88\x01\x01\x12.\n\x10reasoning_effort\x18( \x01(\tH\x02R\x0freasoningEffort\x88\x01\x01\x42\x16\n\x14_parallel_tool_callsB\x07\n\x05_userB\x13\n\x11_reasoning_effort\"\x91\x05\n\x0eStoredResponse\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n\ncreated_at\x18\x02 \x01(\x03R\tcreatedAt\x12\x14\n\x05model\x18\x03 \x01(\tR\x05model\x12\x30\n\x06status\x18\x04 \x01(\x0e\x32\x18.millm.v1.ResponseStatusR\x06status\x12.\n\x06output\x18\x05 \x03(\x0b\x32\x16.millm.v1.ResponseItemR\x06output\x12%\n\x05usage\x18\x06 \x01(\x0b\x32\x0f.millm.v1.UsageR\x05usage\x12\x42\n\x08metadata\x18\x07 \x03(\x0b\x32&.millm.v1.StoredResponse.MetadataEntryR\x08metadata\x12\x30\n\x14previous_response_id\x18\x08 \x01(\tR\x12previousResponseId\x12\'\n\x0cinstructions\x18\t \x01(\tH\x00R\x0cinstructions\x88\x01\x01\x12-\n\x05\x65rror\x18\n \x01(\x0b\x32\x17.millm.v1.ResponseErrorR\x05\x65rror\x12G\n\x11incomplete_reason\x18\x0b \x01(\x0e\x32\x1a.millm.v1.IncompleteReasonR\x10incompleteReason\x12\x36\n\x08settings\x18\x0c \x01(\x0b\x32\x1a.millm.v1.ResponseSettingsR\x08settings\x12\x14\n\x05owner\x18\r \x01(\tR\x05owner\x1a;\n\rMetadataEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\x42\x0f\n\r_instructions\"\x84\x01\n\x13SaveResponseRequest\x12\x34\n\x08response\x18\x01 \x01(\x0b\x32\x18.millm.v1.StoredResponseR\x08response\x12\x37\n\x0binput_items\x18\x02 \x03(\x0b\x32\x16.millm.v1.ResponseItemR\ninputItems\".\n\x14SaveResponseResponse\x12\x16\n\x06pruned\x18\x01 \x01(\x03R\x06pruned\"T\n\x12GetResponseRequest\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12.\n\x13include_input_items\x18\x02 \x01(\x08R\x11includeInputItems\"\x84\x01\n\x13GetResponseResponse\x12\x34\n\x08response\x18\x01 \x01(\x0b\x32\x18.millm.v1.StoredResponseR\x08response\x12\x37\n\x0binput_items\x18\x02 \x03(\x0b\x32\x16.millm.v1.ResponseItemR\ninputItems\"\'\n\x15\x44\x65leteResponseRequest\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"(\n\x16\x44\x65leteResponseResponse\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\"\xb6\x01\n\x15ListInputItemsRequest\x12\x1f\n\x0bresponse_id\x18\x01 \x01(\tR\nresponseId\x12\x19\n\x05limit\x18\x02 \x01(\x03H\x00R\x05limit\x88\x01\x01\x12)\n\x05order\x18\x03 \x01(\x0e\x32\x13.millm.v1.ListOrderR\x05order\x12\x14\n\x05\x61\x66ter\x18\x04 \x01(\tR\x05\x61\x66ter\x12\x16\n\x06\x62\x65\x66ore\x18\x05 \x01(\tR\x06\x62\x65\x66oreB\x08\n\x06_limit\"\x95\x01\n\x16ListInputItemsResponse\x12,\n\x05items\x18\x01 \x03(\x0b\x32\x16.millm.v1.ResponseItemR\x05items\x12\x19\n\x08\x66irst_id\x18\x02 \x01(\tR\x07\x66irstId\x12\x17\n\x07last_id\x18\x03 \x01(\tR\x06lastId\x12\x19\n\x08has_more\x18\x04 \x01(\x08R\x07hasMore*\x8c\x01\n\x0eResponseStatus\x12\x1f\n\x1bRESPONSE_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19RESPONSE_STATUS_COMPLETED\x10\x01\x12\x1e\n\x1aRESPONSE_STATUS_INCOMPLETE\x10\x02\x12\x1a\n\x16RESPONSE_STATUS_FAILED\x10\x03*^\n\x10IncompleteReason\x12!\n\x1dINCOMPLETE_REASON_UNSPECIFIED\x10\x00\x12\'\n#INCOMPLETE_REASON_MAX_OUTPUT_TOKENS\x10\x01*`\n\nItemStatus\x12\x1b\n\x17ITEM_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15ITEM_STATUS_COMPLETED\x10\x01\x12\x1a\n\x16ITEM_STATUS_INCOMPLETE\x10\x02*y\n\x0f\x43ontentPartType\x12!\n\x1d\x43ONTENT_PART_TYPE_UNSPECIFIED\x10\x00\x12 \n\x1c\x43ONTENT_PART_TYPE_INPUT_TEXT\x10\x01\x12!\n\x1d\x43ONTENT_PART_TYPE_OUTPUT_TEXT\x10\x02*P\n\tListOrder\x12\x1a\n\x16LIST_ORDER_UNSPECIFIED\x10\x00\x12\x12\n\x0eLIST_ORDER_ASC\x10\x01\x12\x13\n\x0fLIST_ORDER_DESC\x10\x02\x32\xd6\x02\n\x0fResponseService\x12M\n\x0cSaveResponse\x12\x1d.millm.v1.SaveResponseRequest\x1a\x1e.millm.v1.SaveResponseResponse\x12J\n\x0bGetResponse\x12\x1c.millm.v1.GetResponseRequest\x1a\x1d.millm.v1.GetResponseResponse\x12S\n\x0e\x44\x65leteResponse\x12\x1f.millm.v1.DeleteResponseRequest\x1a .millm.v1.DeleteResponseResponse\x12S\n\x0eListInputItems\x12\x1f.millm.v1.ListInputItemsRequest\x1a .millm.v1.ListInputItemsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,16 +34,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STOREDRESPONSE_METADATAENTRY']._loaded_options = None
   _globals['_STOREDRESPONSE_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_RESPONSESTATUS']._serialized_start=2618
-  _globals['_RESPONSESTATUS']._serialized_end=2758
-  _globals['_INCOMPLETEREASON']._serialized_start=2760
-  _globals['_INCOMPLETEREASON']._serialized_end=2854
-  _globals['_ITEMSTATUS']._serialized_start=2856
-  _globals['_ITEMSTATUS']._serialized_end=2952
-  _globals['_CONTENTPARTTYPE']._serialized_start=2954
-  _globals['_CONTENTPARTTYPE']._serialized_end=3075
-  _globals['_LISTORDER']._serialized_start=3077
-  _globals['_LISTORDER']._serialized_end=3157
+  _globals['_RESPONSESTATUS']._serialized_start=2781
+  _globals['_RESPONSESTATUS']._serialized_end=2921
+  _globals['_INCOMPLETEREASON']._serialized_start=2923
+  _globals['_INCOMPLETEREASON']._serialized_end=3017
+  _globals['_ITEMSTATUS']._serialized_start=3019
+  _globals['_ITEMSTATUS']._serialized_end=3115
+  _globals['_CONTENTPARTTYPE']._serialized_start=3117
+  _globals['_CONTENTPARTTYPE']._serialized_end=3238
+  _globals['_LISTORDER']._serialized_start=3240
+  _globals['_LISTORDER']._serialized_end=3320
   _globals['_CONTENTPART']._serialized_start=72
   _globals['_CONTENTPART']._serialized_end=152
   _globals['_MESSAGEITEM']._serialized_start=154
@@ -52,32 +52,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FUNCTIONCALLITEM']._serialized_end=356
   _globals['_FUNCTIONCALLOUTPUTITEM']._serialized_start=358
   _globals['_FUNCTIONCALLOUTPUTITEM']._serialized_end=431
-  _globals['_RESPONSEITEM']._serialized_start=434
-  _globals['_RESPONSEITEM']._serialized_end=722
-  _globals['_RESPONSEERROR']._serialized_start=724
-  _globals['_RESPONSEERROR']._serialized_end=785
-  _globals['_RESPONSESETTINGS']._serialized_start=788
-  _globals['_RESPONSESETTINGS']._serialized_end=1131
-  _globals['_STOREDRESPONSE']._serialized_start=1134
-  _globals['_STOREDRESPONSE']._serialized_end=1791
-  _globals['_STOREDRESPONSE_METADATAENTRY']._serialized_start=1715
-  _globals['_STOREDRESPONSE_METADATAENTRY']._serialized_end=1774
-  _globals['_SAVERESPONSEREQUEST']._serialized_start=1794
-  _globals['_SAVERESPONSEREQUEST']._serialized_end=1926
-  _globals['_SAVERESPONSERESPONSE']._serialized_start=1928
-  _globals['_SAVERESPONSERESPONSE']._serialized_end=1974
-  _globals['_GETRESPONSEREQUEST']._serialized_start=1976
-  _globals['_GETRESPONSEREQUEST']._serialized_end=2060
-  _globals['_GETRESPONSERESPONSE']._serialized_start=2063
-  _globals['_GETRESPONSERESPONSE']._serialized_end=2195
-  _globals['_DELETERESPONSEREQUEST']._serialized_start=2197
-  _globals['_DELETERESPONSEREQUEST']._serialized_end=2236
-  _globals['_DELETERESPONSERESPONSE']._serialized_start=2238
-  _globals['_DELETERESPONSERESPONSE']._serialized_end=2278
-  _globals['_LISTINPUTITEMSREQUEST']._serialized_start=2281
-  _globals['_LISTINPUTITEMSREQUEST']._serialized_end=2463
-  _globals['_LISTINPUTITEMSRESPONSE']._serialized_start=2466
-  _globals['_LISTINPUTITEMSRESPONSE']._serialized_end=2615
-  _globals['_RESPONSESERVICE']._serialized_start=3160
-  _globals['_RESPONSESERVICE']._serialized_end=3502
+  _globals['_REASONINGITEM']._serialized_start=433
+  _globals['_REASONINGITEM']._serialized_end=468
+  _globals['_RESPONSEITEM']._serialized_start=471
+  _globals['_RESPONSEITEM']._serialized_end=816
+  _globals['_RESPONSEERROR']._serialized_start=818
+  _globals['_RESPONSEERROR']._serialized_end=879
+  _globals['_RESPONSESETTINGS']._serialized_start=882
+  _globals['_RESPONSESETTINGS']._serialized_end=1294
+  _globals['_STOREDRESPONSE']._serialized_start=1297
+  _globals['_STOREDRESPONSE']._serialized_end=1954
+  _globals['_STOREDRESPONSE_METADATAENTRY']._serialized_start=1878
+  _globals['_STOREDRESPONSE_METADATAENTRY']._serialized_end=1937
+  _globals['_SAVERESPONSEREQUEST']._serialized_start=1957
+  _globals['_SAVERESPONSEREQUEST']._serialized_end=2089
+  _globals['_SAVERESPONSERESPONSE']._serialized_start=2091
+  _globals['_SAVERESPONSERESPONSE']._serialized_end=2137
+  _globals['_GETRESPONSEREQUEST']._serialized_start=2139
+  _globals['_GETRESPONSEREQUEST']._serialized_end=2223
+  _globals['_GETRESPONSERESPONSE']._serialized_start=2226
+  _globals['_GETRESPONSERESPONSE']._serialized_end=2358
+  _globals['_DELETERESPONSEREQUEST']._serialized_start=2360
+  _globals['_DELETERESPONSEREQUEST']._serialized_end=2399
+  _globals['_DELETERESPONSERESPONSE']._serialized_start=2401
+  _globals['_DELETERESPONSERESPONSE']._serialized_end=2441
+  _globals['_LISTINPUTITEMSREQUEST']._serialized_start=2444
+  _globals['_LISTINPUTITEMSREQUEST']._serialized_end=2626
+  _globals['_LISTINPUTITEMSRESPONSE']._serialized_start=2629
+  _globals['_LISTINPUTITEMSRESPONSE']._serialized_end=2778
+  _globals['_RESPONSESERVICE']._serialized_start=3323
+  _globals['_RESPONSESERVICE']._serialized_end=3665
 # @@protoc_insertion_point(module_scope)

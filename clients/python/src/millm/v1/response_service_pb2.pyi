@@ -87,19 +87,27 @@ class FunctionCallOutputItem(_message.Message):
     output: str
     def __init__(self, call_id: _Optional[str] = ..., output: _Optional[str] = ...) -> None: ...
 
+class ReasoningItem(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
 class ResponseItem(_message.Message):
-    __slots__ = ("id", "status", "message", "function_call", "function_call_output")
+    __slots__ = ("id", "status", "message", "function_call", "function_call_output", "reasoning")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_CALL_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_CALL_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     id: str
     status: ItemStatus
     message: MessageItem
     function_call: FunctionCallItem
     function_call_output: FunctionCallOutputItem
-    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., message: _Optional[_Union[MessageItem, _Mapping]] = ..., function_call: _Optional[_Union[FunctionCallItem, _Mapping]] = ..., function_call_output: _Optional[_Union[FunctionCallOutputItem, _Mapping]] = ...) -> None: ...
+    reasoning: ReasoningItem
+    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., message: _Optional[_Union[MessageItem, _Mapping]] = ..., function_call: _Optional[_Union[FunctionCallItem, _Mapping]] = ..., function_call_output: _Optional[_Union[FunctionCallOutputItem, _Mapping]] = ..., reasoning: _Optional[_Union[ReasoningItem, _Mapping]] = ...) -> None: ...
 
 class ResponseError(_message.Message):
     __slots__ = ("code", "message")
@@ -110,20 +118,22 @@ class ResponseError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ResponseSettings(_message.Message):
-    __slots__ = ("sampling", "tools", "tool_choice", "parallel_tool_calls", "text_format", "user")
+    __slots__ = ("sampling", "tools", "tool_choice", "parallel_tool_calls", "text_format", "user", "reasoning_effort")
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    REASONING_EFFORT_FIELD_NUMBER: _ClassVar[int]
     sampling: _generation_pb2.SamplingParams
     tools: _containers.RepeatedCompositeFieldContainer[_generation_pb2.FunctionTool]
     tool_choice: _generation_pb2.ToolChoice
     parallel_tool_calls: bool
     text_format: _generation_pb2.ResponseFormat
     user: str
-    def __init__(self, sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_generation_pb2.FunctionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_generation_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., text_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ..., user: _Optional[str] = ...) -> None: ...
+    reasoning_effort: str
+    def __init__(self, sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_generation_pb2.FunctionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_generation_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., text_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ..., user: _Optional[str] = ..., reasoning_effort: _Optional[str] = ...) -> None: ...
 
 class StoredResponse(_message.Message):
     __slots__ = ("id", "created_at", "model", "status", "output", "usage", "metadata", "previous_response_id", "instructions", "error", "incomplete_reason", "settings", "owner")
