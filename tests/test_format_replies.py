@@ -26,7 +26,8 @@ WEATHER = {"type": "object", "properties": {
              "required": ["day"], "additionalProperties": False}},
     "required": ["city", "when"], "additionalProperties": False}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "ping"}}]
+         {"type": "function", "function": {"name": "ping", "parameters": {
+             "type": "object", "properties": {}, "additionalProperties": False}}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
           "additionalProperties": False}
@@ -96,12 +97,12 @@ def test_vllm_22885_streamed_nested_arguments_keep_their_closing_braces(sdk, mod
 @pytest.mark.parametrize("model", ["tiny-mistral", "tiny-v31", "tiny-llama31", "tiny-qwen3",
                                    "tiny-mistral-gguf:F32"])
 def test_vllm_28806_a_parameterless_call_streams_its_empty_arguments(sdk, model):
+    # (DeepSeek's markers are dozens of byte tokens in the demo vocabulary.)
     body = dict(model=model, messages=ASK, tools=TOOLS, tool_choice=forced("ping"),
-                max_tokens=60, temperature=0)
+                max_tokens=150, temperature=0)
     _, calls = answer(sdk, **body)
     _, _, streamed = stream(sdk, **body)
-    assert streamed == calls and [name for name, _ in calls] == ["ping"]
-    assert isinstance(json.loads(calls[0][1]), dict)
+    assert streamed == calls and calls == [("ping", "{}")]
 
 
 @pytest.mark.parametrize("model,extra", [("tiny-r1", {"thinking_token_budget": 5}),

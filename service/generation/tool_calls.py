@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 TEXT, LITERAL, NAME, ARGUMENTS = "text", "literal", "name", "arguments"
 CALL_ENDED = "call_ended"  # a literal's target: the call is whole
+CUT = "cut"  # max_tokens ended the choice inside markup: nothing more is read
 NAME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
@@ -63,9 +64,14 @@ class ChoiceCalls:
         self.calls: list[_Call] = []
         self.depth, self.in_string, self.escaped = 0, False, False
         self.finished_calls = 0
+        self.cut = False
         self.piece: list[str] = []  # arguments not yet in a fragment
 
-    def feed(self, text: str) -> tuple[str, list[ToolCallFragment]]:
+    def feed(self, text: str, cut: bool = False) -> tuple[str, list[ToolCallFragment]]:
+        """Content and call fragments of the next text; `cut`: the last text of
+        a choice max_tokens ended, whose markup may stop anywhere (even inside a
+        character, flushed as U+FFFD), so it is never refused as out of syntax."""
+        self.cut = cut
         content, fragments = [], []
         if self.state == TEXT and not self.pending and self.opener[0] not in text:
             ready = text.rstrip()  # plain text: only trailing whitespace is held
@@ -111,8 +117,13 @@ class ChoiceCalls:
                 syntax = self.syntax
                 rest = (syntax.group_open + syntax.call_open)[len(self.opener):]
                 self._expect([(rest, NAME)])
+        elif self.state == CUT:
+            return
         elif self.state == LITERAL:
             options = [(text[1:], then) for text, then in self.options if text[:1] == c]
+            if not options and self.cut:
+                self.state = CUT  # the choice ends here, in the middle of its markup
+                return
             if not options:
                 raise invalid_call(f"Tool call {max(len(self.calls) - 1, 0)} is not in the "
                                    "call syntax.")
@@ -229,7 +240,7 @@ class ToolCalls:
         deltas = []
         for d in step.deltas:
             parser = self.choices.setdefault(d.index, ChoiceCalls(self.plan))
-            content, fragments = parser.feed(d.text)
+            content, fragments = parser.feed(d.text, d.finish_reason == FinishReason.LENGTH)
             reason = d.finish_reason
             if reason is not None:
                 held, reason = parser.finish(reason)

@@ -1,0 +1,130 @@
+"""Each family's unit on its own (service/formats): detection from template
+text, the grammar and the parser agreeing on every character of a call,
+and the reasoning splitter; no model is served here (tests/test_model_formats.py
+serves them)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import xgrammar
+
+from service import formats
+from service.errors import EngineError
+from service.formats import deepseek, hermes, llama3, mistral
+from service.generation.reasoning import ChoiceReasoning
+from service.generation.tool_calls import ChoiceCalls
+from service.requests.tools import AUTO, FUNCTION, REQUIRED, ToolPlan
+from tests import format_models
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
+                                           "when": {"type": "object"}},
+          "required": ["city"], "additionalProperties": False}
+TOOLS = (("get_weather", "", SCHEMA), ("ping", "", {"type": "object"}))
+SYNTAXES = [hermes.CALLS, llama3.CALLS, mistral.CALLS, deepseek.R1_CALLS, deepseek.V31_CALLS]
+ARGS = '{"city": "Pa{r}is \\"x\\"", "when": {"day": [1, 2]}}'
+
+
+def test_each_template_is_detected_from_its_text_alone():
+    found = {model: formats.detect(t) for model, t in format_models.TEMPLATES.items()}
+    assert {m: (f.tool_call_format, f.reasoning_format) for m, f in found.items()} == {
+        "tiny-r1": ("deepseek_r1", "think"), "tiny-v31": ("deepseek_v3_1", "think"),
+        "tiny-mistral": ("mistral", "none"), "tiny-llama31": ("llama3_json", "none"),
+        "tiny-qwen3": ("hermes", "think")}
+    assert formats.detect("{{ messages }}").tool_call_format == "hermes"
+    assert formats.detect("x", ("<think>",)).reasoning_format == "think"
+
+
+def test_settings_override_and_unknown_names_are_refused_naming_the_setting():
+    chosen = formats.resolve(format_models.QWEN3, (), {"tool_call_format": "llama3_json",
+                                                       "reasoning_format": "none"})
+    assert (chosen.tool_call_format, chosen.reasoning_format) == ("llama3_json", "none")
+    for setting in ("tool_call_format", "reasoning_format"):
+        with pytest.raises(EngineError) as caught:
+            formats.resolve("", (), {setting: "nope"})
+        assert caught.value.param == setting and "nope" in caught.value.message
+
+
+def feed(parser: ChoiceCalls, text: str, size: int):
+    content, calls = [], {}
+    for i in range(0, len(text), size):
+        piece, fragments = parser.feed(text[i:i + size])
+        content.append(piece)
+        for f in fragments:
+            name, arguments = calls.get(f.index, ("", ""))
+            calls[f.index] = (name + f.name, arguments + f.arguments)
+    held, reason = parser.finish("stop")
+    return "".join(content) + held, [calls[k] for k in sorted(calls)], reason
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES, ids=lambda s: s.name)
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_the_parser_reads_what_the_grammar_allows(syntax, size):
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([b"a"]))
+    for mode, name in ((FUNCTION, "get_weather"), (REQUIRED, ""), (AUTO, "")):
+        plan = ToolPlan(TOOLS, mode, name, True, syntax)
+        if syntax.group_open:
+            text = (syntax.group_open + syntax.call_open + "get_weather" + syntax.name_close
+                    + ARGS + syntax.call_close + syntax.group_close)
+        else:
+            text = syntax.call_text("get_weather", ARGS)
+        if mode == AUTO:
+            text = "Let me see. " + text
+        matcher = xgrammar.GrammarMatcher(plan.compile(compiler))
+        assert matcher.accept_string(text), (syntax.name, mode)
+        content, calls, reason = feed(ChoiceCalls(plan), text, size)
+        assert calls == [("get_weather", ARGS)] and reason == "tool_calls"
+        assert content == ("Let me see." if mode == AUTO else "")
+        json.loads(calls[0][1])
+
+
+@pytest.mark.parametrize("syntax", [mistral.CALLS, deepseek.V31_CALLS, hermes.CALLS],
+                         ids=lambda s: s.name)
+def test_two_calls_in_one_answer(syntax):
+    one, two = ("get_weather", '{"city": "Oslo"}'), ("ping", "{}")
+    if syntax.group_open:
+        text = (syntax.group_open + syntax.call_open + one[0] + syntax.name_close + one[1]
+                + syntax.call_close + syntax.separator + syntax.call_open + two[0]
+                + syntax.name_close + two[1] + syntax.call_close + syntax.group_close)
+    else:
+        text = syntax.call_text(*one) + syntax.separator + syntax.call_text(*two)
+    _, calls, reason = feed(ChoiceCalls(ToolPlan(TOOLS, REQUIRED, "", True, syntax)), text, 2)
+    assert calls == [one, two] and reason == "tool_calls"
+
+
+def test_a_choice_cut_inside_markup_ends_length_without_a_refusal():
+    syntax = deepseek.V31_CALLS
+    parser = ChoiceCalls(ToolPlan(TOOLS, FUNCTION, "ping", True, syntax))
+    parser.feed(syntax.group_open + syntax.call_open + "ping" + syntax.name_close + "{}")
+    parser.feed("<｜tool\ufffd", cut=True)  # a character cut in half by max_tokens
+    assert parser.finish("length") == ("", "length")
+    with pytest.raises(EngineError):
+        ChoiceCalls(ToolPlan(TOOLS, FUNCTION, "ping", True, syntax)).feed(
+            syntax.group_open + "nonsense")
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 100])
+def test_reasoning_is_split_without_markers_at_any_cut(size):
+    text = "\nWeigh it.\nThen answer.\n</think>\n\n{\"ok\": true}"
+    splitter = ChoiceReasoning("<think>", "</think>", formats.base.OPEN)
+    reasoning, answer = [], []
+    for i in range(0, len(text), size):
+        r, a = splitter.feed(text[i:i + size], 1)
+        reasoning.append(r)
+        answer.append(a)
+    r, a = splitter.finish()
+    assert ("".join(reasoning) + r, "".join(answer) + a) == (
+        "Weigh it.\nThen answer.", '{"ok": true}')
+    assert splitter.tokens >= 1
+
+
+def test_reasoning_is_only_opened_at_the_start_of_an_optional_answer():
+    splitter = ChoiceReasoning("<think>", "</think>", formats.base.OPTIONAL)
+    assert splitter.feed("Hi <think>no</think>") == ("", "Hi <think>no</think>")
+    splitter = ChoiceReasoning("<think>", "</think>", formats.base.OPTIONAL)
+    assert [splitter.feed(p) for p in (" <thi", "nk>yes</th", "ink> ok")] == [
+        ("", ""), ("yes", ""), ("", "ok")]
+    cut = ChoiceReasoning("<think>", "</think>", formats.base.OPEN)
+    assert cut.feed("long thought </thi") == ("long thought", "")
+    assert cut.finish() == (" </thi", "")  # max_tokens inside the close: still reasoning
