@@ -106,7 +106,28 @@ QWEN3 = r"""{%- if tools %}{{- '<|im_start|>system\n# Tools\n<tools>' }}
 {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
 {%- endif %}"""
 
-TEMPLATES = {"tiny-r1": R1, "tiny-v31": V31, "tiny-mistral": MISTRAL, "tiny-llama31": LLAMA31,
+# gpt-oss harmony: a system message naming the reasoning effort, tools as a
+# TypeScript-like namespace in a developer message, each message framed by
+# <|start|>ROLE ... <|end|> with its channel; an assistant's calls in the
+# commentary channel (its reasoning_content, before calls, in analysis);
+# earlier final answers without their analysis; the generation prompt opens
+# an assistant message whose channel the model chooses.
+HARMONY = r"""{{- '<|start|>system<|message|>You are a helpful assistant.\nReasoning: ' + (reasoning_effort or 'medium') + '\n\n# Valid channels: analysis, commentary, final.<|end|>' }}
+{%- if tools %}{{- '<|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n' }}
+{%- for t in tools %}{{- 'type ' + t.function.name + ' = (_: ' + t.function.parameters | tojson + ') => any;\n' }}{%- endfor %}
+{{- '} // namespace functions<|end|>' }}{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}
+{%- if m.reasoning_content %}{{- '<|start|>assistant<|channel|>analysis<|message|>' + m.reasoning_content + '<|end|>' }}{%- endif %}
+{%- for c in m.tool_calls %}{{- '<|start|>assistant<|channel|>commentary to=functions.' + c.function.name + ' <|constrain|>json<|message|>' + c.function.arguments | tojson + '<|call|>' }}{%- endfor %}
+{%- elif m.role == 'assistant' %}{{- '<|start|>assistant<|channel|>final<|message|>' + (m.content or '') + '<|end|>' }}
+{%- elif m.role == 'tool' %}{{- '<|start|>functions.tool to=assistant<|channel|>commentary<|message|>' + m.content + '<|end|>' }}
+{%- else %}{{- '<|start|>' + m.role + '<|message|>' + m.content + '<|end|>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"""
+
+TEMPLATES = {"tiny-harmony": HARMONY, "tiny-r1": R1, "tiny-v31": V31, "tiny-mistral": MISTRAL, "tiny-llama31": LLAMA31,
              "tiny-qwen3": QWEN3}
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
          "tokenizer_config.json")

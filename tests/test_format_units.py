@@ -12,7 +12,8 @@ import xgrammar
 
 from service import formats
 from service.errors import EngineError
-from service.formats import deepseek, hermes, llama3, mistral
+from service.formats import deepseek, harmony, hermes, llama3, mistral
+from service.formats.base import OPEN, OPTIONAL, THINK
 from service.generation.reasoning import ChoiceReasoning
 from service.generation.tool_calls import ChoiceCalls
 from service.requests.tools import AUTO, FUNCTION, REQUIRED, ToolPlan
@@ -22,7 +23,8 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
                                            "when": {"type": "object"}},
           "required": ["city"], "additionalProperties": False}
 TOOLS = (("get_weather", "", SCHEMA), ("ping", "", {"type": "object"}))
-SYNTAXES = [hermes.CALLS, llama3.CALLS, mistral.CALLS, deepseek.R1_CALLS, deepseek.V31_CALLS]
+SYNTAXES = [hermes.CALLS, llama3.CALLS, mistral.CALLS, deepseek.R1_CALLS, deepseek.V31_CALLS,
+            harmony.CALLS]
 ARGS = '{"city": "Pa{r}is \\"x\\"", "when": {"day": [1, 2]}}'
 
 
@@ -31,7 +33,7 @@ def test_each_template_is_detected_from_its_text_alone():
     assert {m: (f.tool_call_format, f.reasoning_format) for m, f in found.items()} == {
         "tiny-r1": ("deepseek_r1", "think"), "tiny-v31": ("deepseek_v3_1", "think"),
         "tiny-mistral": ("mistral", "none"), "tiny-llama31": ("llama3_json", "none"),
-        "tiny-qwen3": ("hermes", "think")}
+        "tiny-qwen3": ("hermes", "think"), "tiny-harmony": ("harmony", "harmony")}
     assert formats.detect("{{ messages }}").tool_call_format == "hermes"
     assert formats.detect("x", ("<think>",)).reasoning_format == "think"
 
@@ -107,7 +109,7 @@ def test_a_choice_cut_inside_markup_ends_length_without_a_refusal():
 @pytest.mark.parametrize("size", [1, 2, 5, 100])
 def test_reasoning_is_split_without_markers_at_any_cut(size):
     text = "\nWeigh it.\nThen answer.\n</think>\n\n{\"ok\": true}"
-    splitter = ChoiceReasoning("<think>", "</think>", formats.base.OPEN)
+    splitter = ChoiceReasoning(THINK, OPEN)
     reasoning, answer = [], []
     for i in range(0, len(text), size):
         r, a = splitter.feed(text[i:i + size], 1)
@@ -120,11 +122,24 @@ def test_reasoning_is_split_without_markers_at_any_cut(size):
 
 
 def test_reasoning_is_only_opened_at_the_start_of_an_optional_answer():
-    splitter = ChoiceReasoning("<think>", "</think>", formats.base.OPTIONAL)
+    splitter = ChoiceReasoning(THINK, OPTIONAL)
     assert splitter.feed("Hi <think>no</think>") == ("", "Hi <think>no</think>")
-    splitter = ChoiceReasoning("<think>", "</think>", formats.base.OPTIONAL)
+    splitter = ChoiceReasoning(THINK, OPTIONAL)
     assert [splitter.feed(p) for p in (" <thi", "nk>yes</th", "ink> ok")] == [
         ("", ""), ("yes", ""), ("", "ok")]
-    cut = ChoiceReasoning("<think>", "</think>", formats.base.OPEN)
+    cut = ChoiceReasoning(THINK, OPEN)
     assert cut.feed("long thought </thi") == ("long thought", "")
     assert cut.finish() == (" </thi", "")  # max_tokens inside the close: still reasoning
+
+
+def test_harmony_channels_split_into_reasoning_answer_and_calls():
+    text = ("<|channel|>analysis<|message|>Sunny or not?<|end|><|start|>assistant"
+            "<|channel|>final<|message|>It is sunny.<|return|>")
+    for size in (1, 4, 100):
+        splitter = ChoiceReasoning(harmony.REASONING, OPTIONAL)
+        parts = [splitter.feed(text[i:i + size]) for i in range(0, len(text), size)]
+        parts.append(splitter.finish())
+        assert ("".join(r for r, _ in parts), "".join(a for _, a in parts)) == (
+            "Sunny or not?", "It is sunny.")
+    from service.requests.reasoning import prompt_mode
+    assert prompt_mode(harmony.REASONING, "<|end|><|start|>assistant") == OPTIONAL

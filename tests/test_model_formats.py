@@ -27,7 +27,8 @@ from millm.v1 import (
 )
 from tests import format_models, http_helpers
 
-SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"},
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0,
+                                                      "maximum": 99},
                                            "label": {"type": "string", "maxLength": 8}},
           "required": ["answer", "label"], "additionalProperties": False}
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA,
@@ -41,10 +42,10 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 FORCED = {"type": "function", "function": {"name": "get_weather"}}
 ASK = [{"role": "user", "content": "What is the weather in Paris? Answer in JSON."}]
 MARKUP = ("<think>", "</think>", "[TOOL_CALLS]", "[ARGS]", '"parameters"', "<｜tool",
-          "<tool_call>")
+          "<tool_call>", "<|channel|>", "<|start|>", "<|message|>")
 FORMATS = {"tiny-r1": ("deepseek_r1", "think"), "tiny-v31": ("deepseek_v3_1", "think"),
            "tiny-mistral": ("mistral", "none"), "tiny-llama31": ("llama3_json", "none"),
-           "tiny-qwen3": ("hermes", "think")}
+           "tiny-qwen3": ("hermes", "think"), "tiny-harmony": ("harmony", "harmony")}
 GGUF = {"tiny-r1": "tiny-r1-gguf:F32", "tiny-mistral": "tiny-mistral-gguf:F32",
         "tiny-llama31": "tiny-llama31-gguf:F32"}
 
@@ -116,6 +117,19 @@ def test_the_bar_budget_closed_reasoning_then_schema_valid_json(sdk, model):
     assert (thought, content, finish) == (reasoning, message.content, "stop")
 
 
+def test_harmony_answers_in_its_final_channel_after_analysis(sdk):
+    body = dict(model="tiny-harmony", messages=ASK, response_format=JSON_SCHEMA, max_tokens=120,
+                temperature=0, reasoning_effort="high", extra_body={"thinking_token_budget": 6})
+    reply = sdk.chat.completions.create(**body)
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "stop"
+    assert not any(mark in message.content for mark in MARKUP)
+    jsonschema.validate(json.loads(message.content), SCHEMA)
+    thought, content, _, _ = streamed(sdk, **body)
+    assert (thought, content) == ((message.model_extra or {}).get("reasoning_content") or "",
+                                  message.content)
+
+
 @pytest.mark.parametrize("model", ["tiny-r1", "tiny-qwen3"])
 def test_reasoning_without_a_constraint_is_closed_by_the_budget(sdk, model):
     extra = {"thinking_token_budget": 4}
@@ -165,7 +179,7 @@ def test_a_setting_overrides_detection_and_an_unknown_one_is_a_load_failure(stac
     assert "klingon" in caught.value.details()
 
 
-CALL_MODELS = ["tiny-r1", "tiny-v31", "tiny-mistral", "tiny-llama31", "tiny-qwen3",
+CALL_MODELS = ["tiny-r1", "tiny-v31", "tiny-mistral", "tiny-llama31", "tiny-qwen3", "tiny-harmony",
                GGUF["tiny-mistral"], GGUF["tiny-llama31"], GGUF["tiny-r1"]]
 
 
@@ -173,8 +187,8 @@ CALL_MODELS = ["tiny-r1", "tiny-v31", "tiny-mistral", "tiny-llama31", "tiny-qwen
 def test_a_forced_call_comes_back_as_openai_tool_calls(sdk, model):
     body = dict(model=model, messages=ASK, tools=TOOLS, tool_choice=FORCED, max_tokens=150,
                 temperature=0)
-    if model.startswith("tiny-r1"):
-        # Its prompt opens a reasoning block the tiny model would never close.
+    if model.startswith(("tiny-r1", "tiny-harmony")):
+        # A reasoning block the tiny model would never close once open.
         body["extra_body"] = {"thinking_token_budget": 8}
     reply = sdk.chat.completions.create(**body)
     choice = reply.choices[0]

@@ -33,6 +33,13 @@ class ReasoningSyntax:
     name: str  # the reasoning_format reported (GetCapabilities, /api/capabilities)
     open: str
     close: str
+    # Markup around the answer itself (harmony's final channel), left out of
+    # the content like the reasoning markers.
+    answer_open: str = ""
+    answer_close: str = ""
+    # Whether a generation prompt can close the block (thinking switched
+    # off); harmony's close is where every assistant message starts.
+    prompt_closes: bool = True
 
     def prefix(self, mode: str, budget: int | None):
         """The grammar of the reasoning block in `mode` (None: CLOSED), at most

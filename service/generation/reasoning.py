@@ -6,7 +6,9 @@ its thinking between an opening and a closing marker (`<think>` and
 R1's templates), the answer starts inside it; where the model may open one
 (Qwen3), only at the very start of its answer (whitespace aside). Everything
 inside goes to the delta's `reasoning`, everything after to its `text`; the
-markers and the whitespace next to them go to neither. Text that could still
+markers and the whitespace next to them go to neither, nor does markup
+around the answer itself (harmony's final channel: `answer_open`,
+`answer_close`). Text that could still
 be a marker is held back until it cannot, so a marker cut across steps never
 leaks. The tokens of a step that wrote reasoning (and no answer) are counted
 as reasoning tokens (usage.completion_tokens_details.reasoning_tokens).
@@ -20,10 +22,10 @@ applies only after it).
 
 from __future__ import annotations
 
-from service.formats.base import OPEN, OPTIONAL
+from service.formats.base import OPEN, OPTIONAL, ReasoningSyntax
 from service.generation.job import ChoiceDelta, StepOutput
 
-START, INSIDE, AFTER = "start", "inside", "after"
+START, INSIDE, AFTER, DONE = "start", "inside", "after", "done"
 
 
 def _held(text: str, marker: str) -> int:
@@ -35,12 +37,14 @@ def _held(text: str, marker: str) -> int:
 class ChoiceReasoning:
     """One choice's splitter."""
 
-    def __init__(self, open_marker: str, close_marker: str, mode: str):
-        self.open, self.close = open_marker, close_marker
+    def __init__(self, syntax: ReasoningSyntax, mode: str):
+        self.open, self.close = syntax.open, syntax.close
+        self.answer_open, self.answer_close = syntax.answer_open, syntax.answer_close
         self.state = INSIDE if mode == OPEN else START if mode == OPTIONAL else AFTER
         self.pending = ""
         self.fresh = True  # no reasoning written yet: its leading whitespace is dropped
-        self.trim = False  # the block just closed: the answer's leading whitespace goes
+        # The answer has not begun: its leading whitespace (and answer_open) go.
+        self.trim = True
         self.tokens = 0
 
     def feed(self, text: str, tokens: int = 0) -> tuple[str, str]:
@@ -49,7 +53,9 @@ class ChoiceReasoning:
         began = self.state
         self.pending += text
         while self.pending:
-            if self.state == START:
+            if self.state == DONE:
+                self.pending = ""  # after the answer's close: neither
+            elif self.state == START:
                 stripped = self.pending.lstrip()
                 if stripped.startswith(self.open):
                     self.state, self.pending = INSIDE, stripped[len(self.open):]
@@ -70,18 +76,37 @@ class ChoiceReasoning:
                 reasoning.append(self._reasoning(body))
                 self.pending = ready[len(body):] + self.pending[len(ready):]
                 break
+            elif self.trim:
+                stripped = self.pending.lstrip()
+                if self.answer_open and stripped.startswith(self.answer_open):
+                    stripped = stripped[len(self.answer_open):].lstrip()
+                elif not stripped or (self.answer_open and self.answer_open.startswith(stripped)):
+                    self.pending = stripped
+                    break  # could still be the answer's own opening
+                self.pending, self.trim = stripped, False
             else:
-                if self.trim:
-                    self.pending = self.pending.lstrip()
-                    if not self.pending:
-                        break
-                    self.trim = False
-                answer.append(self.pending)
-                self.pending = ""
+                answer.append(self._answer())
+                break
         reasoned = "".join(reasoning)
         if reasoned or (began == INSIDE or self.state == INSIDE) and not answer:
             self.tokens += tokens
         return reasoned, "".join(answer)
+
+    def _answer(self) -> str:
+        """The pending answer, but for what could begin its closing markup."""
+        if not self.answer_close:
+            ready, self.pending = self.pending, ""
+            return ready
+        at = self.pending.find(self.answer_close)
+        if at >= 0:
+            ready, self.pending = self.pending[:at], ""
+            self.answer_close = ""  # what follows its close is not the answer's either
+            self.state = DONE
+            return ready
+        keep = _held(self.pending, self.answer_close)
+        ready = self.pending[:len(self.pending) - keep]
+        self.pending = self.pending[len(ready):]
+        return ready
 
     def _reasoning(self, text: str) -> str:
         if self.fresh:
@@ -97,14 +122,16 @@ class ChoiceReasoning:
             return self._reasoning(held.rstrip()), ""
         if self.state == START:
             return "", held
-        return "", "" if self.trim else held
+        if self.state == DONE or (self.trim and not held.strip()):
+            return "", ""
+        return "", held
 
 
 class Reasoning:
     """Every choice's splitter for one generation, applied to its steps."""
 
-    def __init__(self, open_marker: str, close_marker: str, mode: str):
-        self.markers, self.mode = (open_marker, close_marker), mode
+    def __init__(self, syntax: ReasoningSyntax, mode: str):
+        self.syntax, self.mode = syntax, mode
         self.choices: dict[int, ChoiceReasoning] = {}
 
     @property
@@ -114,7 +141,7 @@ class Reasoning:
     def apply(self, step: StepOutput) -> StepOutput:
         deltas = []
         for d in step.deltas:
-            choice = self.choices.setdefault(d.index, ChoiceReasoning(*self.markers, self.mode))
+            choice = self.choices.setdefault(d.index, ChoiceReasoning(self.syntax, self.mode))
             reasoning, text = choice.feed(d.text, len(d.token_ids))
             if d.finish_reason is not None:
                 more, rest = choice.finish()

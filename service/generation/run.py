@@ -87,7 +87,7 @@ class Generation:
             thinking = None
             if spec.reasoning is not None:
                 syntax = spec.reasoning.syntax
-                thinking = Reasoning(syntax.open, syntax.close, spec.reasoning.mode)
+                thinking = Reasoning(syntax, spec.reasoning.mode)
             async for step in job.events():
                 if thinking is not None:
                     # The reasoning first: the document and the calls are the answer's.

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from service.errors import invalid_parameter
 from service.formats.base import CLOSED, OPEN, OPTIONAL, ReasoningSyntax
+from service.requests.tools import ToolPlan
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 # Variables the renderers set themselves (Hugging Face's and llama-cpp-python's).
@@ -111,7 +112,8 @@ def check_budget(budget: int, max_tokens: int) -> None:
 
 def prompt_mode(syntax: ReasoningSyntax, tail: str) -> str:
     """Where the answer starts, from the rendered prompt's end."""
-    opened, closed = tail.rfind(syntax.open), tail.rfind(syntax.close)
+    opened = tail.rfind(syntax.open)
+    closed = tail.rfind(syntax.close) if syntax.prompt_closes else -1
     if opened > closed and not tail[opened + len(syntax.open):].strip():
         return OPEN
     if closed >= 0 and closed > opened and not tail[closed + len(syntax.close):].strip():
@@ -151,9 +153,14 @@ class Reasoned:
         from xgrammar import structural_tag as st
 
         plan = self.plan
+        syntax = plan.syntax
         answer = (self.inner.structural_format() if self.inner is not None
                   else st.AnyTextFormat())
-        prefix = plan.syntax.prefix(plan.mode, plan.budget)
+        if syntax.answer_open and not isinstance(self.inner, ToolPlan):
+            # The answer in its own markup (harmony's final channel); calls have theirs.
+            answer = st.SequenceFormat(elements=[st.ConstStringFormat(value=syntax.answer_open),
+                                                 answer])
+        prefix = syntax.prefix(plan.mode, plan.budget)
         shape = answer if prefix is None else st.SequenceFormat(elements=[prefix, answer])
         return compiler.compile_structural_tag(st.StructuralTag(format=shape))
 
