@@ -45,7 +45,7 @@ HERE = harness.ROOT / "tests" / "ecosystem"
 ECO = harness.ROOT / ".venv-eco" / "bin" / "python"
 LEGACY = harness.ROOT / ".venv-eco-legacy" / "bin" / "python"
 NODE_SDK = HERE / "node"
-VENV_OF = {"langchain": ECO, "pydantic_ai": ECO, "agents": ECO,
+VENV_OF = {"langchain": ECO, "pydantic_ai": ECO, "agents": ECO, "reasoning": ECO,
            "instructor": LEGACY, "llamaindex": LEGACY}
 WEATHER_TYPES = {"city": "str", "when": "datetime", "id": "UUID", "celsius": "int"}
 
@@ -295,3 +295,30 @@ def test_the_default_responses_models_are_used(eco_stack, model):
     shorthand = run_path(eco_stack, model, "pydantic_ai", "responses_tool")
     assert shorthand["model_class"] == "OpenAIResponsesModel"
     assert all(i.startswith("resp_") for i in shorthand["response_ids"]), shorthand
+
+
+# -- reasoning_content: LangChain (ChatDeepSeek) and LiteLLM --------------------------------
+
+
+@pytest.fixture(scope="module")
+def reasoning_stack(tmp_path_factory):
+    """A DeepSeek R1-style model (tests/format_models.py), whose prompt opens
+    its reasoning block: the budget closes it."""
+    from tests import format_models
+
+    stack = format_models.serve(tmp_path_factory, "eco-reasoning")
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.mark.parametrize("path", ["langchain_deepseek", "langchain_stream", "litellm",
+                                  "litellm_stream"])
+def test_libraries_read_reasoning_content(reasoning_stack, path):
+    report = run_path(reasoning_stack, "tiny-r1", "reasoning", path)
+    assert isinstance(report["reasoning"], str) and report["reasoning"], report
+    assert "<think>" not in report["content"] and "</think>" not in report["content"]
+    assert "</think>" not in report["reasoning"]
+    if "reasoning_tokens" in report:
+        assert report["reasoning_tokens"] >= 8
