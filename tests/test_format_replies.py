@@ -12,6 +12,7 @@ from the stored context (vLLM #43244)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import openai
@@ -172,3 +173,32 @@ def test_vllm_43244_previous_response_id_keeps_the_function_call(sdk):
                                   input=[{"type": "function_call_output", "call_id": call.call_id,
                                           "output": "Sunny"}], max_output_tokens=5)
     assert second.status in ("completed", "incomplete")
+
+
+@pytest.mark.parametrize("model", ["tiny-r1", "tiny-r1-gguf:F32"])
+def test_rows_of_one_batch_keep_their_own_modes_and_budgets(sdk, model):
+    """Four requests at once, each with its own budget and constraint: each
+    answer is the one it gets alone (greedy), so no row's mode leaked."""
+    schema = {"type": "json_schema", "json_schema": {"name": "ok", "schema": SCHEMA,
+                                                     "strict": True}}
+    bodies = [dict(response_format=schema, extra_body={"thinking_token_budget": 2}),
+              dict(extra_body={"thinking_token_budget": 9}),
+              dict(tools=TOOLS, tool_choice=forced("ping"),
+                   extra_body={"thinking_token_budget": 4}),
+              dict(extra_body={"thinking_token_budget": 0})]
+
+    def run(body):
+        choice = sdk.chat.completions.create(model=model, messages=ASK, max_tokens=150,
+                                             temperature=0, **body).choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        return ((choice.message.model_extra or {}).get("reasoning_content") or "",
+                choice.message.content, calls, choice.finish_reason)
+
+    alone = [run(body) for body in bodies]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        together = list(pool.map(run, bodies))
+    assert together == alone
+    (r0, c0, _, f0), (r1, _, _, _), (r2, _, calls, f2), (r3, _, _, _) = alone
+    assert f0 == "stop" and r0 and json.loads(c0)["ok"] in (True, False)
+    assert len(r1) > len(r0) and r3 == ""
+    assert f2 == "tool_calls" and calls == [("ping", "{}")] and r2
