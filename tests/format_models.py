@@ -127,7 +127,24 @@ HARMONY = r"""{{- '<|start|>system<|message|>You are a helpful assistant.\nReaso
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"""
 
-TEMPLATES = {"tiny-harmony": HARMONY, "tiny-r1": R1, "tiny-v31": V31, "tiny-mistral": MISTRAL, "tiny-llama31": LLAMA31,
+# Qwen3-Coder: ChatML; tools listed as <function> elements; a call is XML,
+# one <parameter=NAME> element per argument (strings raw, other values JSON).
+QWEN3_CODER = r"""{%- if tools %}{{- '<|im_start|>system\n# Tools\n\n<tools>' }}
+{%- for t in tools %}{{- '\n<function>\n<name>' + t.function.name + '</name>\n<parameters>' + t.function.parameters | tojson + '</parameters>\n</function>' }}{%- endfor %}
+{{- '\n</tools>\n\nTo call a function reply:\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n</tool_call><|im_end|>\n' }}{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant\n' + (m.content or '') }}
+{%- for c in m.tool_calls or [] %}{{- '\n<tool_call>\n<function=' + c.function.name + '>\n' }}
+{%- for key, value in c.function.arguments.items() %}{{- '<parameter=' + key + '>\n' + (value if value is string else value | tojson) + '\n</parameter>\n' }}{%- endfor %}
+{{- '</function>\n</tool_call>' }}{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- elif m.role == 'tool' %}{{- '<|im_start|>user\n<tool_response>\n' + m.content + '\n</tool_response><|im_end|>\n' }}
+{%- else %}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"""
+
+TEMPLATES = {"tiny-harmony": HARMONY, "tiny-qwen3-coder": QWEN3_CODER, "tiny-r1": R1, "tiny-v31": V31, "tiny-mistral": MISTRAL, "tiny-llama31": LLAMA31,
              "tiny-qwen3": QWEN3}
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
          "tokenizer_config.json")

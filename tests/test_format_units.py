@@ -12,7 +12,7 @@ import xgrammar
 
 from service import formats
 from service.errors import EngineError
-from service.formats import deepseek, harmony, hermes, llama3, mistral
+from service.formats import deepseek, harmony, hermes, llama3, mistral, qwen3_coder
 from service.formats.base import OPEN, OPTIONAL, THINK
 from service.generation.reasoning import ChoiceReasoning
 from service.generation.tool_calls import ChoiceCalls
@@ -24,7 +24,7 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
           "required": ["city"], "additionalProperties": False}
 TOOLS = (("get_weather", "", SCHEMA), ("ping", "", {"type": "object"}))
 SYNTAXES = [hermes.CALLS, llama3.CALLS, mistral.CALLS, deepseek.R1_CALLS, deepseek.V31_CALLS,
-            harmony.CALLS]
+            harmony.CALLS, qwen3_coder.CALLS]
 ARGS = '{"city": "Pa{r}is \\"x\\"", "when": {"day": [1, 2]}}'
 
 
@@ -33,7 +33,8 @@ def test_each_template_is_detected_from_its_text_alone():
     assert {m: (f.tool_call_format, f.reasoning_format) for m, f in found.items()} == {
         "tiny-r1": ("deepseek_r1", "think"), "tiny-v31": ("deepseek_v3_1", "think"),
         "tiny-mistral": ("mistral", "none"), "tiny-llama31": ("llama3_json", "none"),
-        "tiny-qwen3": ("hermes", "think"), "tiny-harmony": ("harmony", "harmony")}
+        "tiny-qwen3": ("hermes", "think"), "tiny-harmony": ("harmony", "harmony"),
+        "tiny-qwen3-coder": ("qwen3_coder", "none")}
     assert formats.detect("{{ messages }}").tool_call_format == "hermes"
     assert formats.detect("x", ("<think>",)).reasoning_format == "think"
 
@@ -66,23 +67,19 @@ def test_the_parser_reads_what_the_grammar_allows(syntax, size):
     compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([b"a"]))
     for mode, name in ((FUNCTION, "get_weather"), (REQUIRED, ""), (AUTO, "")):
         plan = ToolPlan(TOOLS, mode, name, True, syntax)
-        if syntax.group_open:
-            text = (syntax.group_open + syntax.call_open + "get_weather" + syntax.name_close
-                    + ARGS + syntax.call_close + syntax.group_close)
-        else:
-            text = syntax.call_text("get_weather", ARGS)
+        text = syntax.call_text("get_weather", ARGS)
         if mode == AUTO:
             text = "Let me see. " + text
         matcher = xgrammar.GrammarMatcher(plan.compile(compiler))
         assert matcher.accept_string(text), (syntax.name, mode)
         content, calls, reason = feed(ChoiceCalls(plan), text, size)
-        assert calls == [("get_weather", ARGS)] and reason == "tool_calls"
+        assert reason == "tool_calls" and [name for name, _ in calls] == ["get_weather"]
+        assert json.loads(calls[0][1]) == json.loads(ARGS)
         assert content == ("Let me see." if mode == AUTO else "")
-        json.loads(calls[0][1])
 
 
-@pytest.mark.parametrize("syntax", [mistral.CALLS, deepseek.V31_CALLS, hermes.CALLS],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize("syntax", [mistral.CALLS, deepseek.V31_CALLS, hermes.CALLS,
+                                    qwen3_coder.CALLS], ids=lambda s: s.name)
 def test_two_calls_in_one_answer(syntax):
     one, two = ("get_weather", '{"city": "Oslo"}'), ("ping", "{}")
     if syntax.group_open:
@@ -143,3 +140,15 @@ def test_harmony_channels_split_into_reasoning_answer_and_calls():
             "Sunny or not?", "It is sunny.")
     from service.requests.reasoning import prompt_mode
     assert prompt_mode(harmony.REASONING, "<|end|><|start|>assistant") == OPTIONAL
+
+
+def test_qwen3_coder_xml_arguments_come_back_as_json():
+    plan = ToolPlan(TOOLS, FUNCTION, "get_weather", True, qwen3_coder.CALLS)
+    text = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSt. <Paris>\n</parameter>\n"
+            "<parameter=when>\n{\"day\": [1, 2]}\n</parameter>\n</function>\n</tool_call>")
+    matcher = xgrammar.GrammarMatcher(plan.compile(
+        xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([b"a"]))))
+    assert matcher.accept_string(text)
+    for size in (1, 7):
+        _, calls, reason = feed(ChoiceCalls(plan), text, size)
+        assert calls == [("get_weather", '{"city": "St. <Paris>", "when": {"day": [1, 2]}}')]

@@ -42,10 +42,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 FORCED = {"type": "function", "function": {"name": "get_weather"}}
 ASK = [{"role": "user", "content": "What is the weather in Paris? Answer in JSON."}]
 MARKUP = ("<think>", "</think>", "[TOOL_CALLS]", "[ARGS]", '"parameters"', "<｜tool",
-          "<tool_call>", "<|channel|>", "<|start|>", "<|message|>")
+          "<tool_call>", "<|channel|>", "<|start|>", "<|message|>", "<parameter=", "<function=")
 FORMATS = {"tiny-r1": ("deepseek_r1", "think"), "tiny-v31": ("deepseek_v3_1", "think"),
            "tiny-mistral": ("mistral", "none"), "tiny-llama31": ("llama3_json", "none"),
-           "tiny-qwen3": ("hermes", "think"), "tiny-harmony": ("harmony", "harmony")}
+           "tiny-qwen3": ("hermes", "think"), "tiny-harmony": ("harmony", "harmony"),
+           "tiny-qwen3-coder": ("qwen3_coder", "none")}
 GGUF = {"tiny-r1": "tiny-r1-gguf:F32", "tiny-mistral": "tiny-mistral-gguf:F32",
         "tiny-llama31": "tiny-llama31-gguf:F32"}
 
@@ -180,6 +181,7 @@ def test_a_setting_overrides_detection_and_an_unknown_one_is_a_load_failure(stac
 
 
 CALL_MODELS = ["tiny-r1", "tiny-v31", "tiny-mistral", "tiny-llama31", "tiny-qwen3", "tiny-harmony",
+               "tiny-qwen3-coder",
                GGUF["tiny-mistral"], GGUF["tiny-llama31"], GGUF["tiny-r1"]]
 
 

@@ -2,7 +2,7 @@
 found from its chat template, or named in its directory's settings.
 
 One module per family (formats/hermes.py, llama3.py, mistral.py,
-deepseek.py, harmony.py) holds its `Family`: detection, call syntax and, where the
+deepseek.py, harmony.py, qwen3_coder.py) holds its `Family`: detection, call syntax and, where the
 family has its own, reasoning syntax (formats/base.py). Detection reads the
 template text first (a template that announces `[AVAILABLE_TOOLS]` is
 Mistral's, whatever its tokenizer), the tokenizer's special tokens second;
@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.errors import EngineError
-from service.formats import deepseek, harmony, hermes, llama3, mistral
+from service.formats import deepseek, harmony, hermes, llama3, mistral, qwen3_coder
 from service.formats.base import THINK, CallSyntax, Family, ReasoningSyntax
 
 # In detection order: the first whose template test passes speaks for the model.
 FAMILIES: tuple[Family, ...] = (harmony.FAMILY, mistral.FAMILY, deepseek.R1, deepseek.V3_1,
-                                hermes.FAMILY, llama3.FAMILY)
+                                qwen3_coder.FAMILY, hermes.FAMILY, llama3.FAMILY)
 CALL_SYNTAXES: dict[str, CallSyntax] = {f.calls.name: f.calls for f in FAMILIES}
 REASONINGS: dict[str, ReasoningSyntax] = {r.name: r for r in (THINK, mistral.THINK,
                                                               harmony.REASONING)}

@@ -64,6 +64,8 @@ class CallSyntax:
     group_close: str = ""
     # Free text opens calls with this (a prefix of group_open or call_open).
     trigger: str = ""
+    # How arguments are written: "json", or "qwen_xml" (formats/qwen3_coder.py).
+    arguments: str = "json"
 
     @property
     def opener(self) -> str:
@@ -73,8 +75,24 @@ class CallSyntax:
     def call_text(self, name: str, arguments_json: str) -> str:
         """One call written out (with its group markers): what the grammar
         constrains and the parser reads."""
-        return (f"{self.group_open}{self.call_open}{name}{self.name_close}{arguments_json}"
-                f"{self.call_close}{self.group_close}")
+        arguments, close = arguments_json, self.call_close
+        if self.arguments == "qwen_xml":
+            from service.formats.qwen3_coder import xml_text
+
+            arguments, close = xml_text(arguments_json), close.removeprefix("\n")
+        return (f"{self.group_open}{self.call_open}{name}{self.name_close}{arguments}"
+                f"{close}{self.group_close}")
+
+    def arguments_format(self, schema: dict):
+        """The grammar of a call's arguments when they are not JSON text (the
+        schema in xgrammar's qwen_xml style); None for JSON."""
+        if self.arguments != "qwen_xml":
+            return None
+        from xgrammar import structural_tag as st
+
+        from service.structured_output import grammar_schema
+
+        return st.JSONSchemaFormat(json_schema=grammar_schema(schema), style="qwen_xml")
 
     def calls_format(self, tags: list, auto: bool, one: bool):
         """The calls part of a tool plan's grammar: `tags` are the per-tool

@@ -93,7 +93,7 @@ class ToolPlan:
 
     def structural_format(self):
         """The calls as an xgrammar structural-tag format, in the model's syntax."""
-        tags = [self.syntax.tag(name, _arguments(schema))
+        tags = [self.syntax.tag(name, self.syntax.arguments_format(schema) or _arguments(schema))
                 for name, _, schema in self.tools if self.mode != FUNCTION or name == self.name]
         one = self.mode == FUNCTION or not self.parallel
         return self.syntax.calls_format(tags, auto=self.mode == AUTO, one=one)
