@@ -32,7 +32,7 @@ from service.engines.base import (
     LoadedModel,
 )
 from service.engines.transformers.admission import SchedulerLimits
-from service.errors import EngineError, model_not_found, model_not_loaded
+from service.errors import EngineError, invalid_parameter, model_not_found, model_not_loaded
 from service.generation.run import Generation
 from service.models.lifecycle import Lease, LifecycleConfig, ModelLifecycle, ModelState, ModelView
 from service.models.registry import ModelEntry, ModelRegistry
@@ -241,6 +241,22 @@ class InferenceService:
 
     @staticmethod
     def _encode_chat(engine: Engine, turns, plan: ToolPlan | None,
+                     variables: dict) -> list[int]:
+        try:
+            return InferenceService._render_chat(engine, turns, plan, variables)
+        except EngineError:
+            raise
+        except Exception as exc:
+            if not variables:
+                raise
+            # A template fed a variable it cannot use (a string where it adds
+            # numbers): the caller's chat_template_kwargs, never a 5xx.
+            raise invalid_parameter("chat_template_kwargs", "The chat template failed with "
+                                    f"these chat_template_kwargs ({type(exc).__name__}).") \
+                from None
+
+    @staticmethod
+    def _render_chat(engine: Engine, turns, plan: ToolPlan | None,
                      variables: dict) -> list[int]:
         messages, partial = checks.continuation(turns)
         if engine.renders_tools:

@@ -258,6 +258,17 @@ def test_bad_reasoning_fields_are_refused_naming_them(stack):
         assert error["param"] == param and error["code"] == "invalid_parameter"
 
 
+def test_template_variables_a_template_cannot_use_are_a_400(stack):
+    for kwargs, param in (({"namespace": 1}, "chat_template_kwargs.namespace"),
+                          ({"reasoning_effort": 5}, "chat_template_kwargs")):
+        # (harmony's template adds reasoning_effort to a string)
+        reply = http_helpers.call(stack.http_port, "POST", "/v1/chat/completions",
+                                  {"model": "tiny-harmony", "messages": ASK, "max_tokens": 2,
+                                   "chat_template_kwargs": kwargs})
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == param
+
+
 def test_a_model_without_reasoning_reports_the_fields_as_ignored(stack):
     reply = http_helpers.call(stack.http_port, "POST", "/v1/chat/completions",
                               {"model": "tiny-llama31", "messages": ASK, "max_tokens": 4,

@@ -32,11 +32,14 @@ from service.requests.tools import ToolPlan
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 # Variables the renderers set themselves (Hugging Face's and llama-cpp-python's).
 RESERVED_TEMPLATE_NAMES = frozenset({
-    "messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
-    "chat_template", "tokenize", "return_dict", "padding", "truncation", "max_length",
-    "return_tensors", "return_assistant_tokens_mask", "tokenizer_kwargs", "eos_token",
-    "bos_token", "raise_exception", "functions", "function_call", "tool_choice",
-    "strftime_now", "return_generation_prompt"})
+    "self", "conversation", "messages", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "chat_template", "tokenize", "sanitize_control_tokens",
+    "return_dict", "padding", "truncation", "max_length", "return_tensors",
+    "return_assistant_tokens_mask", "tokenizer_kwargs", "eos_token", "bos_token",
+    "raise_exception", "functions", "function_call", "tool_choice", "strftime_now",
+    "return_generation_prompt",
+    # Jinja's own globals, which templates call.
+    "range", "dict", "lipsum", "cycler", "joiner", "namespace"})
 # How much of the prompt's end is read to find an open or closed block.
 PROMPT_TAIL_TOKENS = 48
 
