@@ -144,7 +144,31 @@ QWEN3_CODER = r"""{%- if tools %}{{- '<|im_start|>system\n# Tools\n\n<tools>' }}
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"""
 
-TEMPLATES = {"tiny-harmony": HARMONY, "tiny-qwen3-coder": QWEN3_CODER, "tiny-r1": R1, "tiny-v31": V31, "tiny-mistral": MISTRAL, "tiny-llama31": LLAMA31,
+# Gemma 4: <|turn>ROLE ... <turn|> turns; tools declared in the system turn;
+# a call <|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>, its result
+# a <|tool_response> in the next turn; the model may think in a thought channel.
+GEMMA4 = r"""{%- macro g(v) -%}
+{%- if v is mapping -%}{{- '{' -}}{%- for k, x in v.items() -%}{{- k + ':' -}}{{- g(x) -}}{%- if not loop.last -%},{%- endif -%}{%- endfor -%}{{- '}' -}}
+{%- elif v is string -%}{{- '<|"|>' + v + '<|"|>' -}}
+{%- elif v is sequence -%}{{- '[' -}}{%- for x in v -%}{{- g(x) -}}{%- if not loop.last -%},{%- endif -%}{%- endfor -%}{{- ']' -}}
+{%- else -%}{{- v | tojson -}}{%- endif -%}
+{%- endmacro -%}
+{%- if tools or messages[0].role == 'system' %}{{- '<|turn>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n' }}{%- endif %}
+{%- for t in tools or [] %}{{- '<|tool>declaration:' + t.function.name + g(t.function.parameters) + '<tool|>' }}{%- endfor %}
+{{- '<turn|>\n' }}{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' %}{{- '<|turn>model\n' + (m.content or '') }}
+{%- for c in m.tool_calls or [] %}{{- '<|tool_call>call:' + c.function.name + g(c.function.arguments) + '<tool_call|>' }}{%- endfor %}
+{{- '<turn|>\n' }}
+{%- elif m.role == 'tool' %}{{- '<|turn>user\n<|tool_response>response:' + m.content + '<tool_response|><turn|>\n' }}
+{%- elif m.role != 'system' %}{{- '<|turn>' + m.role + '\n' + m.content + '<turn|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|turn>model\n' }}{%- endif %}"""
+
+TEMPLATES = {"tiny-harmony": HARMONY, "tiny-qwen3-coder": QWEN3_CODER, "tiny-gemma4": GEMMA4,
+             "tiny-r1": R1, "tiny-v31": V31, "tiny-mistral": MISTRAL, "tiny-llama31": LLAMA31,
              "tiny-qwen3": QWEN3}
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
          "tokenizer_config.json")

@@ -12,7 +12,7 @@ import xgrammar
 
 from service import formats
 from service.errors import EngineError
-from service.formats import deepseek, harmony, hermes, llama3, mistral, qwen3_coder
+from service.formats import deepseek, gemma4, harmony, hermes, llama3, mistral, qwen3_coder
 from service.formats.base import OPEN, OPTIONAL, THINK
 from service.generation.reasoning import ChoiceReasoning
 from service.generation.tool_calls import ChoiceCalls
@@ -24,7 +24,7 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
           "required": ["city"], "additionalProperties": False}
 TOOLS = (("get_weather", "", SCHEMA), ("ping", "", {"type": "object"}))
 SYNTAXES = [hermes.CALLS, llama3.CALLS, mistral.CALLS, deepseek.R1_CALLS, deepseek.V31_CALLS,
-            harmony.CALLS, qwen3_coder.CALLS]
+            harmony.CALLS, qwen3_coder.CALLS, gemma4.CALLS]
 ARGS = '{"city": "Pa{r}is \\"x\\"", "when": {"day": [1, 2]}}'
 
 
@@ -34,7 +34,7 @@ def test_each_template_is_detected_from_its_text_alone():
         "tiny-r1": ("deepseek_r1", "think"), "tiny-v31": ("deepseek_v3_1", "think"),
         "tiny-mistral": ("mistral", "none"), "tiny-llama31": ("llama3_json", "none"),
         "tiny-qwen3": ("hermes", "think"), "tiny-harmony": ("harmony", "harmony"),
-        "tiny-qwen3-coder": ("qwen3_coder", "none")}
+        "tiny-qwen3-coder": ("qwen3_coder", "none"), "tiny-gemma4": ("gemma4", "gemma4")}
     assert formats.detect("{{ messages }}").tool_call_format == "hermes"
     assert formats.detect("x", ("<think>",)).reasoning_format == "think"
 
@@ -79,7 +79,7 @@ def test_the_parser_reads_what_the_grammar_allows(syntax, size):
 
 
 @pytest.mark.parametrize("syntax", [mistral.CALLS, deepseek.V31_CALLS, hermes.CALLS,
-                                    qwen3_coder.CALLS], ids=lambda s: s.name)
+                                    qwen3_coder.CALLS, gemma4.CALLS], ids=lambda s: s.name)
 def test_two_calls_in_one_answer(syntax):
     one, two = ("get_weather", '{"city": "Oslo"}'), ("ping", "{}")
     if syntax.group_open:
@@ -152,3 +152,57 @@ def test_qwen3_coder_xml_arguments_come_back_as_json():
     for size in (1, 7):
         _, calls, reason = feed(ChoiceCalls(plan), text, size)
         assert calls == [("get_weather", '{"city": "St. <Paris>", "when": {"day": [1, 2]}}')]
+
+
+WALK_SCHEMA = {"type": "object", "properties": {
+    "city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    "when": {"type": "object", "properties": {"day": {"type": "integer", "minimum": 0,
+                                                      "maximum": 9}},
+             "required": ["day"], "additionalProperties": False}},
+    "required": ["city", "days", "when"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def demo_vocabulary():
+    from transformers import AutoTokenizer
+
+    from tests import harness
+
+    tokenizer = AutoTokenizer.from_pretrained(harness.models_dir() / "millm-tiny")
+    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer),
+                                                   stop_token_ids=[2])
+    return tokenizer, xgrammar.GrammarCompiler(info)
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES, ids=lambda s: s.name)
+def test_whatever_the_grammar_lets_a_model_write_the_parser_reads(syntax, demo_vocabulary):
+    """Random walks through each syntax's grammar over the demo vocabulary
+    (layout whitespace and all): every finished one parses into a call whose
+    arguments validate."""
+    import jsonschema
+    import torch
+
+    tokenizer, compiler = demo_vocabulary
+    plan = ToolPlan((("get_weather", "", WALK_SCHEMA),), FUNCTION, "get_weather", True, syntax)
+    grammar = plan.compile(compiler)
+    finished = 0
+    for seed in range(8):
+        torch.manual_seed(seed)
+        matcher, out = xgrammar.GrammarMatcher(grammar), []
+        mask = xgrammar.allocate_token_bitmask(1, tokenizer.vocab_size + 16)
+        for _ in range(400):
+            matcher.fill_next_token_bitmask(mask)
+            logits = torch.randn(1, mask.shape[1] * 32)
+            xgrammar.apply_token_bitmask_inplace(logits, mask)
+            token = int(logits[0, :len(tokenizer)].argmax())
+            assert matcher.accept_token(token)
+            if matcher.is_terminated():
+                break
+            out.append(token)
+        else:
+            continue
+        finished += 1
+        _, calls, reason = feed(ChoiceCalls(plan), tokenizer.decode(out), 1)
+        assert reason == "tool_calls" and [n for n, _ in calls] == ["get_weather"]
+        jsonschema.validate(json.loads(calls[0][1]), WALK_SCHEMA)
+    assert finished >= 4

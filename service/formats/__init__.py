@@ -2,8 +2,9 @@
 found from its chat template, or named in its directory's settings.
 
 One module per family (formats/hermes.py, llama3.py, mistral.py,
-deepseek.py, harmony.py, qwen3_coder.py) holds its `Family`: detection, call syntax and, where the
-family has its own, reasoning syntax (formats/base.py). Detection reads the
+deepseek.py, harmony.py, qwen3_coder.py, gemma4.py) holds its `Family`:
+detection, call syntax and, where the family has its own, reasoning syntax
+(formats/base.py). Detection reads the
 template text first (a template that announces `[AVAILABLE_TOOLS]` is
 Mistral's, whatever its tokenizer), the tokenizer's special tokens second;
 a template that shows no syntax gets Hermes', today's behaviour. Reasoning
@@ -22,15 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.errors import EngineError
-from service.formats import deepseek, harmony, hermes, llama3, mistral, qwen3_coder
+from service.formats import deepseek, gemma4, harmony, hermes, llama3, mistral, qwen3_coder
 from service.formats.base import THINK, CallSyntax, Family, ReasoningSyntax
 
 # In detection order: the first whose template test passes speaks for the model.
-FAMILIES: tuple[Family, ...] = (harmony.FAMILY, mistral.FAMILY, deepseek.R1, deepseek.V3_1,
-                                qwen3_coder.FAMILY, hermes.FAMILY, llama3.FAMILY)
+FAMILIES: tuple[Family, ...] = (harmony.FAMILY, gemma4.FAMILY, mistral.FAMILY, deepseek.R1,
+                                deepseek.V3_1, qwen3_coder.FAMILY, hermes.FAMILY, llama3.FAMILY)
 CALL_SYNTAXES: dict[str, CallSyntax] = {f.calls.name: f.calls for f in FAMILIES}
 REASONINGS: dict[str, ReasoningSyntax] = {r.name: r for r in (THINK, mistral.THINK,
-                                                              harmony.REASONING)}
+                                                              harmony.REASONING, gemma4.REASONING)}
 NONE = "none"
 TOOL_SETTING, REASONING_SETTING = "tool_call_format", "reasoning_format"
 

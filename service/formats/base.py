@@ -19,6 +19,7 @@ the streaming parsers (generation/tool_calls.py, generation/reasoning.py).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,7 +65,8 @@ class CallSyntax:
     group_close: str = ""
     # Free text opens calls with this (a prefix of group_open or call_open).
     trigger: str = ""
-    # How arguments are written: "json", or "qwen_xml" (formats/qwen3_coder.py).
+    # How arguments are written: "json", "qwen_xml" (formats/qwen3_coder.py)
+    # or "gemma" (formats/gemma4.py).
     arguments: str = "json"
 
     @property
@@ -80,19 +82,41 @@ class CallSyntax:
             from service.formats.qwen3_coder import xml_text
 
             arguments, close = xml_text(arguments_json), close.removeprefix("\n")
+        elif self.arguments == "gemma":
+            from service.formats.gemma4 import gemma_text
+
+            arguments = gemma_text(json.loads(arguments_json))
         return (f"{self.group_open}{self.call_open}{name}{self.name_close}{arguments}"
                 f"{close}{self.group_close}")
 
     def arguments_format(self, schema: dict):
         """The grammar of a call's arguments when they are not JSON text (the
-        schema in xgrammar's qwen_xml style); None for JSON."""
-        if self.arguments != "qwen_xml":
+        schema in xgrammar's qwen_xml or gemma style); None for JSON."""
+        if self.arguments == "json":
             return None
         from xgrammar import structural_tag as st
 
         from service.structured_output import grammar_schema
 
-        return st.JSONSchemaFormat(json_schema=grammar_schema(schema), style="qwen_xml")
+        # Whitespace between tokens at most one character at a time: left
+        # free, a small model can lay out whitespace until max_tokens.
+        return st.JSONSchemaFormat(json_schema=grammar_schema(schema), style=self.arguments,
+                                   max_whitespace_cnt=1)
+
+    def argument_reader(self, schema: dict | None):
+        """What reads a call's arguments back into JSON when they are not
+        JSON text (None for JSON), and the part of call_close left to expect
+        once it is done."""
+        if self.arguments == "qwen_xml":
+            from service.formats.qwen3_coder import FUNCTION_END, XmlArguments
+
+            close = self.call_close
+            return XmlArguments(schema), close[close.index(FUNCTION_END) + len(FUNCTION_END):]
+        if self.arguments == "gemma":
+            from service.formats.gemma4 import GemmaArguments
+
+            return GemmaArguments(schema), self.call_close
+        return None, ""
 
     def calls_format(self, tags: list, auto: bool, one: bool):
         """The calls part of a tool plan's grammar: `tags` are the per-tool

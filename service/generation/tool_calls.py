@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from service import json_text
 from service.errors import EngineError
-from service.formats.qwen3_coder import FUNCTION_END, XmlArguments
 from service.generation.job import ChoiceDelta, FinishReason, StepOutput, ToolCallFragment
 from service.requests.tools import AUTO, ToolPlan
 
@@ -66,7 +65,9 @@ class ChoiceCalls:
         self.depth, self.in_string, self.escaped = 0, False, False
         self.finished_calls = 0
         self.cut = False
-        self.xml: XmlArguments | None = None  # a qwen_xml call's arguments, while read
+        # A call's arguments in a notation other than JSON (XML, Gemma's),
+        # while they are read, and what of the call's close follows them.
+        self.reader, self.after_reader = None, ""
         self.piece: list[str] = []  # arguments not yet in a fragment
 
     def feed(self, text: str, cut: bool = False) -> tuple[str, list[ToolCallFragment]]:
@@ -80,7 +81,7 @@ class ChoiceCalls:
             self.pending = text[len(ready):]
             return ready, fragments
         specials = '"\\' if self.in_string else '"{}[]'
-        if (self.state == ARGUMENTS and self.xml is None and not self.escaped
+        if (self.state == ARGUMENTS and self.reader is None and not self.escaped
                 and min(text, default=" ") >= " " and not any(c in text for c in specials)):
             # Inside the arguments, nothing that opens or closes: one piece.
             self.calls[-1].arguments += text
@@ -140,8 +141,8 @@ class ChoiceCalls:
                                    "which is not among the tools.")
             fragments.append(ToolCallFragment(len(self.calls) - 1, call.id, call.name, ""))
             self.depth, self.in_string, self.escaped = 0, False, False
-            if self.syntax.arguments == "qwen_xml":
-                self.xml = XmlArguments(self.plan.schema_of(call.name))
+            schema = self.plan.schema_of(call.name)
+            self.reader, self.after_reader = self.syntax.argument_reader(schema)
             self._expect([(self.syntax.name_close, ARGUMENTS)])
             self._step(c, content, fragments)  # the first character after the name
         else:
@@ -149,8 +150,8 @@ class ChoiceCalls:
 
     def _argument(self, c: str, fragments: list[ToolCallFragment]) -> None:
         call = self.calls[-1]
-        if self.xml is not None:
-            self._xml_argument(c, call, fragments)
+        if self.reader is not None:
+            self._read_argument(c, call, fragments)
             return
         if self.in_string and c < " ":
             # The grammar's strings let a raw control character through; it is
@@ -176,21 +177,21 @@ class ChoiceCalls:
                 self._check(call)
                 self._expect([(self.syntax.call_close, CALL_ENDED)])
 
-    def _xml_argument(self, c: str, call: _Call, fragments: list[ToolCallFragment]) -> None:
-        """XML arguments (formats/qwen3_coder.py), written out as JSON."""
+    def _read_argument(self, c: str, call: _Call, fragments: list[ToolCallFragment]) -> None:
+        """Arguments in XML (formats/qwen3_coder.py) or Gemma's notation
+        (formats/gemma4.py), written out as JSON."""
         try:
-            written = self.xml.feed(c)
+            written = self.reader.feed(c)
         except ValueError:
             raise invalid_call(f"Tool call {len(self.calls) - 1}'s arguments are not in the "
                                "call syntax.") from None
         if written:
             call.arguments += written
             fragments.append(ToolCallFragment(len(self.calls) - 1, arguments=written))
-        if self.xml.done:
-            self.xml = None
+        if self.reader.done:
+            self.reader = None
             self._check(call)
-            rest = self.syntax.call_close
-            self._expect([(rest[rest.index(FUNCTION_END) + len(FUNCTION_END):], CALL_ENDED)])
+            self._expect([(self.after_reader, CALL_ENDED)])
 
     def _expect(self, options: list[tuple[str, str]]) -> None:
         """Expect one of `options`' texts next; a whole one moves to its state."""
