@@ -51,6 +51,22 @@ class ModelFormat:
     def reasoning_format(self) -> str:
         return self.reasoning.name if self.reasoning is not None else NONE
 
+    def writes(self, token_text: str) -> bool:
+        """Whether a special token's text is part of this format's markup
+        (`[TOOL_CALLS]`, `<|channel|>`, `<think>`): the engines let the model
+        generate it, and show it as text for the parsers, where every other
+        special token stays banned and unseen."""
+        return bool(token_text) and any(token_text in marker for marker in self.markup)
+
+    @property
+    def markup(self) -> tuple[str, ...]:
+        c, r = self.calls, self.reasoning
+        marks = [c.call_open, c.name_close, c.call_close, c.separator, c.group_open,
+                 c.group_close, c.trigger, *c.argument_markup]
+        if r is not None:
+            marks += [r.open, r.close, r.answer_open, r.answer_close]
+        return tuple(m for m in marks if m)
+
 
 def detect(template: str, special_tokens: tuple[str, ...] = ()) -> ModelFormat:
     family = next((f for f in FAMILIES if f.detect(template, special_tokens)), hermes.FAMILY)

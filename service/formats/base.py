@@ -70,6 +70,12 @@ class CallSyntax:
     arguments: str = "json"
 
     @property
+    def argument_markup(self) -> tuple[str, ...]:
+        """Markers inside non-JSON arguments."""
+        return {"qwen_xml": ("<parameter=", "</parameter>", "</function>"),
+                "gemma": ('<|"|>',)}.get(self.arguments, ())
+
+    @property
     def opener(self) -> str:
         """What the parser watches for in free text."""
         return self.trigger or self.group_open or self.call_open

@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 
+from service import formats
 from service.chat_template import CHATML, render_folding_system
 from service.engines import faults
 from service.engines.base import Engine, EngineStatus, LoadedModel
@@ -140,6 +141,7 @@ class GgufEngine(Engine):
         template = llm.metadata.get("tokenizer.chat_template")
         self._template_from_file = bool(template)
         self._template = template or CHATML
+        self._allow_markup(vocab)
         # A file may have no BOS (or EOS): llama.cpp says -1, and the template gets "".
         eos, bos = (token_piece(vocab, i, special=True).decode("utf-8", "replace")
                     if 0 <= i < n_vocab else "" for i in (llm.token_eos(), llm.token_bos()))
@@ -162,6 +164,19 @@ class GgufEngine(Engine):
         self._grammars = GrammarCache.for_token_bytes(self._token_bytes, sorted(self._eog))
         self._open_batch_context(n_ctx)
         return self.info
+
+    def _allow_markup(self, vocab) -> None:
+        """Control tokens of the model's own call and reasoning markup
+        (service/formats: its `[TOOL_CALLS]`, `<|channel|>`) are generated and
+        shown as their text, for the grammar and the parsers; every other
+        control token stays banned and unseen."""
+        fmt = formats.resolve(self._template, self._special_tokens,
+                              dict(self.entry.format_settings))
+        for i in sorted(self._control):
+            piece = token_piece(vocab, i, special=True)
+            if fmt.writes(piece.decode("utf-8", errors="replace")):
+                self._token_bytes[i] = piece
+                self._control = self._control - {i}
 
     def _open_batch_context(self, window: int) -> None:
         """The generation context: `slots` sequences over a unified KV cache of

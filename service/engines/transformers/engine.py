@@ -204,7 +204,7 @@ class TransformersEngine(Engine):
             vocab_width=self.model.get_output_embeddings().weight.shape[0],
             vocab_size=len(self.tokenizer),
             eos_ids=torch.tensor(sorted(self._eos_ids), dtype=torch.long, device=self.device),
-            banned_ids=self._banned_ids,
+            banned_ids=self._unbanned_markup(),
             eos_set=self._eos_ids,
             token_bytes=byte_level_table(self.decoder),
             control_ids=self._control_ids(),
@@ -214,6 +214,19 @@ class TransformersEngine(Engine):
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()
+
+    def _unbanned_markup(self) -> torch.Tensor:
+        """The banned ids but the special tokens of the model's own call and
+        reasoning markup (service/formats), which it must be able to write."""
+        if self.format is None:
+            return self._banned_ids
+        keep = [i for i in self._banned_ids.tolist() if i < len(self.tokenizer)
+                and self.format.writes(self.tokenizer.convert_ids_to_tokens(i) or "")]
+        if keep:
+            log.info("%s: its format's markup tokens may be generated: %s", self.entry.id,
+                     self.tokenizer.convert_ids_to_tokens(keep))
+        return self._banned_ids[~torch.isin(self._banned_ids, torch.tensor(
+            keep, dtype=torch.long, device=self.device))]
 
     @property
     def capabilities(self) -> EngineCapabilities:
