@@ -206,3 +206,17 @@ def test_whatever_the_grammar_lets_a_model_write_the_parser_reads(syntax, demo_v
         assert reason == "tool_calls" and [n for n, _ in calls] == ["get_weather"]
         jsonschema.validate(json.loads(calls[0][1]), WALK_SCHEMA)
     assert finished >= 4
+
+
+def test_an_end_of_generation_token_closing_a_call_closes_it():
+    """gpt-oss ends a call with <|call|>, an end-of-generation token: the
+    text stops before it, and the end closes the call."""
+    plan = ToolPlan(TOOLS, FUNCTION, "ping", True, harmony.CALLS)
+    parser = ChoiceCalls(plan)
+    _, fragments = parser.feed(harmony.CALLS.call_text("ping", "{}").removesuffix("<|call|>"))
+    assert [f.name for f in fragments if f.name] == ["ping"]
+    assert parser.finish("stop") == ("", "tool_calls")
+    cut = ChoiceCalls(plan)
+    cut.feed("<|channel|>commentary to=functions.ping <|constrain|>json<|message|>{")
+    with pytest.raises(EngineError):
+        cut.finish("stop")

@@ -233,6 +233,11 @@ class ChoiceCalls:
 
     def finish(self, reason: str | None) -> tuple[str, str | None]:
         """(content still held, the choice's finish reason)."""
+        if (self.state == LITERAL and reason == FinishReason.STOP
+                and any(then == CALL_ENDED for _, then in self.options)):
+            # The call's closing marker is the model's end-of-generation token
+            # (gpt-oss's <|call|>), whose text no text carries: the end closes it.
+            self._expect([("", CALL_ENDED)])
         if self.state != TEXT and reason == FinishReason.STOP:
             raise invalid_call(f"Tool call {len(self.calls) - 1} ended unfinished.")
         held = self.pending if self.state == TEXT else ""
