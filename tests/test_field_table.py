@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from service.engines.base import KIND_CAPABILITIES
+from service.engines.capabilities import KIND_CAPABILITIES
 from service.errors import EngineError
 from service.models.registry import GGUF, TRANSFORMERS
 from service.requests import fields
