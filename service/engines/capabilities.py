@@ -32,5 +32,5 @@ KIND_CAPABILITIES: dict[str, EngineCapabilities] = {
     # take the same grammar masks (engines/gguf/constraint.py).
     GGUF: EngineCapabilities(
         several_choices=False, generation_logprobs=False, scoring=True, grammar=True,
-        steer=False, embeddings=True, extra_conversations=False),
+        steer=True, embeddings=True, extra_conversations=False),
 }
