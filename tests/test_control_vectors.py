@@ -190,11 +190,11 @@ def test_a_vector_profile_steers_and_scale_zero_does_not(clean, model):
     plain, _, _ = answer(clean, model)
     vector_profile(clean, "v", vector, 1.0)
     vector_profile(clean, "v0", vector, 0.0)
-    steered, _, headers = answer(clean, model, profile="v")
+    steered, _, _ = answer(clean, model, profile="v")
     assert steered != plain
-    off, _, headers = answer(clean, model, profile="v0")
-    assert off == plain and headers.get("x-millm-steering") == "none"
-    assert answer(clean, model, profile="v", steering_intensity=0)[0] == plain
+    assert answer(clean, model, profile="v0")[0] == plain
+    off, _, headers = answer(clean, model, profile="v", steering_intensity=0)
+    assert off == plain and headers["x-millm-steering-intensity"] == "0.0"
     # The stored entry reads back as a vector entry, nothing else.
     assert clean.ok("GET", "/api/profiles/v")["profile"]["entries"] == [
         {"control_vector": vector, "scale": 1.0}]
