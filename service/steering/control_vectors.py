@@ -43,6 +43,7 @@ ARCHITECTURE = "controlvector"
 SUFFIX = ".gguf"
 _DIRECTION = re.compile(r"^direction\.(\d+)$")
 _ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_ID = re.compile(r"^cv_[A-Za-z0-9_-][A-Za-z0-9_.-]{0,250}$")
 
 
 def vector_id_for(path: pathlib.Path) -> str:
@@ -190,7 +191,16 @@ class ControlVectorDirectory:
     def get(self, vector_id: str, param: str = "control_vector") -> ControlVector:
         """A vector by id: control_vector_not_found, or invalid_control_vector
         for a file that is there but unusable."""
-        for path in self._files():
+        paths: list[pathlib.Path] = []
+        if _ID.match(vector_id):  # anything else names no file (ids are sanitized)
+            # Per request: the file the id usually names, the whole folder only if not.
+            likely = self.root / (vector_id.removeprefix("cv_") + SUFFIX) if self.root else None
+            try:
+                usual = likely is not None and likely.is_file()
+            except (OSError, ValueError):
+                usual = False
+            paths = [likely] if usual else self._files()
+        for path in paths:
             if vector_id_for(path) != vector_id:
                 continue
             try:
