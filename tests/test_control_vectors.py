@@ -126,6 +126,16 @@ def test_a_written_file_is_listed_over_rest_and_grpc(clean):
         reply = steering_grpc.SteeringServiceStub(channel).ListControlVectors(
             steering_service_pb2.ListControlVectorsRequest())
     assert "cv_listed" in [v.id for v in reply.control_vectors]
+    # A vector entry written over gRPC reads back as one, over gRPC and REST.
+    with grpc.insecure_channel(clean.grpc_target) as channel:
+        stub = steering_grpc.SteeringServiceStub(channel)
+        stub.CreateProfile(steering_service_pb2.CreateProfileRequest(name="g", entries=[
+            steering_pb2.SteeringEntry(control_vector="cv_listed", scale=-0.25)]))
+        entry = stub.GetProfile(steering_service_pb2.GetProfileRequest(name="g")).profile.entries[0]
+    assert (entry.control_vector, entry.scale, entry.HasField("strength"), entry.layer) == (
+        "cv_listed", -0.25, False, 0)
+    assert clean.ok("GET", "/api/profiles/g")["profile"]["entries"] == [
+        {"control_vector": "cv_listed", "scale": -0.25}]
 
 
 def test_control_vector_files_are_not_models(tmp_path):
