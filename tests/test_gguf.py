@@ -261,7 +261,6 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
 
 
 @pytest.mark.parametrize(("route", "body", "param", "code"), [
-    ("chat", {"n": 2}, "n", "field_not_honoured"),
     ("completions", {"logprobs": 2, "max_tokens": 5}, "logprobs", "field_not_honoured"),
     # Chat's own flag is named, not top_logprobs (which the contract's count carries).
     ("chat", {"logprobs": True, "max_tokens": 5}, "logprobs", "field_not_honoured"),
