@@ -134,8 +134,11 @@ def test_a_schema_as_structured_outputs_json(served, client):
     schema = {"type": "object", "properties": {"colour": {"enum": COLOURS}},
               "required": ["colour"], "additionalProperties": False}
     raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=ASK, seed=1, extra_body={"structured_outputs": {"json": schema}})
+        model=model, messages=ASK, seed=1, extra_body={"structured_outputs": {
+            "json": schema, "disable_any_whitespace": True}})
     assert raw.headers["x-millm-constrained"] == "json_schema"
+    # vLLM's tuning options change nothing here, and say so.
+    assert '"structured_outputs.disable_any_whitespace"' in raw.headers["x-millm-ignored-fields"]
     assert json.loads(raw.parse().choices[0].message.content)["colour"] in COLOURS
 
 
