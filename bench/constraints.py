@@ -97,9 +97,9 @@ async def kinds_vs_free(stub, model: str, clients_list, requests: int, rounds: i
         for clients in clients_list:
             free, constrained = [], []
             for _ in range(rounds):  # alternate, and report medians
-                free.append(await load(stub, lambda: request(model, None, tokens), clients,
-                                       requests))
-                constrained.append(await load(stub, lambda: request(model, kind, tokens),
+                free.append(await load(stub, lambda t=tokens: request(model, None, t),
+                                       clients, requests))
+                constrained.append(await load(stub, lambda k=kind, t=tokens: request(model, k, t),
                                               clients, requests))
             rows.append((kind, tokens, clients, statistics.median(free),
                          statistics.median(constrained)))

@@ -12,7 +12,6 @@ and its choice 0 is the n = 1 answer, and a constraint holds on every choice.
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import openai
 import pytest

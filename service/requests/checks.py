@@ -22,10 +22,10 @@ from service.errors import (
     unused_fields_refused,
 )
 from service.requests import fields
+from service.requests.constraints import check_constraint
 from service.requests.params import CHAT_ROLES, GenerateParams
 from service.requests.tools import ToolPlan, check_history, check_tools, template_message
 from service.sampling import SamplingOptions
-from service.requests.constraints import check_constraint
 from service.structured_output import Constraint
 
 MAX_N = 128
