@@ -187,7 +187,10 @@ class GgufEngine(Engine):
         self._steerer = steerer
         self._readers = Readers(self._open, window, self.kv.embed_window, steerer)
         lanes = Lanes(lane_opener(self.llm._model, self.llm.context_params, window, steerer))
-        self._runner = Runner(self._ctx, self._batch, n_batch, Slots(self.slots, cells), lanes,
+        model = self.llm._model.model
+        whole_only = bool(lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
+        self._runner = Runner(self._ctx, self._batch, n_batch,
+                              Slots(self.slots, cells, whole_only), lanes,
                               self._eog, self._row_tools, self._token_bytes, self._count,
                               self.stall_s, steerer, self._ctx_steer if steerer else None)
 
