@@ -72,9 +72,9 @@ PROMPTS = ["The river ran", "In the morning the market", "The lighthouse keeper"
            "Gardens need patience", "The train left the station", "Cats sleep"]
 
 
-def build(models: pathlib.Path, dtype: str, gguf: bool) -> int:
-    """The checkpoint (stored in `dtype`) and its GGUF files; returns its
-    parameter count."""
+def build(models: pathlib.Path, dtype: str, gguf: bool, quants: tuple[str, ...] = QUANTS) -> int:
+    """The checkpoint (stored in `dtype`) and its GGUF files in `quants`;
+    returns its parameter count."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -93,7 +93,7 @@ def build(models: pathlib.Path, dtype: str, gguf: bool) -> int:
     if not gguf:
         return sum(p.numel() for p in model.parameters())
     (models / GGUF_REPO).mkdir()
-    for quant in QUANTS:
+    for quant in quants:
         gguf_export.write_file(target, models / GGUF_REPO / f"{GGUF_REPO}-{quant}.gguf", quant,
                                GGUF_REPO)
     return sum(p.numel() for p in model.parameters())
