@@ -52,7 +52,6 @@ from millm.v1 import (  # noqa: E402
     model_service_pb2_grpc,
 )
 from service.demo_model import gguf_export  # noqa: E402
-from service.demo_model.build import VOCAB_SIZE  # noqa: E402
 from service.demo_model.families import TOKENIZER_FILES  # noqa: E402
 from tests import harness  # noqa: E402
 from tests.grpc_helpers import prompt_request  # noqa: E402
@@ -80,7 +79,10 @@ def build(models: pathlib.Path, dtype: str, gguf: bool, quants: tuple[str, ...] 
 
     demo = harness.models_dir() / "millm-tiny"
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=2, pad_token_id=0,
+    # The tokenizer's real size (build.VOCAB_SIZE is only its trainer's
+    # ceiling): a GGUF's embedding table must have one row per token.
+    vocab = json.loads((demo / "config.json").read_text())["vocab_size"]
+    config = LlamaConfig(vocab_size=vocab, bos_token_id=None, eos_token_id=2, pad_token_id=0,
                          tie_word_embeddings=True, **CONFIG)
     model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)

@@ -181,7 +181,7 @@ def gguf_round(target: str, model: gguf_models.BenchModel, args, runs: dict) -> 
                 lambda c, r, half=(mix == "half"): gguf_request(
                     model.model_id, c, r, args.tokens, half and (c + r) % 2 == 0),
                 warmup=gguf_models.warmup(model.model_id))))
-    steps = asyncio.run(gguf_steps(target, model.model_id, args.tokens, 2))
+    steps = asyncio.run(gguf_steps(target, model.model_id, args.tokens, 3))
     for steered, figures in steps.items():
         runs.setdefault(("step", steered), []).extend(figures)
 
