@@ -35,7 +35,13 @@ from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.gguf.slots import Slots
-from service.engines.model_thread import ModelCall, answer_unrun, report_death, run_one_chunk
+from service.engines.model_thread import (
+    ModelCall,
+    answer_unrun,
+    own_torch_threads,
+    report_death,
+    run_one_chunk,
+)
 from service.engines.scores import TokenTable, score_logits
 from service.errors import EngineError, batch_reset, invalid_parameter, queue_full, thread_died
 from service.generation.job import GenerationJob
@@ -313,6 +319,7 @@ class GgufEngine(Engine):
             setattr(self, attribute, getattr(self, attribute) + amount)
 
     def _run(self) -> None:
+        own_torch_threads()  # SAE encodes for readout and probes run here
         try:
             self._serve(self._runner)
         except BaseException:
