@@ -194,8 +194,10 @@ bench: setup proto model llama-server
 	$(PY) bench/constraints.py
 	$(PY) bench/tool_calls.py
 	$(PY) bench/steering.py
+	$(PY) bench/steering.py --engine gguf
 	$(PY) bench/steering_effect.py
 	$(PY) bench/monitoring.py
+	$(PY) bench/monitoring.py --engine gguf
 	$(PY) bench/gguf_peer.py
 	$(PY) bench/hardware_limit.py
 	$(PY) bench/admission.py

@@ -37,7 +37,13 @@ from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.gguf.slots import Slots
-from service.engines.model_thread import ModelCall, answer_unrun, report_death, run_one_chunk
+from service.engines.model_thread import (
+    ModelCall,
+    answer_unrun,
+    own_torch_threads,
+    report_death,
+    run_one_chunk,
+)
 from service.engines.scores import TokenTable, score_logits
 from service.errors import EngineError, batch_reset, invalid_parameter, queue_full, thread_died
 from service.generation.job import GenerationJob
@@ -189,7 +195,10 @@ class GgufEngine(Engine):
         self._steerer = steerer
         self._readers = Readers(self._open, window, self.kv.embed_window, steerer)
         lanes = Lanes(lane_opener(self.llm._model, self.llm.context_params, window, steerer))
-        self._runner = Runner(self._ctx, self._batch, n_batch, Slots(self.slots, cells), lanes,
+        model = self.llm._model.model
+        whole_only = bool(lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
+        self._runner = Runner(self._ctx, self._batch, n_batch,
+                              Slots(self.slots, cells, whole_only), lanes,
                               self._eog, self._row_tools, self._token_bytes, self._count,
                               self.stall_s, steerer, self._ctx_steer if steerer else None)
 
@@ -314,6 +323,7 @@ class GgufEngine(Engine):
             setattr(self, attribute, getattr(self, attribute) + amount)
 
     def _run(self) -> None:
+        own_torch_threads()  # SAE encodes for readout and probes run here
         try:
             self._serve(self._runner)
         except BaseException:

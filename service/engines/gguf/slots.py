@@ -66,10 +66,14 @@ def common_prefix(a: list[int], b: tuple[int, ...], limit: int) -> int:
 class Slots:
     """The sequences of the batch context, and which row runs in each."""
 
-    def __init__(self, count: int, cells: int):
+    def __init__(self, count: int, cells: int, whole_only: bool = False):
         self.slots = [Slot(i) for i in range(count)]
         self.cells = cells
         self.clock = 0
+        # A recurrent (Mamba, RWKV) or hybrid model's state cannot be cut back
+        # to a position (llama_memory_seq_rm refuses): a slot is reused only
+        # when the prompt continues everything it holds.
+        self.whole_only = whole_only
 
     @property
     def rows(self) -> list[Row]:
@@ -95,7 +99,8 @@ class Slots:
         def keeps(s: Slot) -> int:
             if fresh or s.key != key:
                 return 0
-            return common_prefix(s.tokens, prompt, min(len(s.tokens), len(prompt) - 1))
+            same = common_prefix(s.tokens, prompt, min(len(s.tokens), len(prompt) - 1))
+            return 0 if self.whole_only and same < len(s.tokens) else same
 
         best = max(free, key=lambda s: (keeps(s), -s.used))
         return best, keeps(best)
