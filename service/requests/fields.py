@@ -125,17 +125,17 @@ RULES: dict[str, FieldRule] = {
     "grammar": FieldRule({CHAT: "grammar", COMPLETIONS: "grammar"}, no_change=("",),
                          why="constraints apply to generated text",
                          why_engine="this engine cannot mask its tokens"),
-    # Steering hooks are forward hooks on the transformers engine's decoder layers.
+    # Both engine kinds steer (steering/plan.py); a loaded model whose residual
+    # stream its engine cannot reach has steer=False, refused steering_unavailable.
     "profile": FieldRule({CHAT: "steer"}, why="steering profiles apply to chat completions "
-                         "only", why_engine="steering profiles apply on the transformers "
-                         "engine only"),
+                         "only", why_engine="this engine cannot steer its model"),
     "steering_intensity": FieldRule({CHAT: "steer"}, why="the steering dial applies to chat "
-                                    "completions only", why_engine="the steering dial "
-                                    "applies on the transformers engine only"),
+                                    "completions only", why_engine="this engine cannot steer "
+                                    "its model"),
     "return_sae_activations": FieldRule({CHAT: "steer", COMPLETIONS: "steer"},
                                         why="activations are read on chat and text "
-                                        "completions only", why_engine="SAE activations are "
-                                        "read on the transformers engine only"),
+                                        "completions only", why_engine="this engine cannot "
+                                        "read its model's activations"),
     "steering": FieldRule(why="per-request steering vectors are " + NOT_YET),
     "dimensions": FieldRule(why="embeddings with chosen dimensions are " + NOT_YET),
     # Calls are constrained by the same grammar masks as response_format.
