@@ -138,6 +138,8 @@ class GenerationFields(SharedFields):
     allowed_token_ids: list[Int64] | None = None
     # Key log-probabilities by "token_id:<id>" instead of the token's text.
     return_tokens_as_token_ids: bool | None = None
+    # OpenAI's logit_bias: token ids (as JSON object keys) -> bias.
+    logit_bias: dict[str, float] | None = None
 
 
 Model = TypeVar("Model", bound=OpenAIBaseModel)

@@ -25,7 +25,7 @@ def sampler_chain(options: SamplingOptions, n_vocab: int, banned: Iterable[int],
     """A llama-cpp-python LlamaSampler for one generation.
 
     `banned` tokens get a -inf logit bias (control tokens, and the end tokens
-    under ignore_eos). The penalties look at the last `history` tokens the
+    under ignore_eos); the request's own logit_bias follows the penalties. The penalties look at the last `history` tokens the
     chain has accepted (llama_sampler_sample accepts each one it picks).
     Temperature 0 draws greedily from the penalised logits, with no
     truncation, as service.sampling.choose_tokens does; otherwise the logits
@@ -46,6 +46,10 @@ def sampler_chain(options: SamplingOptions, n_vocab: int, banned: Iterable[int],
                               penalty_repeat=options.repetition_penalty,
                               penalty_freq=options.frequency_penalty,
                               penalty_present=options.presence_penalty)
+    if options.logit_bias:
+        # After the penalties, as service.sampling adds it; a banned token's
+        # -inf stays -inf.
+        sampler.add_logit_bias(n_vocab, dict(options.logit_bias))
     if options.greedy:
         if draw:
             sampler.add_greedy()
