@@ -54,6 +54,8 @@ from millm.v1 import (
     server_service_pb2,
     server_service_pb2_grpc,
     steering_service_pb2_grpc,
+    tokenization_service_pb2,
+    tokenization_service_pb2_grpc,
 )
 
 _ROLES = {
@@ -203,6 +205,7 @@ class _Stubs:
         self.steering = steering_service_pb2_grpc.SteeringServiceStub(channel)
         self.responses = response_service_pb2_grpc.ResponseServiceStub(channel)
         self.monitoring = monitoring_service_pb2_grpc.MonitoringServiceStub(channel)
+        self.tokenization = tokenization_service_pb2_grpc.TokenizationServiceStub(channel)
 
     def options(self, timeout, request_id) -> dict:
         return {"timeout": self.timeout if timeout is None else timeout,
@@ -212,6 +215,19 @@ class _Stubs:
         items = [inputs] if isinstance(inputs, str) else inputs
         return embedding_service_pb2.EmbedRequest(model=self.model,
                                                   inputs=[_prompt(p) for p in items])
+
+    def tokenize_request(self, text_or_messages, tools, **options
+                         ) -> tokenization_service_pb2.TokenizeRequest:
+        """A prompt (str) or a conversation (message dicts, as chat() takes);
+        `options` are TokenizeRequest's flags (add_generation_prompt, ...)."""
+        request = tokenization_service_pb2.TokenizeRequest(
+            model=self.model, tools=[function_tool(t) for t in tools or ()],
+            **{k: v for k, v in options.items() if v is not None})
+        if isinstance(text_or_messages, str):
+            request.prompt = text_or_messages
+        else:
+            request.chat.messages.extend(_message(m) for m in text_or_messages)
+        return request
 
     def score_request(self, prompt, allowed_token_ids, top_logprobs, temperature):
         request = scoring_service_pb2.ScoreRequest(
@@ -286,6 +302,26 @@ class Client(_Stubs):
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return [list(e.values) for e in reply.embeddings]
+
+    def tokenize(self, text_or_messages: str | Iterable[dict], *, tools=None, timeout=None,
+                 request_id=None, **options) -> tokenization_service_pb2.TokenizeResponse:
+        """The ids a generation of this prompt or conversation would feed the
+        model (`tokens`, `count`, `max_model_len`; `token_strs` with
+        return_token_strs=True). Options: add_generation_prompt,
+        continue_final_message, add_special_tokens, parse_special_tokens."""
+        try:
+            return self.tokenization.Tokenize(self.tokenize_request(text_or_messages, tools,
+                                                                    **options),
+                                              **self.options(timeout, request_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def detokenize(self, tokens: Iterable[int], *, timeout=None, request_id=None) -> str:
+        try:
+            return self.tokenization.Detokenize(tokenization_service_pb2.DetokenizeRequest(
+                model=self.model, tokens=tokens), **self.options(timeout, request_id)).prompt
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
 
     def list_models(self, *, timeout=None) -> list[str]:
         try:
@@ -376,3 +412,21 @@ class AsyncClient(_Stubs):
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return [list(e.values) for e in reply.embeddings]
+
+    async def tokenize(self, text_or_messages: str | Iterable[dict], *, tools=None,
+                       timeout=None, request_id=None, **options
+                       ) -> tokenization_service_pb2.TokenizeResponse:
+        try:
+            return await self.tokenization.Tokenize(
+                self.tokenize_request(text_or_messages, tools, **options),
+                **self.options(timeout, request_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    async def detokenize(self, tokens: Iterable[int], *, timeout=None, request_id=None) -> str:
+        try:
+            reply = await self.tokenization.Detokenize(tokenization_service_pb2.DetokenizeRequest(
+                model=self.model, tokens=tokens), **self.options(timeout, request_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return reply.prompt
