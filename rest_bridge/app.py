@@ -23,9 +23,9 @@ from rest_bridge.serving.chat import ChatCompletionHandler
 from rest_bridge.serving.completions import CompletionHandler
 from rest_bridge.serving.disconnect import ClientDisconnected
 from rest_bridge.serving.embeddings import EmbeddingsHandler
-from rest_bridge.serving.tokenize import TokenizeHandler
 from rest_bridge.serving.models import ModelsHandler
 from rest_bridge.serving.responses import ResponsesHandler
+from rest_bridge.serving.tokenize import TokenizeHandler
 from rest_bridge.unserved import is_openai_endpoint
 
 log = logging.getLogger("millm.bridge")

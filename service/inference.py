@@ -9,7 +9,10 @@ load), a lease on the serving engine (loading it if another model is
 loaded), the field table again with the loaded model's capabilities, the
 parameter checks, steering, tokenization off the event loop, the context fit;
 the result is one frozen ValidatedGeneration, held with its lease by a
-Generation for as long as the caller's `async with` block runs.
+Generation for as long as the caller's `async with` block runs. Tokenize and
+detokenize (TokenizationService) hold a lease too, and encode through the
+same function as generation (encode_conversation), so their ids are the
+ones a generation of the same input would use.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ from __future__ import annotations
 from millm.v1 import tokenization_service_pb2, tokenization_service_pb2_grpc
 from service.inference import InferenceService
 from service.requests.tokenization import DetokenizeParams, TokenizeParams
-from service.servicers.error_handling import unary_errors
 from service.requests.tools import FunctionTool
+from service.servicers.error_handling import unary_errors
 from service.servicers.generation import turns_from_pb
 
 
