@@ -2,8 +2,8 @@
 
 A request must keep the same candidate tokens whichever engine serves it, so
 the chain follows service.sampling: bans and penalties, then the request's
-logit_bias, then temperature,
-then top-k, top-p and min-p truncation, then the draw. (llama.cpp's own
+logit_bias, then temperature, then top-k, top-p and min-p truncation, then
+the draw. (llama.cpp's own
 default chain truncates before the temperature; while this engine followed
 it, top-p and min-p saw the unscaled distribution, and at temperature 1.7
 with top_p 0.5 the two engines kept different tokens.)
