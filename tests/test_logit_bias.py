@@ -6,6 +6,7 @@ scoring mode refusing it."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 
 import grpc
 import pytest
@@ -135,3 +136,34 @@ def test_grpc_takes_the_map(generation_stub):
     assert (info.reason, info.metadata["param"]) == ("invalid_parameter",
                                                      f"logit_bias[{10**9}]")
     assert generation_pb2.SamplingParams.DESCRIPTOR.fields_by_name["logit_bias"].number == 50
+
+
+def test_the_openai_sdk_sends_it_streamed_and_not(stack, client):
+    river = token_of((TRANSFORMERS, stack), " river")
+    messages = [{"role": "user", "content": "Hello!"}]
+    reply = client.chat.completions.create(model=TRANSFORMERS, messages=messages, max_tokens=3,
+                                           logit_bias={str(river): 100})
+    assert reply.choices[0].message.content == " river" * 3
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=TRANSFORMERS, messages=messages, max_tokens=3, logit_bias={str(river): 100},
+        stream=True) if c.choices]
+    assert "".join(pieces) == " river" * 3
+    text = client.completions.create(model=TRANSFORMERS, prompt=PROMPT, max_tokens=3,
+                                     logit_bias={str(river): 100})
+    assert text.choices[0].text == " river" * 3
+
+
+def test_a_grammar_mask_wins_over_the_bias(served):
+    """+100 on a word cannot push it into a JSON document: the response_format
+    mask still excludes it where the grammar does."""
+    model, stack = served
+    river = token_of(served, " river")
+    reply = call(stack.http_port, "POST", "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Give me JSON."}],
+        "max_tokens": 24, "temperature": 0, "response_format": {"type": "json_object"},
+        "logit_bias": {str(river): 100}})
+    assert reply.status_code == 200, reply.text
+    content = reply.json()["choices"][0]["message"]["content"]
+    assert content.lstrip().startswith("{")
+    if reply.json()["choices"][0]["finish_reason"] == "stop":
+        json.loads(content)
