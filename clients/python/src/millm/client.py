@@ -20,6 +20,11 @@ and Generation.add() folds a stream's deltas into texts and whole ToolCalls:
         result.add(delta)
     if result.finish_reasons[0] == "tool_calls":
         call = result.tool_calls[0][0]   # ToolCall(id, name, arguments)
+
+The model's tokenizer: tokenize() gives the ids a generation of a prompt or a
+conversation would use (count, max_model_len, token_strs), detokenize() text
+back; sampling keywords take logit_bias={token_id: bias}. The requests are
+built by millm.requests (chat_request and prompt_request are re-exported here).
 """
 
 from __future__ import annotations
@@ -30,15 +35,11 @@ from dataclasses import dataclass, field
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from millm.tools import (
-    ToolCall,
-    ToolCallFragment,
-    fold_tool_calls,
-    fragments,
-    function_tool,
-    tool_call,
-)
-from millm.tools import tool_choice as _tool_choice
+from millm.requests import chat_request, prompt_pb, prompt_request, tokenize_request
+
+__all__ = ["AsyncClient", "Client", "Delta", "Generation", "MillmError", "chat_request",
+           "prompt_request"]
+from millm.tools import ToolCall, ToolCallFragment, fold_tool_calls, fragments
 from millm.v1 import (
     embedding_service_pb2,
     embedding_service_pb2_grpc,
@@ -58,11 +59,6 @@ from millm.v1 import (
     tokenization_service_pb2_grpc,
 )
 
-_ROLES = {
-    "system": generation_pb2.ROLE_SYSTEM, "developer": generation_pb2.ROLE_DEVELOPER,
-    "user": generation_pb2.ROLE_USER, "assistant": generation_pb2.ROLE_ASSISTANT,
-    "tool": generation_pb2.ROLE_TOOL, "function": generation_pb2.ROLE_FUNCTION,
-}
 _FINISH = {generation_pb2.FINISH_REASON_STOP: "stop",
            generation_pb2.FINISH_REASON_LENGTH: "length",
            generation_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls"}
@@ -125,50 +121,6 @@ class Generation:
             self.finish_reasons[delta.index] = delta.finish_reason
 
 
-def _message(m: dict) -> generation_pb2.ChatMessage:
-    return generation_pb2.ChatMessage(
-        role=_ROLES[m["role"]], content=m.get("content") or "",
-        tool_calls=[tool_call(c) for c in m.get("tool_calls") or ()],
-        tool_call_id=m.get("tool_call_id") or "")
-
-
-def chat_request(model: str, messages: Iterable[dict], *, tools=None, tool_choice=None,
-                 parallel_tool_calls: bool | None = None, **sampling
-                 ) -> generation_service_pb2.GenerateRequest:
-    """The GenerateRequest chat() sends. Messages are dicts with `role`, `content`
-    and, for tools, `tool_calls` (assistant) or `tool_call_id` (tool)."""
-    request = generation_service_pb2.GenerateRequest(
-        model=model,
-        chat=generation_pb2.ChatInput(messages=[_message(m) for m in messages]),
-        sampling=_sampling(sampling),
-        tools=[function_tool(t) for t in tools or ()])
-    if tool_choice is not None:
-        request.tool_choice.CopyFrom(_tool_choice(tool_choice))
-    if parallel_tool_calls is not None:
-        request.parallel_tool_calls = parallel_tool_calls
-    return request
-
-
-def prompt_request(model: str, prompts: Iterable[str | list[int]], **sampling
-                   ) -> generation_service_pb2.GenerateRequest:
-    return generation_service_pb2.GenerateRequest(
-        model=model,
-        prompt=generation_pb2.PromptInput(prompts=[_prompt(p) for p in prompts]),
-        sampling=_sampling(sampling))
-
-
-def _prompt(p: str | list[int]) -> generation_pb2.Prompt:
-    if isinstance(p, str):
-        return generation_pb2.Prompt(text=p)
-    return generation_pb2.Prompt(token_ids=generation_pb2.TokenIds(ids=p))
-
-
-def _sampling(fields: dict) -> generation_pb2.SamplingParams:
-    stop = fields.pop("stop", ())
-    return generation_pb2.SamplingParams(stop=[stop] if isinstance(stop, str) else stop,
-                                         **fields)
-
-
 def _metadata(api_key: str | None, request_id: str | None) -> tuple:
     out = []
     if api_key:
@@ -214,24 +166,11 @@ class _Stubs:
     def embed_request(self, inputs) -> embedding_service_pb2.EmbedRequest:
         items = [inputs] if isinstance(inputs, str) else inputs
         return embedding_service_pb2.EmbedRequest(model=self.model,
-                                                  inputs=[_prompt(p) for p in items])
-
-    def tokenize_request(self, text_or_messages, tools, **options
-                         ) -> tokenization_service_pb2.TokenizeRequest:
-        """A prompt (str) or a conversation (message dicts, as chat() takes);
-        `options` are TokenizeRequest's flags (add_generation_prompt, ...)."""
-        request = tokenization_service_pb2.TokenizeRequest(
-            model=self.model, tools=[function_tool(t) for t in tools or ()],
-            **{k: v for k, v in options.items() if v is not None})
-        if isinstance(text_or_messages, str):
-            request.prompt = text_or_messages
-        else:
-            request.chat.messages.extend(_message(m) for m in text_or_messages)
-        return request
+                                                  inputs=[prompt_pb(p) for p in items])
 
     def score_request(self, prompt, allowed_token_ids, top_logprobs, temperature):
         request = scoring_service_pb2.ScoreRequest(
-            model=self.model, prompt=generation_pb2.PromptInput(prompts=[_prompt(prompt)]),
+            model=self.model, prompt=generation_pb2.PromptInput(prompts=[prompt_pb(prompt)]),
             allowed_token_ids=allowed_token_ids or (), top_logprobs=top_logprobs)
         if temperature is not None:
             request.temperature = temperature
@@ -310,7 +249,7 @@ class Client(_Stubs):
         return_token_strs=True). Options: add_generation_prompt,
         continue_final_message, add_special_tokens, parse_special_tokens."""
         try:
-            return self.tokenization.Tokenize(self.tokenize_request(text_or_messages, tools,
+            return self.tokenization.Tokenize(tokenize_request(self.model, text_or_messages, tools,
                                                                     **options),
                                               **self.options(timeout, request_id))
         except grpc.RpcError as exc:
@@ -418,7 +357,7 @@ class AsyncClient(_Stubs):
                        ) -> tokenization_service_pb2.TokenizeResponse:
         try:
             return await self.tokenization.Tokenize(
-                self.tokenize_request(text_or_messages, tools, **options),
+                tokenize_request(self.model, text_or_messages, tools, **options),
                 **self.options(timeout, request_id))
         except grpc.RpcError as exc:
             raise _error(exc) from None
