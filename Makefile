@@ -32,6 +32,7 @@ $(INSTALLED): pyproject.toml clients/python/pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ./clients/python
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m service.engines.gguf.native  # GGUF steering's llama.cpp callback (C, ~1 s)
 	touch $@
 
 tools: $(BUF)

@@ -144,6 +144,7 @@ def stacks(tmp_path_factory):
         _steerable(started[TRANSFORMERS])
         started[GGUF] = harness.OwnStack(tmp_path_factory.mktemp("captable-gguf"),
                                          MILLM_MODEL=GGUF)
+        _steerable(started[GGUF])
         yield started
     finally:
         for stack in started.values():

@@ -265,9 +265,6 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
     ("completions", {"logprobs": 2, "max_tokens": 5}, "logprobs", "field_not_honoured"),
     # Chat's own flag is named, not top_logprobs (which the contract's count carries).
     ("chat", {"logprobs": True, "max_tokens": 5}, "logprobs", "field_not_honoured"),
-    ("chat", {"profile": "any", "max_tokens": 5}, "profile", "field_not_honoured"),
-    ("completions", {"return_sae_activations": {}, "max_tokens": 5}, "return_sae_activations",
-     "field_not_honoured"),
 ])
 def test_unhonoured_fields_are_refused_before_any_load(gguf, route, body, param, code):
     loaded_before = _loaded(gguf)

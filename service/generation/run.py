@@ -30,8 +30,8 @@ from service.models.lifecycle import Lease
 from service.request_metrics import RequestTimer
 from service.requests.generation import ValidatedGeneration
 from service.steering import readout
-from service.steering.runtime import UNSTEERED as UNSTEERED_READ
-from service.steering.runtime import ActivationRecorder
+from service.steering.plan import UNSTEERED as UNSTEERED_READ
+from service.steering.recording import ActivationRecorder
 
 Event = (GenerationStarted | Echoed | StepOutput | GenerationFinished | ProbesRead
          | ActivationsRead)

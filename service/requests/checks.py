@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from service.engines.base import EngineCapabilities
+from service.engines.capabilities import EngineCapabilities
 from service.errors import (
     EngineError,
     field_not_honoured,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from service.engines.base import EngineCapabilities
+from service.engines.capabilities import EngineCapabilities
 from service.errors import EngineError
 
 CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"

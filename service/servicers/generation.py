@@ -26,7 +26,8 @@ from service.inference import InferenceService
 from service.requests import tools
 from service.requests.params import ChatTurn, GenerateParams, ResponseFormat
 from service.servicers.error_handling import stream_errors
-from service.steering import readout, runtime
+from service.steering import plan as runtime
+from service.steering import readout
 from service.steering.documents import RUNG_LANGUAGE
 from service.structured_output import JSON_OBJECT, JSON_SCHEMA
 

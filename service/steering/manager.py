@@ -29,6 +29,7 @@ from service.errors import EngineError
 from service.steering import documents, intensity
 from service.steering.completion import completes
 from service.steering.documents import Circuit, Cluster, SteeringEntry
+from service.steering.plan import LayerSteering, SteeringPlan
 from service.steering.profiles import ProfileWrites
 from service.steering.records import (
     CIRCUIT,
@@ -40,7 +41,6 @@ from service.steering.records import (
     Resolved,
     steering_unavailable,
 )
-from service.steering.runtime import LayerSteering, SteeringPlan
 from service.steering.sae import SaeDirectory, SaeInfo, SaeWeights
 from service.steering.store import Snapshot, SteeringStore
 
@@ -264,7 +264,8 @@ class SteeringManager(ProfileWrites):
         if not per_layer:
             return None
         return SteeringPlan(tuple(
-            LayerSteering(layer, by_layer[layer], tuple(f), tuple(s))
+            LayerSteering(layer, by_layer[layer].info.id, tuple(f), tuple(s),
+                          by_layer[layer].direction(f, s).float().cpu().numpy())
             for layer, (f, s) in sorted(per_layer.items())))
 
     def _base_of(self, profile: Profile | None) -> _Base | None:

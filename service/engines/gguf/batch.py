@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from service.engines import faults
 from service.engines.gguf.lanes import Lanes
 from service.engines.gguf.slots import Row, Slot, Slots, step_batch, take_token
+from service.engines.gguf.steering import BatchPart
 from service.engines.model_thread import out_of_memory
 from service.errors import batch_reset, internal_error
 from service.generation.job import ChoiceDelta, GenerationJob, GroupDone, StepOutput
+from service.steering.plan import plan_key
 from service.text_output import ByteLevelDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,11 @@ class Runner:
 
     def __init__(self, ctx, batch, n_batch: int, slots: Slots, lanes: Lanes,
                  eog: frozenset[int], new_row_tools, token_bytes: list[bytes], counts,
-                 stall_s: float = 30.0):
+                 stall_s: float = 30.0, steerer=None, steer=None):
         self.ctx, self.batch, self.n_batch, self.stall_s = ctx, batch, n_batch, stall_s
+        # engines/gguf/steering.py: the model's Steerer and the shared context's
+        # tables (None where the model cannot be steered).
+        self.steerer, self.steer = steerer, steer
         self.slots, self.lanes, self.eog, self.new_row_tools = slots, lanes, eog, new_row_tools
         self.token_bytes, self.counts = token_bytes, counts
         self.waiting: collections.deque[Waiting] = collections.deque()
@@ -128,8 +133,12 @@ class Runner:
             job, group = waiting.job, waiting.groups[0]
             seeded = job.spec.seed is not None
             slot, same = None, 0
+            steer = (self.steerer.row(job.spec, job.monitor, len(group.prompt_ids))
+                     if self.steerer is not None else None)
+            key = plan_key(job.spec.steering)
             if not seeded:
-                picked = self.slots.pick(group.prompt_ids)
+                picked = self.slots.pick(group.prompt_ids, key,
+                                         fresh=steer is not None and steer.reads_prompt)
                 if picked is None:
                     return
                 slot, same = picked
@@ -165,8 +174,10 @@ class Runner:
             self.counts("cache_hits", same)
             self.slots.clock += 1
             slot.used = self.slots.clock
+            slot.key = key
             slot.row = Row(job, group, slot, sampler, mask, list(group.prompt_ids[same:]), same,
-                           ByteLevelDetokenizer(self.token_bytes), StopMatcher(job.spec.stop))
+                           ByteLevelDetokenizer(self.token_bytes), StopMatcher(job.spec.stop),
+                           steer=steer)
 
     # -- one step -----------------------------------------------------------------------
 
@@ -174,22 +185,31 @@ class Runner:
         """One decode of the shared batch, then one of each lane."""
         shared = sorted(self.slots.rows, key=lambda r: len(r.pending) > 1)  # decoding first
         if shared:
-            self._decode(self.ctx, self.batch, self.n_batch, shared, "decode")
+            self._decode(self.ctx, self.batch, self.n_batch, shared, "decode", self.steer)
         for lane in self.lanes.running():
             if lane.row is not None:  # (its request may have failed in this step)
-                self._decode(lane.ctx, lane.batch, lane.n_batch, [lane.row], "seeded")
+                self._decode(lane.ctx, lane.batch, lane.n_batch, [lane.row], "seeded",
+                             lane.steer)
 
-    def _decode(self, ctx, batch, n_batch: int, rows: list[Row], point: str) -> None:
-        """One llama_decode of `rows` (all in `ctx`), then their tokens;
-        `point` names it for engines/faults.py."""
+    def _decode(self, ctx, batch, n_batch: int, rows: list[Row], point: str,
+                steer=None) -> None:
+        """One llama_decode of `rows` (all in `ctx`, whose steering tables are
+        `steer`), then their tokens; `point` names it for engines/faults.py."""
         sampling = step_batch(rows, n_batch, batch.batch)
         if batch.batch.n_tokens == 0:
             return
+        parts = steering_parts(rows, batch.batch) if steer is not None else []
         try:
             faults.hit(point)
+            if parts:
+                steer.prepare(parts, batch.batch.n_tokens, batch.batch.logits)
             ctx.decode(batch)
+            if parts and steer.collect():
+                raise RuntimeError("the steering callback met an unexpected tensor layout")
         except Exception:
             log.exception("llama_decode failed; failing the batch's requests")
+            if parts:
+                steer.collect()
             self.fail_rows(rows, batch_reset())
             return
         per_job: dict[int, tuple[GenerationJob, list[ChoiceDelta]]] = {}
@@ -221,7 +241,8 @@ class Runner:
             if id(row.job) in failed:
                 continue
             self.leave(row, keep_cells=True)
-            row.job.post(GroupDone(row.generated, row.cached))
+            row.job.post(GroupDone(row.generated, row.cached,
+                                   row.steer.recorder if row.steer is not None else None))
             key = id(row.job)
             if key in self.groups_left:
                 self.groups_left[key] -= 1
@@ -274,3 +295,18 @@ class Runner:
             waiting.job.cancelled.set()
         for row in self.rows:
             row.job.cancelled.set()
+
+
+def steering_parts(rows: list[Row], batch) -> list[BatchPart]:
+    """The steered or reading rows' places in this step's batch; a row that
+    reads its chunk at the last block keeps logits for all of it."""
+    parts = []
+    for row in rows:
+        start, count, position, ids = row.batch_span
+        if row.steer is None or count == 0:
+            continue
+        if row.steer.needs_all_outputs():
+            for j in range(start, start + count):
+                batch.logits[j] = True
+        parts.append(BatchPart(row.steer, start, count, position, ids))
+    return parts

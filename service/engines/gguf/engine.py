@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import queue
 import threading
@@ -95,6 +96,9 @@ class GgufEngine(Engine):
         self._runner: Runner | None = None
         self._reads: collections.deque[ModelCall] = collections.deque()  # chunked reads
         self._ctx = self._batch = None  # the generation context and its batch
+        # Per-row steering (engines/gguf/steering.py); None: this model is not steerable.
+        self._steerer = None
+        self._ctx_steer = None  # the generation context's callback tables (kept alive)
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._dead = False
@@ -158,7 +162,6 @@ class GgufEngine(Engine):
             revision=self.entry.revision,
             embedding_window=self.kv.embed_window,
         )
-        self._readers = Readers(self._open, n_ctx, self.kv.embed_window)
         # The same grammar compiler as the transformers engine, over llama.cpp's pieces.
         self._grammars = GrammarCache.for_token_bytes(self._token_bytes, sorted(self._eog))
         self._open_batch_context(n_ctx)
@@ -176,12 +179,64 @@ class GgufEngine(Engine):
         n_batch = min(512, cells)
         params.n_ctx, params.n_batch, params.n_ubatch = cells, n_batch, n_batch
         params.n_seq_max, params.kv_unified = self.slots, True
+        steerer = self._new_steerer()
+        self._ctx_steer = steerer.hook(params, n_batch) if steerer is not None else None
         self._ctx = LlamaContext(model=self.llm._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
-        lanes = Lanes(lane_opener(self.llm._model, self.llm.context_params, window))
+        if steerer is not None and not self._reachable(self._ctx_steer):
+            log.warning("steering unavailable for %s: its graph does not name every block's "
+                        "residual stream (l_out-<layer>)", self.entry.id)
+            steerer = None
+        self._steerer = steerer
+        self._readers = Readers(self._open, window, self.kv.embed_window, steerer)
+        lanes = Lanes(lane_opener(self.llm._model, self.llm.context_params, window, steerer))
         self._runner = Runner(self._ctx, self._batch, n_batch, Slots(self.slots, cells), lanes,
                               self._eog, self._row_tools, self._token_bytes, self._count,
-                              self.stall_s)
+                              self.stall_s, steerer, self._ctx_steer if steerer else None)
+
+    def _new_steerer(self):
+        """The model's Steerer, or None where the callback cannot be built."""
+        from llama_cpp import llama_cpp as lib
+
+        from service.engines.gguf.native import NativeUnavailable
+        from service.engines.gguf.steering import Steerer
+
+        model = self.llm._model.model
+        try:
+            return Steerer(lib.llama_model_n_embd(model), lib.llama_model_n_layer(model))
+        except NativeUnavailable as exc:
+            log.warning("steering unavailable for %s: %s", self.entry.id, exc)
+            return None
+
+    def _reachable(self, steer) -> bool:
+        """Decode one token with the callback listening: does the graph hand
+        over every block's residual stream, laid out as the callback reads it?"""
+        from llama_cpp import llama_cpp as lib
+
+        batch = self._batch.batch
+        batch.n_tokens = 1
+        batch.token[0] = max(0, self.llm.token_bos())
+        batch.pos[0], batch.n_seq_id[0], batch.seq_id[0][0], batch.logits[0] = 0, 1, 0, True
+        steer.discover()
+        try:
+            self._ctx.decode(self._batch)
+        finally:
+            found = steer.reachable()
+            lib.llama_memory_seq_rm(self._ctx.memory, 0, 0, -1)
+            batch.n_tokens = 0
+        if found:
+            log.info("%s: steering on llama.cpp's residual stream (%d layers)", self.entry.id,
+                     steer.n_layer)
+        return found
+
+    @property
+    def capabilities(self):
+        caps = self.kind_capabilities
+        return caps if self._steerer is not None else dataclasses.replace(caps, steer=False)
+
+    @property
+    def steering(self):
+        return self._steerer
 
     @property
     def special_tokens(self) -> tuple[str, ...]:
@@ -345,14 +400,16 @@ class GgufEngine(Engine):
     def score(self, prompts, *, temperature, allowed, top, echo, next_token, plan=None,
               recorder=None):
         """llama.cpp's logits through engines/scores.py, as on the transformers
-        engine. Never steered: the field table refuses steering on GGUF."""
+        engine: unsteered unless `plan` is given (an echo's prompt under its
+        completion's steering); `recorder` reads activations on the way."""
         import torch
 
         def run(engine: GgufEngine):
             scored = []
             for ids in prompts:  # one prompt a chunk (engines/model_thread.py)
                 scored.append(score_logits(
-                    engine._tokens, ids, torch.from_numpy(engine._readers.prompt_logits(ids)),
+                    engine._tokens, ids,
+                    torch.from_numpy(engine._readers.prompt_logits(ids, plan, recorder)),
                     temperature=temperature, allowed=allowed, top=top, echo=echo,
                     next_token=next_token))
                 yield

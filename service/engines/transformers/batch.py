@@ -24,15 +24,15 @@ import torch
 from service.engines import faults
 from service.engines.scores import TokenTable
 from service.engines.transformers import reading
-from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
-from service.requests.generation import PromptGroup
-from service.sampling import SamplingOptions, add_logit_bias, apply_penalties, choose_tokens
-from service.steering.probes import ProbeReader
-from service.steering.runtime import (
+from service.engines.transformers.steering import (
     ActivationRecorder,
     ForwardSteering,
     SteeringRuntime,
 )
+from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
+from service.requests.generation import PromptGroup
+from service.sampling import SamplingOptions, add_logit_bias, apply_penalties, choose_tokens
+from service.steering.probes import ProbeReader
 from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class GroupProgress:
     rows_left: int
     completion_tokens: int = 0
     cached_tokens: int = 0
-    # This request's own steering (layer -> delta), made on the model thread.
+    # This request's own steering (layer -> float32 delta; stack_deltas casts).
     deltas: dict | None = None
     recorder: ActivationRecorder | None = None
     # Monitoring's probes, when the request's model is monitored (one per job).
@@ -89,7 +89,8 @@ class GroupProgress:
     def __post_init__(self):
         spec = self.job.spec
         if spec.steering is not None:
-            self.deltas = spec.steering.deltas()
+            self.deltas = {layer: torch.from_numpy(vector)
+                           for layer, vector in spec.steering.vectors().items()}
         if spec.activations is not None:
             self.recorder = ActivationRecorder(spec.activations, len(self.group.prompt_ids))
         self.monitor = self.job.monitor

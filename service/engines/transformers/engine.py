@@ -29,11 +29,11 @@ from service.engines.transformers.architecture import LayersNotFound, decoder_la
 from service.engines.transformers.batch import ModelContext
 from service.engines.transformers.prefix_cache import PrefixCache
 from service.engines.transformers.scheduler import Scheduler
+from service.engines.transformers.steering import SteeringRuntime
 from service.errors import invalid_parameter
 from service.generation.job import GenerationJob
 from service.grammars import GrammarCache
 from service.models.registry import TRANSFORMERS
-from service.steering.runtime import SteeringRuntime
 from service.text_output import byte_level_table, control_char_ids
 
 log = logging.getLogger(__name__)
