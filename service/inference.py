@@ -40,6 +40,7 @@ from service.models.lifecycle import Lease, LifecycleConfig, ModelLifecycle, Mod
 from service.models.registry import ModelEntry, ModelRegistry
 from service.requests import checks, embeddings, tokenization, tools
 from service.requests.generation import ValidatedGeneration, fit_groups, validated
+from service.requests.logit_bias import check_logit_bias_ids
 from service.requests.params import EmbedParams, GenerateParams
 from service.requests.tools import ToolPlan
 from service.steering import intensity, readout
@@ -187,7 +188,7 @@ class InferenceService:
         if params.prompts is not None:
             checks.check_token_ids(params, info.vocab_size)
         checks.check_allowed_token_ids(params, info.vocab_size)
-        checks.check_logit_bias_ids(params, info.vocab_size)
+        check_logit_bias_ids(params.logit_bias, info.vocab_size)
         prompt_ids = await asyncio.to_thread(self._tokenize, engine, params, checked.tools)
         grammar = None
         constrained = checked.constraint or checked.tools  # never both (checks.py)

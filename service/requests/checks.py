@@ -22,6 +22,7 @@ from service.errors import (
     unused_fields_refused,
 )
 from service.requests import fields
+from service.requests.logit_bias import checked_logit_bias
 from service.requests.params import CHAT_ROLES, GenerateParams
 from service.requests.tools import ToolPlan, check_history, check_tools, template_message
 from service.sampling import SamplingOptions
@@ -40,9 +41,6 @@ MAX_STOP_SEQUENCES = 4
 MAX_STOP_BYTES = 256
 MAX_LOGPROBS = 20
 MIN_SCORING_TEMPERATURE = 0.001
-# OpenAI's logit_bias: at most this many entries, each in this range.
-MAX_LOGIT_BIAS = 300
-LOGIT_BIAS_LIMIT = 100.0
 SEED_MAX = 2**32 - 1
 
 
@@ -223,7 +221,7 @@ def check_params(params: GenerateParams) -> CheckedParams:
         repetition_penalty=_number(
             "repetition_penalty", params.repetition_penalty, 1.0, 0.0, 2.0, low_open=True
         ),
-        logit_bias=check_logit_bias(params),
+        logit_bias=checked_logit_bias(params.logit_bias),
     )
     n = params.n if params.n is not None else 1
     if not 1 <= n <= MAX_N:
@@ -292,31 +290,6 @@ def check_params(params: GenerateParams) -> CheckedParams:
     return CheckedParams(options, n, max_tokens, tuple(params.stop), params.seed,
                          params.ignore_eos, constraint, params.logprobs, scoring, params.echo,
                          plan, tuple(tools_unused))
-
-
-def check_logit_bias(params: GenerateParams) -> tuple[tuple[int, float], ...]:
-    """OpenAI's rules: at most MAX_LOGIT_BIAS entries, each a finite number
-    from -100 to 100 (the ids are checked against the vocabulary once the
-    model is known: check_logit_bias_ids)."""
-    bias = params.logit_bias or {}
-    if len(bias) > MAX_LOGIT_BIAS:
-        raise invalid_parameter("logit_bias", f"'logit_bias' takes at most {MAX_LOGIT_BIAS} "
-                                f"entries; got {len(bias)}.")
-    for token, value in bias.items():
-        if not math.isfinite(value) or not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
-            where = f"logit_bias[{token}]"
-            raise invalid_parameter(where, f"'{where}' must be a number from "
-                                    f"{-LOGIT_BIAS_LIMIT:g} to {LOGIT_BIAS_LIMIT:g}; got "
-                                    f"{value:g}.")
-    return tuple(sorted((int(t), float(v)) for t, v in bias.items()))
-
-
-def check_logit_bias_ids(params: GenerateParams, vocab_size: int) -> None:
-    for token in sorted(params.logit_bias or {}):
-        if not 0 <= token < vocab_size:
-            where = f"logit_bias[{token}]"
-            raise invalid_parameter(where, f"'{where}': token id {token} is outside the "
-                                    f"vocabulary (0-{vocab_size - 1}).")
 
 
 def check_tool_combinations(params: GenerateParams, scoring: bool,
