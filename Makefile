@@ -191,6 +191,7 @@ llama-server: $(INSTALLED)
 bench: setup proto model llama-server
 	$(PY) bench/serving.py
 	$(PY) bench/structured_output.py
+	$(PY) bench/constraints.py
 	$(PY) bench/tool_calls.py
 	$(PY) bench/steering.py
 	$(PY) bench/steering_effect.py

@@ -99,6 +99,7 @@ class EngineServer:
             config.saes_dir or config.models_dir / "saes",
             IntensityLimits(config.cluster_intensity_min, config.cluster_intensity_max,
                             config.circuit_intensity_min, config.circuit_intensity_max),
+            config.control_vectors_dir or config.models_dir / "control_vectors",
         )
         self.monitoring = MonitoringManager(self.steering)
         self.inference = InferenceService(

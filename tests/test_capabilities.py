@@ -27,7 +27,9 @@ def test_grpc_capabilities(server_stub):
     table = {(s.field, s.route): s for s in reply.fields}
     assert table[("response_format", "chat")].honoured
     # An honoured field's remaining limit is said with it (the bridge's stream rule).
-    assert table[("n", "chat")].honoured and "stream" in table[("n", "chat")].reason
+    assert table[("n", "chat")].honoured
+    assert table[("structured_outputs", "completions")].honoured and table[("grammar",
+                                                                           "chat")].honoured
     refused = table[("response_format", "completions")]
     assert not refused.honoured and refused.refusal_code == "response_format_unsupported"
     assert table[("echo", "completions")].honoured and not table[("echo", "chat")].honoured

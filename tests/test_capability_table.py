@@ -8,7 +8,10 @@ change (never a no-op such as null, false, [], n=1) in an otherwise valid,
 small, greedy request to its route:
 
 - honoured: the answer is 200 and the field is not in X-miLLM-Ignored-Fields
-  (the bridge's only ignored-fields report; rest_bridge/serving/ignored_fields.py).
+  (the bridge's only ignored-fields report; rest_bridge/serving/ignored_fields.py),
+  and, for the fields in BEHAVIOUR, the answer does what the field asks (n
+  choices for n, a choice out of `choice`, a match of a regex, yes or no
+  under a yes|no grammar).
   Companion fields make the value servable (allowed_token_ids and GGUF
   log-probabilities need scoring mode, max_tokens 1; top_logprobs needs
   logprobs: true; return_tokens_as_token_ids needs log-probabilities to act on).
@@ -63,6 +66,10 @@ VALUES: dict[str, dict[str, dict]] = {
     "echo": {"*": {"echo": True}},
     "extra_messages": {"*": {"extra_messages": [[{"role": "user", "content": "Hi"}]]}},
     "response_format": {"*": {"response_format": {"type": "json_object"}}},
+    "structured_outputs": {"*": {"structured_outputs": {"choice": ["red", "green", "blue"]}},
+                           "completions": {"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"},
+                                           "max_tokens": 12}},
+    "grammar": {"*": {"grammar": 'root ::= "yes" | "no"'}},
     "profile": {"*": {"profile": PROFILE}},
     "steering_intensity": {"*": {"steering_intensity": 0.5}},
     "return_sae_activations": {"*": {"return_sae_activations": {"sae_id": SAE, "top_k": 2}}},
@@ -93,6 +100,20 @@ VALUES: dict[str, dict[str, dict]] = {
     "conversation": {"*": {"conversation": "conv_1"}},
     "max_tool_calls": {"*": {"max_tool_calls": 2}},
     "include": {"*": {"include": ["message.output_text.logprobs"]}},
+}
+
+
+def _texts(body: dict) -> list[str]:
+    return [c["message"]["content"] if "message" in c else c["text"] for c in body["choices"]]
+
+
+# field -> what an honoured answer (its JSON body) must show, whatever the route.
+BEHAVIOUR = {
+    "n": lambda body: len(body["choices"]) == 2,
+    "structured_outputs": lambda body: all(
+        t in ("red", "green", "blue") or re.fullmatch("[0-9]{3}-[0-9]{4}", t)
+        for t in _texts(body)),
+    "grammar": lambda body: _texts(body) == ["yes"] or _texts(body) == ["no"],
 }
 
 
@@ -210,6 +231,8 @@ def test_capability_row_matches_behaviour(stacks, tables, model, field, route):
     if row.honoured:
         assert reply.status_code == 200, f"table: honoured; server: {observed}"
         assert field not in ignored(reply.headers), f"table: honoured; server: {observed}"
+        if field in BEHAVIOUR:
+            assert BEHAVIOUR[field](reply.json()), f"'{field}' did not act: {reply.json()}"
     elif row.reported:
         assert reply.status_code == 200, f"table: reported; server: {observed}"
         assert field in ignored(reply.headers), f"table: reported; server: {observed}"

@@ -24,7 +24,14 @@ from rest_bridge.access import request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
-from rest_bridge.serving import failover, ignored_fields, sse, steering_fields, tool_calls
+from rest_bridge.serving import (
+    failover,
+    ignored_fields,
+    sse,
+    steering_fields,
+    structured_outputs,
+    tool_calls,
+)
 from rest_bridge.serving.disconnect import unless_disconnected
 from rest_bridge.serving.failover import RESTARTED, GenerateCall
 
@@ -132,6 +139,7 @@ def common_fields(request, pb: generation_service_pb2.GenerateRequest,
     pb.stream = bool(request.stream)
     pb.request_id = request_id.get()
     steering_fields.add_to_request(request, pb)
+    structured_outputs.add_to_request(request, pb)
     forward_unmapped(request, pb)
     return pb
 
@@ -231,11 +239,9 @@ class GenerationHandler(abc.ABC):
         if meta.HasField("seed"):
             scope = SEED_SCOPES.get(meta.seed_scope, "best-effort")
             headers["X-miLLM-Seed"] = f'{meta.seed};scope="{scope}"'
-        if meta.constraint == generation_pb2.OUTPUT_CONSTRAINT_JSON_OBJECT:
-            headers["X-miLLM-Constrained"] = "json_object"
-        elif meta.constraint == generation_pb2.OUTPUT_CONSTRAINT_JSON_SCHEMA:
-            name = meta.constraint_name.replace("\\", "\\\\").replace('"', '\\"')
-            headers["X-miLLM-Constrained"] = f'json_schema;name="{name}"'
+        constrained = structured_outputs.header(meta)
+        if constrained is not None:
+            headers["X-miLLM-Constrained"] = constrained
         ignored = ignored_fields.header_value(list(meta.ignored_fields))
         if ignored is not None:
             headers[ignored_fields.HEADER] = ignored

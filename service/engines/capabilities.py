@@ -17,7 +17,7 @@ class EngineCapabilities:
     several_choices: bool  # n > 1: rows of one batch
     generation_logprobs: bool  # log-probabilities of generated tokens
     scoring: bool  # next-token scoring and echo's prompt log-probabilities
-    grammar: bool  # response_format through token masks
+    grammar: bool  # response_format and structured_outputs through token masks
     steer: bool  # per-request SAE steering and activation readout
     embeddings: bool
     extra_conversations: bool  # extra_messages: several chats in one request
@@ -27,10 +27,10 @@ KIND_CAPABILITIES: dict[str, EngineCapabilities] = {
     TRANSFORMERS: EngineCapabilities(
         several_choices=True, generation_logprobs=True, scoring=True, grammar=True,
         steer=True, embeddings=True, extra_conversations=True),
-    # llama.cpp's sampler does not expose the distribution it drew from, and a
-    # request is one sequence of the batch (engines/gguf/batch.py); its logits
-    # take the same grammar masks (engines/gguf/constraint.py).
+    # llama.cpp's sampler does not expose the distribution it drew from; a
+    # request's n choices share its prompt's cells (engines/gguf/forks.py), and
+    # their logits take the same grammar masks (engines/gguf/constraint.py).
     GGUF: EngineCapabilities(
-        several_choices=False, generation_logprobs=False, scoring=True, grammar=True,
+        several_choices=True, generation_logprobs=False, scoring=True, grammar=True,
         steer=True, embeddings=True, extra_conversations=False),
 }

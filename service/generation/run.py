@@ -81,7 +81,8 @@ class Generation:
         try:
             if not spec.echo:
                 yield self.started()
-            documents = DocumentCheck(spec.constraint) if spec.constraint else None
+            documents = (DocumentCheck(spec.constraint, spec.grammar) if spec.constraint
+                         else None)
             calls = ToolCalls(spec.tools) if spec.tools else None
             async for step in job.events():
                 if documents is not None:

@@ -88,9 +88,7 @@ NO_DISTRIBUTION = "this engine gives no per-token distribution"
 RULES: dict[str, FieldRule] = {
     "n": FieldRule({CHAT: "several_choices", COMPLETIONS: "several_choices"},
                    frozenset({EMBEDDINGS}), (1,), why_engine="several choices are not "
-                   "served here", note="not with stream: true (GenerateRequest.stream), refused "
-                   "(field_not_honoured): a relayed stream carries one choice, as the "
-                   "reference's do"),
+                   "served here"),
     # GGUF: measured byte-identical over 20 runs per seed (docs/gguf.md).
     "seed": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
     "max_completion_tokens": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
@@ -119,6 +117,14 @@ RULES: dict[str, FieldRule] = {
                                  why="structured output is served on chat completions only",
                                  why_engine="this engine cannot mask its tokens",
                                  code="response_format_unsupported"),
+    # vLLM's and llama.cpp's constraints: the same grammar masks as
+    # response_format, on raw prompts too (requests/constraints.py).
+    "structured_outputs": FieldRule({CHAT: "grammar", COMPLETIONS: "grammar"},
+                                    why="constraints apply to generated text",
+                                    why_engine="this engine cannot mask its tokens"),
+    "grammar": FieldRule({CHAT: "grammar", COMPLETIONS: "grammar"}, no_change=("",),
+                         why="constraints apply to generated text",
+                         why_engine="this engine cannot mask its tokens"),
     # Steering hooks are forward hooks on the transformers engine's decoder layers.
     "profile": FieldRule({CHAT: "steer"}, why="steering profiles apply to chat completions "
                          "only", why_engine="steering profiles apply on the transformers "

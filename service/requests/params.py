@@ -37,6 +37,15 @@ class ResponseFormat:
 
 
 @dataclass(frozen=True)
+class StructuredOutputs:
+    """vLLM's structured_outputs as sent: its one kind and that kind's value
+    (JSON or structural-tag text, a pattern, a grammar, the choices)."""
+
+    kind: str  # json, regex, choice, grammar, structural_tag or json_object
+    value: str | tuple[str, ...] | bool
+
+
+@dataclass(frozen=True)
 class GenerateParams:
     """A generation request as the caller sent it: None means "not sent"."""
 
@@ -87,6 +96,11 @@ class GenerateParams:
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Constraints besides response_format (requests/constraints.py): vLLM's
+    # structured_outputs, and llama.cpp's top-level grammar as sent (any JSON
+    # value: it arrives among the extra fields).
+    structured_outputs: StructuredOutputs | None = None
+    grammar: object = None
 
     @property
     def input_param(self) -> str:
@@ -118,6 +132,7 @@ class GenerateParams:
             "add_special_tokens": self.add_special_tokens,
             "tools": self.tools or None, "tool_choice": self.tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls,
+            "structured_outputs": self.structured_outputs, "grammar": self.grammar,
         }
         sent = {name: value for name, value in contract.items() if value is not None}
         sent.update(self.extra_fields)

@@ -20,6 +20,10 @@ logits. Each step decodes the shared batch, then every lane, one after the
 other on this thread: seeded rows advance beside the others, and admission
 goes on while they run. Seeded and unseeded rows together never outnumber
 the slots.
+
+A request's n choices are parts of their own, sharing the prompt's cells
+where they start together, and one request holds at most half the slots
+(engines/gguf/forks.py).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import logging
 from dataclasses import dataclass
 
 from service.engines import faults
+from service.engines.gguf import forks
 from service.engines.gguf.lanes import Lanes
 from service.engines.gguf.slots import Row, Slot, Slots, step_batch, take_token
 from service.engines.gguf.steering import BatchPart
@@ -67,7 +72,8 @@ class Runner:
         self.slots, self.lanes, self.eog, self.new_row_tools = slots, lanes, eog, new_row_tools
         self.token_bytes, self.counts = token_bytes, counts
         self.waiting: collections.deque[Waiting] = collections.deque()
-        self.groups_left: dict[int, int] = {}  # id(job) -> groups not yet done, once admitted
+        self.groups_left: dict[int, int] = {}  # id(job) -> parts not yet done, once admitted
+        self.forks = forks.Forks()  # choices waiting for their leader's prompt
 
     @property
     def rows(self) -> list[Row]:
@@ -102,7 +108,7 @@ class Runner:
     # -- jobs ---------------------------------------------------------------------------
 
     def add(self, job: GenerationJob) -> None:
-        self.waiting.append(Waiting(job, collections.deque(job.spec.groups)))
+        self.waiting.append(Waiting(job, collections.deque(forks.parts(job.spec.groups))))
 
     def _end(self, job: GenerationJob, outcome: str) -> None:
         if job.outcome is not None:
@@ -123,25 +129,34 @@ class Runner:
                 self._end(row.job, "cancelled")
 
     def admit(self) -> None:
-        """Start waiting groups, oldest first, while the rows are fewer than
-        the slots: a seeded group in a lane of its own, any other in the
-        shared slot holding the longest prefix of its prompt, once the cells
-        it needs fit."""
+        """Start waiting parts, oldest request under its fair share first,
+        while the rows are fewer than the slots: a seeded part in a lane of
+        its own, any other in the shared slot holding the longest prefix of
+        its prompt (or following a sibling choice: engines/gguf/forks.py),
+        once the cells it needs fit."""
         self.lanes.release_free()
-        while self.waiting and len(self.rows) < len(self.slots.slots):
-            waiting = self.waiting[0]
+        share = forks.fair_share(len(self.slots.slots))
+        while len(self.rows) < len(self.slots.slots):
+            waiting = forks.next_turn(self.waiting, self.rows, share)
+            if waiting is None:
+                return
             job, group = waiting.job, waiting.groups[0]
             seeded = job.spec.seed is not None
             slot, same = None, 0
             steer = (self.steerer.row(job.spec, job.monitor, len(group.prompt_ids))
                      if self.steerer is not None else None)
             key = plan_key(job.spec.steering)
+            # A row that reads its prompt's activations evaluates the prompt itself.
+            leader = (None if seeded or (steer is not None and steer.reads_prompt)
+                      else self.forks.leader_for(job, group, self.slots.rows))
             if not seeded:
                 picked = self.slots.pick(group.prompt_ids, key,
                                          fresh=steer is not None and steer.reads_prompt)
                 if picked is None:
                     return
                 slot, same = picked
+                if leader is not None:
+                    same = 0  # its cells will be the leader's: it keeps none of its own
                 need = len(group.prompt_ids) - same + group.max_tokens
                 running = self.slots.rows
                 if not self.slots.fits(need, slot, same):
@@ -153,10 +168,10 @@ class Runner:
                 self.forget(slot, same)
             waiting.groups.popleft()
             if not waiting.groups:
-                self.waiting.popleft()
+                self.waiting.remove(waiting)
                 self.counts("waiting", -1)
             if id(job) not in self.groups_left:
-                self.groups_left[id(job)] = len(job.spec.groups)
+                self.groups_left[id(job)] = job.parts or len(job.spec.groups)
                 self.counts("running", 1)
             try:
                 sampler, mask = self.new_row_tools(job.spec, group.row_seeds[0] & 0xFFFFFFFF)
@@ -175,15 +190,20 @@ class Runner:
             self.slots.clock += 1
             slot.used = self.slots.clock
             slot.key = key
-            slot.row = Row(job, group, slot, sampler, mask, list(group.prompt_ids[same:]), same,
+            pending = [] if leader is not None else list(group.prompt_ids[same:])
+            slot.row = Row(job, group, slot, sampler, mask, pending, same,
                            ByteLevelDetokenizer(self.token_bytes), StopMatcher(job.spec.stop),
                            steer=steer)
+            if leader is not None:
+                self.forks.follow(leader, slot.row)
 
     # -- one step -----------------------------------------------------------------------
 
     def step(self) -> None:
         """One decode of the shared batch, then one of each lane."""
-        shared = sorted(self.slots.rows, key=lambda r: len(r.pending) > 1)  # decoding first
+        self.forks.orphans()
+        shared = sorted((r for r in self.slots.rows if not self.forks.waiting(r)),
+                        key=lambda r: len(r.pending) > 1)  # decoding first
         if shared:
             self._decode(self.ctx, self.batch, self.n_batch, shared, "decode", self.steer)
         for lane in self.lanes.running():
@@ -221,16 +241,19 @@ class Runner:
             try:
                 faults.hit("row")
                 delta, done = self._take(ctx, row)
+                taken = [(row, delta, done), *self.forks.fork(
+                    ctx, row, lambda follower: self._take(ctx, follower))]
             except Exception:
                 log.exception("a row failed to take its token; its request fails alone")
                 failed[id(row.job)] = row.job
                 continue
-            per_job.setdefault(id(row.job), (row.job, []))[1].append(delta)
-            if done:
-                finished.append(row)
+            for taker, delta, done in taken:
+                per_job.setdefault(id(row.job), (row.job, []))[1].append(delta)
+                if done:
+                    finished.append(taker)
         for job in failed.values():
             self.fail_job(job, internal_error())
-        self.counts("generated", len(sampling))
+        self.counts("generated", sum(len(deltas) for _, deltas in per_job.values()))
         for key, (job, deltas) in per_job.items():
             if key in failed:
                 continue

@@ -11,7 +11,8 @@ once, and a prompt that starts like one a slot still holds (a system prompt,
 a chat's earlier turns) evaluates only the rest, reported as
 usage.prompt_tokens_details.cached_tokens. A seeded request's rows decode in
 lanes, contexts of their own (engines/gguf/lanes.py), between the shared
-batch's steps: a seed keeps its text without holding anyone back. Scoring and
+batch's steps: a seed keeps its text without holding anyone back. A request's
+n choices share its prompt's cells (engines/gguf/forks.py). Scoring and
 embeddings read through contexts of their own (engines/gguf/reading.py); the
 sampler chain is built by engines/gguf/sampling.py.
 """
@@ -30,6 +31,7 @@ from service.engines import faults
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.batch import Runner
 from service.engines.gguf.constraint import GrammarMask
+from service.engines.gguf.forks import part_count
 from service.engines.gguf.kv_plan import KvPlan
 from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.reading import Readers
@@ -303,6 +305,8 @@ class GgufEngine(Engine):
             if self._waiting >= self.max_queued:
                 raise queue_full(self.max_queued)
             self._waiting += 1
+        # Before the job is queued: its events() counts one GroupDone a choice.
+        job.parts = part_count(job.spec.groups)
         self._inbox.put(job)
 
     def _call(self, fn):
@@ -389,9 +393,11 @@ class GgufEngine(Engine):
             banned |= self._eog
         sampler = sampler_chain(spec.options, self.llm.n_vocab(), banned, seed,
                                 history=self.info.context_window)
-        # A JSON document holds no raw control character; a tool call's syntax has newlines.
+        # A JSON document holds no raw control character; a tool call's syntax
+        # has newlines, and a pattern or grammar says which characters it takes.
+        json = spec.constraint is not None and spec.constraint.is_json
         mask = (GrammarMask(spec.grammar, self.llm.n_vocab(),
-                            self._control_char_ids if spec.constraint is not None else [])
+                            self._control_char_ids if json else [])
                 if spec.grammar is not None else None)
         return sampler, mask
 

@@ -32,7 +32,8 @@ class Slot:
 
 @dataclass
 class Row:
-    """One prompt group (one choice: n = 1 on GGUF) while it runs."""
+    """One choice of a prompt group while it runs (n > 1 runs as parts of one
+    choice each: engines/gguf/forks.py)."""
 
     job: GenerationJob
     group: PromptGroup

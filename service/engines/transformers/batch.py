@@ -131,8 +131,9 @@ class Row:
 
             self.matcher = xgrammar.GrammarMatcher(spec.grammar)
         # A JSON document holds no raw control character; a tool call's
-        # syntax has newlines, and `auto` lets the model write free text.
-        self.bans_controls = spec.constraint is not None
+        # syntax has newlines, `auto` lets the model write free text, and a
+        # pattern or grammar says itself which characters it takes.
+        self.bans_controls = spec.constraint is not None and spec.constraint.is_json
         self.logprobs = spec.logprobs  # alternatives per token; None: not asked for
         self.generated = 0
         self.last_token = -1

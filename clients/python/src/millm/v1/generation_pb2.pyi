@@ -23,6 +23,10 @@ class OutputConstraint(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTPUT_CONSTRAINT_UNSPECIFIED: _ClassVar[OutputConstraint]
     OUTPUT_CONSTRAINT_JSON_OBJECT: _ClassVar[OutputConstraint]
     OUTPUT_CONSTRAINT_JSON_SCHEMA: _ClassVar[OutputConstraint]
+    OUTPUT_CONSTRAINT_REGEX: _ClassVar[OutputConstraint]
+    OUTPUT_CONSTRAINT_CHOICE: _ClassVar[OutputConstraint]
+    OUTPUT_CONSTRAINT_GRAMMAR: _ClassVar[OutputConstraint]
+    OUTPUT_CONSTRAINT_STRUCTURAL_TAG: _ClassVar[OutputConstraint]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -55,6 +59,10 @@ ROLE_FUNCTION: Role
 OUTPUT_CONSTRAINT_UNSPECIFIED: OutputConstraint
 OUTPUT_CONSTRAINT_JSON_OBJECT: OutputConstraint
 OUTPUT_CONSTRAINT_JSON_SCHEMA: OutputConstraint
+OUTPUT_CONSTRAINT_REGEX: OutputConstraint
+OUTPUT_CONSTRAINT_CHOICE: OutputConstraint
+OUTPUT_CONSTRAINT_GRAMMAR: OutputConstraint
+OUTPUT_CONSTRAINT_STRUCTURAL_TAG: OutputConstraint
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -217,6 +225,28 @@ class JsonSchemaFormat(_message.Message):
     description: str
     schema_json: str
     def __init__(self, name: _Optional[str] = ..., strict: _Optional[bool] = ..., description: _Optional[str] = ..., schema_json: _Optional[str] = ...) -> None: ...
+
+class StructuredOutputs(_message.Message):
+    __slots__ = ("json", "regex", "choice", "grammar", "structural_tag", "json_object")
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURAL_TAG_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    regex: str
+    choice: ChoiceList
+    grammar: str
+    structural_tag: str
+    json_object: bool
+    def __init__(self, json: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[ChoiceList, _Mapping]] = ..., grammar: _Optional[str] = ..., structural_tag: _Optional[str] = ..., json_object: _Optional[bool] = ...) -> None: ...
+
+class ChoiceList(_message.Message):
+    __slots__ = ("choices",)
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResponseMetadata(_message.Message):
     __slots__ = ("id", "created", "model", "system_fingerprint", "seed", "seed_scope", "prompt_tokens", "ignored_fields", "constraint", "constraint_name", "steering_intensity", "circuit_rung", "unsteered")
