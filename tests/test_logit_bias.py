@@ -167,3 +167,9 @@ def test_a_grammar_mask_wins_over_the_bias(served):
     assert content.lstrip().startswith("{")
     if reply.json()["choices"][0]["finish_reason"] == "stop":
         json.loads(content)
+
+
+def test_every_choice_of_n_carries_the_bias(served):
+    river = token_of(served, " river")
+    reply = complete(served, n=3, temperature=1, seed=5, logit_bias={str(river): 100})
+    assert [c["text"] for c in reply["choices"]] == [" river" * 3] * 3
