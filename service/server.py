@@ -29,6 +29,8 @@ from millm.v1 import (
     server_service_pb2_grpc,
     steering_service_pb2,
     steering_service_pb2_grpc,
+    tokenization_service_pb2,
+    tokenization_service_pb2_grpc,
 )
 from service.config import EngineConfig
 from service.engines import model_thread
@@ -47,6 +49,7 @@ from service.servicers.responses import ResponseServicer
 from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
 from service.servicers.steering import SteeringServicer
+from service.servicers.tokenization import TokenizationServicer
 from service.state.database import open_database
 from service.steering.intensity import IntensityLimits
 from service.steering.manager import SteeringManager
@@ -65,9 +68,11 @@ SERVICE_NAMES = (
     steering_service_pb2.DESCRIPTOR.services_by_name["SteeringService"].full_name,
     response_service_pb2.DESCRIPTOR.services_by_name["ResponseService"].full_name,
     monitoring_service_pb2.DESCRIPTOR.services_by_name["MonitoringService"].full_name,
+    tokenization_service_pb2.DESCRIPTOR.services_by_name["TokenizationService"].full_name,
 )
 # These need the model; model listing and status answer while it loads.
-MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
+MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4],
+                        SERVICE_NAMES[8])
 # Health entries that are no service (docs/deployment.md). state_store:
 # SERVING while the state database is reachable and this replica has caught
 # up with it. routable: SERVING while a model is loaded and no model change
@@ -146,6 +151,9 @@ class EngineServer:
         )
         embedding_service_pb2_grpc.add_EmbeddingServiceServicer_to_server(
             EmbeddingServicer(self.inference), self.server
+        )
+        tokenization_service_pb2_grpc.add_TokenizationServiceServicer_to_server(
+            TokenizationServicer(self.inference), self.server
         )
         steering_service_pb2_grpc.add_SteeringServiceServicer_to_server(
             SteeringServicer(self.steering, self.follower.replicas), self.server

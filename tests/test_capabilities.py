@@ -43,6 +43,9 @@ def test_rest_capabilities(stack):
     assert reply.status == 200
     body = json.loads(content)
     assert body["model"] == MODEL and body["features"]["scoring"] is True
-    assert {"field": "logit_bias", "route": "chat", "honoured": False, "reported": False,
+    assert {"field": "best_of", "route": "chat", "honoured": False, "reported": False,
             "refusal_code": "field_not_honoured",
-            "reason": "logit bias is not supported"} in body["fields"]
+            "reason": "best_of is not supported; use n"} in body["fields"]
+    bias = next(f for f in body["fields"] if (f["field"], f["route"]) == ("logit_bias", "chat"))
+    assert bias["honoured"] and "scoring" in bias["reason"]
+    assert body["features"]["tokenization"] is True

@@ -1,5 +1,6 @@
 """The capability table is a promise: every FieldSupport row that
-GetCapabilities reports is checked against what the REST bridge really does.
+GetCapabilities reports is checked against what the REST bridge really does
+(and for some honoured fields, what they do: logit_bias).
 
 For both engines (millm-tiny on transformers, millm-tiny-gguf:F32 on
 llama.cpp), each row (field, route) is sent with a value that asks for a
@@ -241,9 +242,30 @@ def test_capability_row_matches_behaviour(stacks, tables, model, field, route):
             f"table: refused with {row.refusal_code}; server: {observed}")
 
 
+# -- honoured fields do what they say -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", (TRANSFORMERS, GGUF))
+@pytest.mark.parametrize("route", ("chat", "completions"))
+def test_logit_bias_of_100_makes_its_token_the_answer(stacks, model, route):
+    """The row's honoured cell, beyond "200 and not ignored": +100 on one
+    token id, sampled at temperature 1, gives that token three times."""
+    port = stacks[model].http_port
+    ids = call(port, "POST", "/tokenize", {"model": model, "prompt": " river",
+                                           "add_special_tokens": False}).json()["tokens"]
+    assert len(ids) == 1
+    body = {**base_body(route, model), "max_tokens": 3, "temperature": 1, "seed": 11,
+            "logit_bias": {str(ids[0]): 100}}
+    reply = call(port, "POST", ROUTES[route], body)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    text = choice["message"]["content"] if route == "chat" else choice["text"]
+    assert (text, reply.json()["usage"]["completion_tokens"]) == (" river" * 3, 3)
+
+
 # -- several refused fields at once -----------------------------------------------------------
 
-REFUSED_TOGETHER = {"dimensions": 8, "suffix": "x", "logit_bias": {"5": 10},
+REFUSED_TOGETHER = {"dimensions": 8, "suffix": "x", "best_of": 2,
                     "functions": [TOOL["function"]]}
 
 

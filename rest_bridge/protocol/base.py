@@ -151,6 +151,8 @@ class GenerationFields(SharedFields):
     allowed_token_ids: list[Int64] | None = None
     # Key log-probabilities by "token_id:<id>" instead of the token's text.
     return_tokens_as_token_ids: bool | None = None
+    # OpenAI's logit_bias: token ids (as JSON object keys) -> bias.
+    logit_bias: dict[str, float] | None = None
     # vLLM's constraints (rest_bridge/serving/structured_outputs.py).
     structured_outputs: StructuredOutputsSpec | None = None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -66,7 +67,31 @@ def sampling_to_pb(request) -> generation_pb2.SamplingParams:
         sampling.stop.extend([stop] if isinstance(stop, str) else stop)
     if request.allowed_token_ids is not None:
         sampling.allowed_token_ids.extend(request.allowed_token_ids)
+    if request.logit_bias:
+        sampling.logit_bias.update(logit_bias_ids(request.logit_bias))
     return sampling
+
+
+_TOKEN_KEY = re.compile(r"-?[0-9]{1,19}")
+
+
+def logit_bias_ids(bias: dict[str, float]) -> dict[int, float]:
+    """logit_bias's keys as the token ids they spell (a JSON object's keys
+    are strings); a key that spells no int64, or the same id as another key,
+    is a 400 naming it. The engine owns the vocabulary and the value range."""
+    ids: dict[int, float] = {}
+    for key, value in bias.items():
+        where = f"logit_bias[{key[:64]}]"
+        token = int(key) if _TOKEN_KEY.fullmatch(key) else None
+        if token is None or not -2**63 <= token < 2**63:
+            raise OpenAIError(400, f"'{where}': the keys of 'logit_bias' are token ids, "
+                              "written as decimal integers.", param=where,
+                              code="invalid_parameter")
+        if token in ids:
+            raise OpenAIError(400, f"'{where}' names token {token} a second time.",
+                              param=where, code="invalid_parameter")
+        ids[token] = value
+    return ids
 
 
 STRICT_HEADER = "X-miLLM-Strict"

@@ -137,10 +137,13 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def encode_chat(self, messages: list[dict], partial: str | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None, *, generation_prompt: bool = True,
+                    add_special: bool = False) -> list[int]:
         """Render a conversation (Hugging Face template shape, tool turns
-        included) with the chat template, `tools` and its generation prompt,
-        append `partial` (an answer to continue) raw, and tokenize."""
+        included) with the chat template, `tools` and (unless told not to)
+        its generation prompt, append `partial` (an answer to continue) raw,
+        and tokenize; `add_special` adds the tokenizer's BOS on top of what
+        the template writes (POST /tokenize's add_special_tokens)."""
 
     @abc.abstractmethod
     def encode_text(self, text: str, parse_special: bool = False,
@@ -150,6 +153,16 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def decode(self, ids: list[int]) -> str:
         """Token ids back to text (blocking; worker thread)."""
+
+    @abc.abstractmethod
+    def detokenize(self, ids: list[int]) -> str:
+        """Token ids back to text with special tokens written out (POST
+        /detokenize; blocking, worker thread)."""
+
+    @abc.abstractmethod
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each id's string as the vocabulary stores it (byte-level pieces
+        such as "Ġthe"), for POST /tokenize's token_strs."""
 
     async def grammar_for(self, constraint: Constraint | ToolPlan):
         """The compiled grammar of a response_format or a tool plan, from the

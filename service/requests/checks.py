@@ -23,6 +23,7 @@ from service.errors import (
 )
 from service.requests import fields
 from service.requests.constraints import check_constraint
+from service.requests.logit_bias import checked_logit_bias
 from service.requests.params import CHAT_ROLES, GenerateParams
 from service.requests.tools import ToolPlan, check_history, check_tools, template_message
 from service.sampling import SamplingOptions
@@ -195,6 +196,7 @@ def check_params(params: GenerateParams) -> CheckedParams:
         repetition_penalty=_number(
             "repetition_penalty", params.repetition_penalty, 1.0, 0.0, 2.0, low_open=True
         ),
+        logit_bias=checked_logit_bias(params.logit_bias),
     )
     n = params.n if params.n is not None else 1
     if not 1 <= n <= MAX_N:
@@ -242,6 +244,11 @@ def check_params(params: GenerateParams) -> CheckedParams:
             if getattr(params, name) is not None:
                 raise invalid_scoring_request(name, f"Scoring is never steered; '{name}' "
                                               "cannot apply to it.")
+    if scoring and params.logit_bias:
+        raise invalid_scoring_request("logit_bias", "Scoring answers the model's own most "
+                                      "probable token; 'logit_bias' would change that answer "
+                                      "while the log-probabilities left it out. Restrict the "
+                                      "answer with 'allowed_token_ids' instead.")
     check_readout_shape(params)
     constraint = check_constraint(params)
     if scoring and constraint is not None:

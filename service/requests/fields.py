@@ -148,7 +148,11 @@ RULES: dict[str, FieldRule] = {
                                      why_engine="this engine cannot constrain calls"),
     "functions": FieldRule(no_change=([],), why="function calling is not supported"),
     "function_call": FieldRule(no_change=("none",), why="function calling is not supported"),
-    "logit_bias": FieldRule(no_change=({},), why="logit bias is not supported"),
+    # Added to each row's logits before the draw; refused in scoring mode
+    # (checks.check_logit_bias), whose answer is the model's own top token.
+    "logit_bias": FieldRule(GENERATING, frozenset({EMBEDDINGS}), no_change=({},),
+                            note="not in scoring mode (max_tokens 1 with logprobs), refused "
+                            "(invalid_scoring_request); log-probabilities leave the bias out"),
     "best_of": FieldRule(no_change=(1,), why="best_of is not supported; use n"),
     "suffix": FieldRule(no_change=("",), why="insertion (suffix) is not supported"),
     "audio": FieldRule(why="audio output is not supported"),

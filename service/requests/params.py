@@ -81,6 +81,8 @@ class GenerateParams:
     # Log-probabilities: alternatives per token (None = not asked for).
     logprobs: int | None = None
     allowed_token_ids: tuple[int, ...] = ()
+    # OpenAI's logit_bias: token id -> value added to its logit.
+    logit_bias: dict[int, float] | None = None
     echo: bool = False
     add_special_tokens: bool | None = None
     # More conversations (extra_messages), each answered as its own choices.
@@ -122,7 +124,8 @@ class GenerateParams:
         contract = {
             "n": self.n, "seed": self.seed, "max_completion_tokens": self.max_completion_tokens,
             "response_format": self.response_format, "logprobs": self.logprobs,
-            "allowed_token_ids": self.allowed_token_ids or None, "echo": self.echo or None,
+            "allowed_token_ids": self.allowed_token_ids or None,
+            "logit_bias": self.logit_bias or None, "echo": self.echo or None,
             "extra_messages": self.extra_chats or None, "profile": self.profile,
             "steering_intensity": self.steering_intensity,
             "return_sae_activations": self.sae_activations,

@@ -251,6 +251,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         response_format=_response_format(request),
         logprobs=_opt(s, "logprobs"),
         allowed_token_ids=tuple(s.allowed_token_ids),
+        logit_bias=dict(s.logit_bias) or None,
         echo=which == "prompt" and request.prompt.echo,
         add_special_tokens=add_special_from_pb(request.prompt) if which == "prompt" else None,
         extra_chats=extra_chats,

@@ -156,6 +156,9 @@ class GgufEngine(Engine):
         # llama-cpp-python's Jinja formatter, as its own server uses it.
         self._formatter = Jinja2ChatFormatter(template or CHATML, eos_token=eos, bos_token=bos,
                                               add_generation_prompt=True)
+        # POST /tokenize with add_generation_prompt false.
+        self._closed_formatter = Jinja2ChatFormatter(template or CHATML, eos_token=eos,
+                                                     bos_token=bos, add_generation_prompt=False)
         quant = self.entry.quantization
         self.info = LoadedModel(
             id=self.entry.id,
@@ -259,18 +262,21 @@ class GgufEngine(Engine):
         return "tools" in self._template
 
     def encode_chat(self, messages: list[dict], partial: str | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None, *, generation_prompt: bool = True,
+                    add_special: bool = False) -> list[int]:
         from jinja2 import TemplateError
 
+        formatter = self._formatter if generation_prompt else self._closed_formatter
         try:
             rendered = render_folding_system(
-                lambda turns: self._formatter(messages=turns, tools=tools).prompt, messages)
+                lambda turns: formatter(messages=turns, tools=tools).prompt, messages)
         except TemplateError as exc:
             raise invalid_parameter("messages", f"The chat template refused the "
                                     f"conversation: {exc}") from None
         # The rendered template holds any BOS it wants; its markers are special
         # tokens (message text cannot spell them: check_no_special_tokens).
-        return self.llm.tokenize((rendered + (partial or "")).encode(), add_bos=False,
+        add_bos = add_special and self.llm._model.add_bos_token()
+        return self.llm.tokenize((rendered + (partial or "")).encode(), add_bos=add_bos,
                                  special=True)
 
     def encode_text(self, text: str, parse_special: bool = False,
@@ -283,6 +289,17 @@ class GgufEngine(Engine):
 
     def decode(self, ids: list[int]) -> str:
         return b"".join(self._token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+    def detokenize(self, ids: list[int]) -> str:
+        # The log-probabilities' table: control tokens by their text.
+        return b"".join(self._tokens.bytes_of(i) for i in ids).decode("utf-8", errors="replace")
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        from llama_cpp import llama_cpp as lib
+
+        vocab = self.llm._model.vocab
+        return [(lib.llama_vocab_get_text(vocab, i) or b"").decode("utf-8", errors="replace")
+                for i in ids]
 
     # -- the model thread ---------------------------------------------------------
 

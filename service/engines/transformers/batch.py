@@ -31,7 +31,7 @@ from service.engines.transformers.steering import (
 )
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
 from service.requests.generation import PromptGroup
-from service.sampling import SamplingOptions, apply_penalties, choose_tokens
+from service.sampling import SamplingOptions, add_logit_bias, apply_penalties, choose_tokens
 from service.steering.probes import ProbeReader
 from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
 
@@ -188,7 +188,11 @@ def sample(
     constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
     if constrained:
         _apply_grammar_masks(ctx, rows, logits, constrained)
-    tokens = choose_tokens(logits, options, [r.generator for r in rows])
+    # logit_bias moves the choice, not the reported distribution (vLLM's
+    # default raw log-probabilities leave it out too); a masked token stays
+    # masked whatever its bias.
+    tokens = choose_tokens(add_logit_bias(logits, options), options,
+                           [r.generator for r in rows])
     scores = [None] * len(rows)
     wanting = [i for i, row in enumerate(rows) if row.logprobs is not None]
     if wanting:
