@@ -37,6 +37,7 @@ from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.gguf.slots import Slots
+from service.engines.gguf.steering import new_steerer, reachable
 from service.engines.model_thread import (
     ModelCall,
     answer_unrun,
@@ -187,13 +188,12 @@ class GgufEngine(Engine):
         n_batch = min(512, cells)
         params.n_ctx, params.n_batch, params.n_ubatch = cells, n_batch, n_batch
         params.n_seq_max, params.kv_unified = self.slots, True
-        steerer = self._new_steerer()
+        steerer = new_steerer(self.llm._model.model, self.entry.id)
         self._ctx_steer = steerer.hook(params, n_batch) if steerer is not None else None
         self._ctx = LlamaContext(model=self.llm._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
-        if steerer is not None and not self._reachable(self._ctx_steer):
-            log.warning("steering unavailable for %s: its graph does not name every block's "
-                        "residual stream (l_out-<layer>)", self.entry.id)
+        if steerer is not None and not reachable(self._ctx, self._batch, self._ctx_steer,
+                                                 self.llm.token_bos(), self.entry.id):
             steerer = None
         self._steerer = steerer
         self._readers = Readers(self._open, window, self.kv.embed_window, steerer)
@@ -204,41 +204,6 @@ class GgufEngine(Engine):
                               Slots(self.slots, cells, whole_only), lanes,
                               self._eog, self._row_tools, self._token_bytes, self._count,
                               self.stall_s, steerer, self._ctx_steer if steerer else None)
-
-    def _new_steerer(self):
-        """The model's Steerer, or None where the callback cannot be built."""
-        from llama_cpp import llama_cpp as lib
-
-        from service.engines.gguf.native import NativeUnavailable
-        from service.engines.gguf.steering import Steerer
-
-        model = self.llm._model.model
-        try:
-            return Steerer(lib.llama_model_n_embd(model), lib.llama_model_n_layer(model))
-        except NativeUnavailable as exc:
-            log.warning("steering unavailable for %s: %s", self.entry.id, exc)
-            return None
-
-    def _reachable(self, steer) -> bool:
-        """Decode one token with the callback listening: does the graph hand
-        over every block's residual stream, laid out as the callback reads it?"""
-        from llama_cpp import llama_cpp as lib
-
-        batch = self._batch.batch
-        batch.n_tokens = 1
-        batch.token[0] = max(0, self.llm.token_bos())
-        batch.pos[0], batch.n_seq_id[0], batch.seq_id[0][0], batch.logits[0] = 0, 1, 0, True
-        steer.discover()
-        try:
-            self._ctx.decode(self._batch)
-        finally:
-            found = steer.reachable()
-            lib.llama_memory_seq_rm(self._ctx.memory, 0, 0, -1)
-            batch.n_tokens = 0
-        if found:
-            log.info("%s: steering on llama.cpp's residual stream (%d layers)", self.entry.id,
-                     steer.n_layer)
-        return found
 
     @property
     def capabilities(self):

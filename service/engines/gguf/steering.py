@@ -26,6 +26,7 @@ unsteerable, and steering fields are refused on it.
 from __future__ import annotations
 
 import ctypes
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,8 @@ import torch
 from service.steering.plan import PRE_STEERING, ActivationSpec, SteeringPlan
 from service.steering.probes import LayerProbes, ProbeReader
 from service.steering.recording import ActivationRecorder
+
+log = logging.getLogger(__name__)
 
 IDLE, APPLY, DISCOVER = 0, 1, 2
 _i32p = ctypes.POINTER(ctypes.c_int32)
@@ -274,3 +277,43 @@ class Steerer:
     def row(self, spec, monitor, prompt_len: int) -> RowSteering | None:
         return RowSteering.of(spec.steering, spec.activations, monitor, prompt_len,
                               self.num_layers - 1)
+
+
+def new_steerer(model, model_id: str) -> Steerer | None:
+    """The Steerer of a loaded llama_model, or None where the callback cannot
+    be built (no C compiler, no ggml headers)."""
+    from llama_cpp import llama_cpp as lib
+
+    from service.engines.gguf.native import NativeUnavailable
+
+    try:
+        return Steerer(lib.llama_model_n_embd(model), lib.llama_model_n_layer(model))
+    except NativeUnavailable as exc:
+        log.warning("steering unavailable for %s: %s", model_id, exc)
+        return None
+
+
+def reachable(ctx, batch, steer: ContextSteer, bos: int, model_id: str) -> bool:
+    """Decode one token in sequence 0 of `ctx` with the callback listening:
+    does the graph hand over every block's residual stream, laid out as the
+    callback reads it? The token's cells are dropped again."""
+    from llama_cpp import llama_cpp as lib
+
+    raw = batch.batch
+    raw.n_tokens = 1
+    raw.token[0] = max(0, bos)
+    raw.pos[0], raw.n_seq_id[0], raw.seq_id[0][0], raw.logits[0] = 0, 1, 0, True
+    steer.discover()
+    try:
+        ctx.decode(batch)
+    finally:
+        found = steer.reachable()
+        lib.llama_memory_seq_rm(ctx.memory, 0, 0, -1)
+        raw.n_tokens = 0
+    if found:
+        log.info("%s: steering on llama.cpp's residual stream (%d layers)", model_id,
+                 steer.n_layer)
+    else:
+        log.warning("steering unavailable for %s: its graph does not name every block's "
+                    "residual stream (l_out-<layer>)", model_id)
+    return found
