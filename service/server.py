@@ -187,8 +187,9 @@ class EngineServer:
         )
         for name in MODEL_BOUND_SERVICES:
             await self.health.set(name, status)
-        for name in SERVICE_NAMES[1:]:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        for name in SERVICE_NAMES:  # the rest answer whether a model is loaded or not
+            if name not in MODEL_BOUND_SERVICES:
+                await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def _set_state_store(self, available: bool) -> None:
         await self.health.set(STATE_STORE_HEALTH, health_pb2.HealthCheckResponse.SERVING
