@@ -189,6 +189,34 @@ def test_probe_verdicts_on_gguf_agree_with_transformers(stack, profiles):
         stack.api("DELETE", "/api/probes/late")
 
 
+def test_concurrent_monitored_requests_on_gguf_each_get_their_own_verdicts(stack, profiles):
+    """Probe reads are scored many steps at a time (engines/gguf/steering.py
+    flush): each request's verdicts are still its own and whole."""
+    layer, feature, _ = profiles["late"][0]
+    stack.ok("POST", "/api/probes", {"name": "late", "sae_id": L1, "feature": feature,
+                                     "threshold": 1.0})
+    bodies = [{"max_tokens": n, **extra} for n, extra in
+              ((4, {}), (12, {"profile": "late"}), (24, {}), (8, {"profile": "both"}))]
+    try:
+        stack.ok("PUT", "/api/monitoring", {"model": F32, "enabled": True})
+        alone = [chat(stack, F32, **b)["millm"]["probe_verdicts"] for b in bodies]
+
+        async def together():
+            return await asyncio.gather(*(asyncio.to_thread(chat, stack, F32, **b)
+                                          for b in bodies))
+
+        mixed = [b["millm"]["probe_verdicts"] for b in asyncio.run(together())]
+        for one, other in zip(alone, mixed, strict=True):
+            a, b = one[0], other[0]
+            assert (a["fired"], a["first_position"], a["positions_read"]) == (
+                b["fired"], b["first_position"], b["positions_read"])
+            assert abs(a["peak"] - b["peak"]) <= 1e-3 * max(1.0, abs(a["peak"]))
+        assert len({v[0]["positions_read"] for v in alone}) > 1
+    finally:
+        stack.ok("PUT", "/api/monitoring", {"model": F32, "enabled": False})
+        stack.api("DELETE", "/api/probes/late")
+
+
 def test_saes_that_do_not_fit_the_gguf_model_are_refused_at_attach(stack):
     chat(stack, F32)
     for sae, why in (("sae_wrong-width", "d_in"), ("sae_past-last-layer", "layer")):

@@ -260,6 +260,9 @@ class Runner:
             job.post(StepOutput(tuple(deltas)))
             if job.stalled(self.stall_s):
                 job.abandon()  # its rows leave at the next turn
+        if steer is not None and any(r.steer is not None and r.steer.monitor is not None
+                                     for r in finished):
+            steer.flush()  # its probes' verdicts must be whole before it reports done
         for row in finished:
             if id(row.job) in failed:
                 continue

@@ -12,7 +12,8 @@ without steering is never touched, and a step in which no row steers or
 reads asks llama.cpp for no tensor at all: its graph runs in one piece, as
 without the callback. After the decode, `collect` hands the copied rows to
 the SAE encoder activation readout shares with the transformers engine
-(steering/recording.py) and to the monitoring probes.
+(steering/recording.py) and to the monitoring probes (kept, and scored
+many steps at a time by `flush`, before a monitored row reports done).
 
 llama.cpp computes the last block only for tokens whose logits are kept; a
 row that reads prompt positions at the last block keeps logits for its whole
@@ -39,6 +40,9 @@ from service.steering.recording import ActivationRecorder
 log = logging.getLogger(__name__)
 
 IDLE, APPLY, DISCOVER = 0, 1, 2
+# Probe reads kept before one encode scores them all: an encode per step
+# would cost a tiny model more than its decode.
+PROBE_BATCH = 256
 _i32p = ctypes.POINTER(ctypes.c_int32)
 _f32p = ctypes.POINTER(ctypes.c_float)
 _u8p = ctypes.POINTER(ctypes.c_uint8)
@@ -143,6 +147,9 @@ class ContextSteer:
         self._point_buffers()
         self._parts: list[BatchPart] = []
         self._touched = 0  # batch tokens whose table entries may be set
+        # Probe reads not scored yet: (LayerProbes, rows, ProbeReader, positions).
+        self._probe_rows: list = []
+        self._probe_count = 0
 
     @property
     def user_data(self) -> ctypes.c_void_p:
@@ -221,7 +228,6 @@ class ContextSteer:
         errors = int(self.state.errors)
         if self._parts and self.state.applied != int(self.layer_on.sum()):
             errors += 1  # a layer planned for was never handed over
-        by_layer: dict[int, list] = {}  # id(LayerProbes) -> [(layer, reader, rows, part)]
         for part in self._parts:
             positions = list(range(part.first_position, part.first_position + part.count))
             for kind, reader, first in part.steer.reads:
@@ -229,19 +235,31 @@ class ContextSteer:
                 rows = buffer[first:first + part.count]
                 if isinstance(reader, ActivationRecorder):
                     reader.record(torch.from_numpy(rows), positions, part.token_ids)
-                else:
-                    by_layer.setdefault(id(reader), []).append((reader, rows, part, positions))
+                else:  # scored later, many steps' rows in one encode (flush)
+                    self._probe_rows.append((reader, rows.copy(), part.steer.monitor, positions))
+                    self._probe_count += part.count
+        self._parts = []
+        self._clear()
+        if self._probe_count >= PROBE_BATCH:
+            self.flush()
+        return errors
+
+    def flush(self) -> None:
+        """Score the probe reads kept since the last flush: one SAE encode per
+        probe layer. Called before a monitored row reports that it is done, so
+        its verdicts are whole when its request reads them."""
+        by_layer: dict[int, list] = {}  # id(LayerProbes) -> its reads
+        for read in self._probe_rows:
+            by_layer.setdefault(id(read[0]), []).append(read)
+        self._probe_rows, self._probe_count = [], 0
         for group in by_layer.values():
             layer: LayerProbes = group[0][0]
             hidden = np.concatenate([rows for _, rows, _, _ in group])
             scores = layer.read(torch.from_numpy(hidden))
             at = 0
-            for _, rows, part, positions in group:
-                part.steer.monitor.read(layer, positions, scores[at:at + len(rows)])
+            for _, rows, monitor, positions in group:
+                monitor.read(layer, positions, scores[at:at + len(rows)])
                 at += len(rows)
-        self._parts = []
-        self._clear()
-        return errors
 
     # -- load -------------------------------------------------------------------------
 
