@@ -87,22 +87,9 @@ class RowSteering:
         return RowSteering(plan.vectors() if plan is not None else {}, recorder, monitor,
                            prompt_len, last_layer)
 
-    @property
-    def reads_prompt(self) -> bool:
-        """Whether its prompt positions must be computed here (not reused)."""
-        return self.monitor is not None or (
-            self.recorder is not None and self.recorder.spec.reads_prompt(self.prompt_len))
-
-    def needs_all_outputs(self) -> bool:
-        """Whether it reads every token of its chunk at the last block."""
-        if self.monitor is not None and any(
-                layer.layer == self.last_layer for layer in self.monitor.spec.layers):
-            return True
-        return (self.recorder is not None and self.recorder.spec.layer == self.last_layer
-                and self.reads_prompt)
-
-    def read_layers(self) -> list[tuple[str, int, object]]:
-        """(pre or post, layer, what reads there) for each read."""
+    def __post_init__(self):
+        # Fixed for the row's life, so worked out once: (pre or post, layer,
+        # what reads there) for each read, and the two questions below.
         out = []
         if self.recorder is not None:
             spec = self.recorder.spec
@@ -110,7 +97,20 @@ class RowSteering:
                         self.recorder))
         if self.monitor is not None:
             out.extend(("pre", layer.layer, layer) for layer in self.monitor.spec.layers)
-        return out
+        self.layer_reads: tuple = tuple(out)
+        self.pre_reads = sum(1 for kind, _, _ in out if kind == "pre")
+        self.post_reads = len(out) - self.pre_reads
+        # Whether its prompt positions must be computed here (not reused).
+        self.reads_prompt = self.monitor is not None or (
+            self.recorder is not None and self.recorder.spec.reads_prompt(self.prompt_len))
+        # Whether it reads every token of its chunk at the last block.
+        self.all_outputs = any(layer == self.last_layer for _, layer, reader in out
+                               if reader is not self.recorder) or (
+            self.recorder is not None and self.recorder.spec.layer == self.last_layer
+            and self.reads_prompt)
+
+    def needs_all_outputs(self) -> bool:
+        return self.all_outputs
 
 
 @dataclass
@@ -179,33 +179,39 @@ class ContextSteer:
         self._parts = parts
         if not parts:
             return
-        vectors = sum(len(p.steer.vectors) for p in parts)
-        pre = sum(p.count for p in parts for kind, _, _ in p.steer.read_layers()
-                  if kind == "pre")
-        post = sum(p.count for p in parts for kind, _, _ in p.steer.read_layers()
-                   if kind == "post")
+        vectors = pre = post = 0
+        for p in parts:
+            vectors += len(p.steer.vectors)
+            pre += p.count * p.steer.pre_reads
+            post += p.count * p.steer.post_reads
         self._room(vectors, pre, post)
         v = pre_row = post_row = 0
+        layer_on, token_vector = self.layer_on, self.token_vector
         for part in parts:
-            span = slice(part.start, part.start + part.count)
+            start, count = part.start, part.count
+            end = start + count
             for layer, vector in part.steer.vectors.items():
                 self.vectors[v] = vector
-                self.token_vector[layer, span] = v
-                self.layer_on[layer] = 1
+                token_vector[layer, start:end] = v
+                layer_on[layer] = 1
                 v += 1
-            part.steer.reads = []
-            for kind, layer, reader in part.steer.read_layers():
-                if kind == "pre":
-                    rows = np.arange(pre_row, pre_row + part.count, dtype=np.int32)
-                    self.token_pre[layer, span] = rows
-                    pre_row += part.count
+            reads = part.steer.reads = []
+            for kind, layer, reader in part.steer.layer_reads:
+                table = self.token_pre if kind == "pre" else self.token_post
+                first = pre_row if kind == "pre" else post_row
+                if count == 1:
+                    table[layer, start] = first
                 else:
-                    rows = np.arange(post_row, post_row + part.count, dtype=np.int32)
-                    self.token_post[layer, span] = rows
-                    post_row += part.count
-                self.layer_on[layer] = 1
-                part.steer.reads.append((kind, reader, int(rows[0])))
-        outputs = [i for i in range(n_tokens) if logits[i]]
+                    table[layer, start:end] = np.arange(first, first + count, dtype=np.int32)
+                if kind == "pre":
+                    pre_row += count
+                else:
+                    post_row += count
+                layer_on[layer] = 1
+                reads.append((kind, reader, first))
+        flags = np.ctypeslib.as_array(logits, shape=(n_tokens,)) if not isinstance(
+            logits, list) else np.asarray(logits)
+        outputs = np.flatnonzero(flags)
         self.out_tokens[:len(outputs)] = outputs
         s = self.state
         s.n_tokens, s.n_outputs, s.errors, s.applied = n_tokens, len(outputs), 0, 0
