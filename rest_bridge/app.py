@@ -25,6 +25,7 @@ from rest_bridge.serving.disconnect import ClientDisconnected
 from rest_bridge.serving.embeddings import EmbeddingsHandler
 from rest_bridge.serving.models import ModelsHandler
 from rest_bridge.serving.responses import ResponsesHandler
+from rest_bridge.serving.tokenize import TokenizeHandler
 from rest_bridge.unserved import is_openai_endpoint
 
 log = logging.getLogger("millm.bridge")
@@ -43,6 +44,7 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
         app.state.completions = CompletionHandler(engine)
         app.state.models = ModelsHandler(engine)
         app.state.embeddings = EmbeddingsHandler(engine)
+        app.state.tokenize = TokenizeHandler(engine)
         app.state.responses = ResponsesHandler(engine)
         log.info("bridge forwarding to %s", engine.target)
         yield

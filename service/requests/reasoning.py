@@ -152,6 +152,17 @@ class Reasoned:
     def param(self) -> str:
         return self.inner.param if self.inner is not None else "thinking_token_budget"
 
+    @property
+    def is_json(self) -> bool:
+        return getattr(self.inner, "is_json", True)
+
+    def refused(self, message: str):
+        """The constraint's own refusal when its grammar does not compile."""
+        refused = getattr(self.inner, "refused", None)
+        if refused is not None:
+            return refused(message)
+        return invalid_parameter(self.param, f"'{self.param}' could not be compiled: {message}")
+
     def compile(self, compiler):
         from xgrammar import structural_tag as st
 

@@ -63,7 +63,7 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
             structured_output=caps.grammar, embeddings=caps.embeddings, steering=can_steer,
             attached_saes=sorted(steering.attached) if can_steer else (),
             seed_scope=generation_pb2.SEED_SCOPE_REQUEST,
-            max_batch=status.max_batch if status else 0))
+            max_batch=status.max_batch if status else 0, tokenization=True))
         fmt = self._inference.engine.format if self._inference.engine is not None else None
         if fmt is not None:
             reply.tool_call_format, reply.reasoning_format = (fmt.tool_call_format,
