@@ -202,3 +202,18 @@ def test_rows_of_one_batch_keep_their_own_modes_and_budgets(sdk, model):
     assert f0 == "stop" and r0 and json.loads(c0)["ok"] in (True, False)
     assert len(r1) > len(r0) and r3 == ""
     assert f2 == "tool_calls" and calls == [("ping", "{}")] and r2
+
+
+@pytest.mark.parametrize("model", ["tiny-r1", "tiny-r1-gguf:F32"])
+@pytest.mark.parametrize("constraint,pattern", [({"regex": "[ab]{3}"}, "[ab]{3}"),
+                                               ({"choice": ["yes", "no"]}, "yes|no")])
+def test_a_pattern_or_choice_starts_after_thinking(sdk, model, constraint, pattern):
+    """structured_outputs (vLLM's) after a reasoning block, as json_schema is."""
+    import re
+
+    reply = sdk.chat.completions.create(
+        model=model, messages=ASK, max_tokens=80, temperature=0,
+        extra_body={"thinking_token_budget": 5, "structured_outputs": constraint})
+    choice = reply.choices[0]
+    assert (choice.message.model_extra or {}).get("reasoning_content")
+    assert choice.finish_reason == "stop" and re.fullmatch(pattern, choice.message.content)

@@ -11,6 +11,7 @@ Closing the event iterator early cancels the job in the model thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -33,6 +34,7 @@ from service.requests.generation import ValidatedGeneration
 from service.steering import readout
 from service.steering.plan import UNSTEERED as UNSTEERED_READ
 from service.steering.recording import ActivationRecorder
+from service.structured_output import CHOICE, GRAMMAR
 
 Event = (GenerationStarted | Echoed | StepOutput | GenerationFinished | ProbesRead
          | ActivationsRead)
@@ -89,11 +91,21 @@ class Generation:
             if spec.reasoning is not None:
                 syntax = spec.reasoning.syntax
                 thinking = Reasoning(syntax, spec.reasoning.mode)
+            # After reasoning, a JSON document is the answer's alone; a pattern,
+            # choice or grammar is checked against the whole text its grammar
+            # (reasoning block and all: requests/reasoning.py) generated.
+            whole = (documents is not None and thinking is not None
+                     and not spec.constraint.is_json)
+            if whole and spec.constraint.kind == CHOICE:  # the grammar holds the choices
+                documents = DocumentCheck(dataclasses.replace(spec.constraint, kind=GRAMMAR),
+                                          spec.grammar)
             async for step in job.events():
+                if whole:
+                    documents.check(step)
                 if thinking is not None:
                     # The reasoning first: the document and the calls are the answer's.
                     step = thinking.apply(step)
-                if documents is not None:
+                if documents is not None and not whole:
                     documents.check(step)
                 if calls is not None:
                     step = calls.apply(step)
