@@ -246,7 +246,8 @@ def test_history_with_reasoning_and_calls_renders_through_the_family_template(sd
                           "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
                {"role": "user", "content": "And tomorrow?"}]
-    for model in ("tiny-r1", "tiny-qwen3", "tiny-mistral", "tiny-llama31"):
+    for model in ("tiny-r1", "tiny-qwen3", "tiny-mistral", "tiny-llama31", "tiny-harmony",
+                  "tiny-v31", "tiny-qwen3-coder"):
         reply = sdk.chat.completions.create(model=model, messages=history, tools=TOOLS,
                                             tool_choice=FORCED, max_tokens=150, temperature=0,
                                             extra_body={"thinking_token_budget": 4})
