@@ -13,8 +13,9 @@ field when it reads none of them).
 Where the answer starts depends on the rendered prompt (`prompt_mode`): a
 generation prompt that opened the reasoning block (DeepSeek R1) starts the
 answer inside it; one that closed it (Qwen3 with enable_thinking false) has
-no reasoning; otherwise the model may open one. With a response_format or a
-tool plan, or a budget, the answer runs under one grammar (`Reasoned`): the
+no reasoning; otherwise the model may open one. With a constraint
+(response_format, structured_outputs) or a tool plan, or a budget, the
+answer runs under one grammar (`Reasoned`): the
 reasoning block is free text (at most `budget` tokens of it: xgrammar's
 AnyText max_tokens, after which only the closing marker's tokens are
 allowed, so the engine closes the block itself), and the constraint starts
@@ -51,10 +52,6 @@ class ReasoningRequest:
     effort: str | None = None
     budget: int | None = None
     template_kwargs: tuple[tuple[str, object], ...] = ()
-
-    @property
-    def sent(self) -> bool:
-        return self.effort is not None or self.budget is not None or bool(self.template_kwargs)
 
 
 @dataclass(frozen=True)
