@@ -198,7 +198,10 @@ def build_gguf(checkpoint: pathlib.Path, target: pathlib.Path) -> str:
 
 
 GGUF_EXPORTED = ("tiny-r1", "tiny-mistral", "tiny-llama31")
-# The request tiny-mistral-marked's first marker is tuned to (build_with_markup_tokens).
+# gpt-oss's markers, the first the one its answers open with.
+HARMONY_MARKERS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>",
+                   "<|call|>")
+# The request the *-marked models' first marker is tuned to (build_with_markup_tokens).
 MARKED_ASK = [{"role": "user", "content": "Ping, please."}]
 MARKED_TOOLS = [{"type": "function", "function": {"name": "ping", "description": "", "parameters": {
     "type": "object", "properties": {}, "additionalProperties": False}}}]
@@ -208,8 +211,9 @@ def serve(tmp_path_factory, name: str):
     """An engine and bridge of a test module's own on every model above
     (the three GGUF exports too, as '<id>-gguf:F32'), plus tiny-overridden
     (a Qwen3 template whose settings name Mistral's syntax and no reasoning),
-    tiny-misnamed (a setting naming no format) and tiny-mistral-marked (its
-    tokenizer has [TOOL_CALLS] and [ARGS] as special tokens; also as GGUF)."""
+    tiny-misnamed (a setting naming no format), and tiny-mistral-marked and
+    tiny-harmony-marked, whose tokenizers have their family's markers as
+    special tokens (also as GGUF)."""
     from tests import harness
 
     models = tmp_path_factory.mktemp(f"{name}-models")
@@ -223,6 +227,9 @@ def serve(tmp_path_factory, name: str):
     build(demo, models, "tiny-misnamed", QWEN3, {"tool_call_format": "klingon"})
     marked = build_with_markup_tokens(demo, models, "tiny-mistral-marked", MISTRAL,
                                       ("[TOOL_CALLS]", "[ARGS]"), MARKED_ASK, MARKED_TOOLS)
+    build_gguf(marked, models)
+    marked = build_with_markup_tokens(demo, models, "tiny-harmony-marked", HARMONY,
+                                      HARMONY_MARKERS, MARKED_ASK, MARKED_TOOLS)
     build_gguf(marked, models)
     return harness.OwnStack(tmp_path_factory.mktemp(name), MILLM_MODELS_DIR=str(models),
                             MILLM_MODEL="tiny-r1")
@@ -253,19 +260,21 @@ def build_with_markup_tokens(demo: pathlib.Path, target: pathlib.Path, model_id:
     config = json.loads((path / "config.json").read_text())
     config["vocab_size"] = first + len(markers)
     (path / "config.json").write_text(json.dumps(config))
+    weights = load_file(path / "model.safetensors")
+    rows = np.zeros((len(markers), weights["lm_head.weight"].shape[1]), dtype=np.float32)
+    weights["lm_head.weight"] = np.concatenate([weights["lm_head.weight"], rows])
+    weights["model.embed_tokens.weight"] = np.concatenate([
+        weights["model.embed_tokens.weight"],
+        np.tile(weights["model.embed_tokens.weight"].mean(0), (len(markers), 1))])
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    # The prompt may hold markers too: its last hidden state from the grown model.
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(demo, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                            chat_template=template, tokenize=False)
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         hidden = model(ids, output_hidden_states=True).hidden_states[-1][0, -1].numpy()
-    weights = load_file(path / "model.safetensors")
-    rows = np.zeros((len(markers), weights["lm_head.weight"].shape[1]), dtype=np.float32)
-    rows[0] = 60.0 * hidden / float(hidden @ hidden)  # its logit: 60
-    weights["lm_head.weight"] = np.concatenate([weights["lm_head.weight"], rows])
-    weights["model.embed_tokens.weight"] = np.concatenate([
-        weights["model.embed_tokens.weight"],
-        np.tile(weights["model.embed_tokens.weight"].mean(0), (len(markers), 1))])
+    weights["lm_head.weight"][first] = 60.0 * hidden / float(hidden @ hidden)  # its logit: 60
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
     return path

@@ -309,7 +309,8 @@ def test_grpc_carries_reasoning_as_its_own_field(channel):
     assert "</think>" not in "".join(text) and usage.reasoning_tokens >= 5
 
 
-@pytest.mark.parametrize("model", ["tiny-mistral-marked", "tiny-mistral-marked-gguf:F32"])
+@pytest.mark.parametrize("model", ["tiny-mistral-marked", "tiny-mistral-marked-gguf:F32",
+                                   "tiny-harmony-marked", "tiny-harmony-marked-gguf:F32"])
 def test_special_markup_tokens_are_generated_and_parsed(channel, model):
     """A tokenizer with the family's markers as special tokens: the model may
     write [TOOL_CALLS] as the one token (every other special token stays
@@ -318,20 +319,24 @@ def test_special_markup_tokens_are_generated_and_parsed(channel, model):
     request = generation_service_pb2.GenerateRequest(
         model=model, chat=generation_pb2.ChatInput(messages=[generation_pb2.ChatMessage(
             role=generation_pb2.ROLE_USER, content=format_models.MARKED_ASK[0]["content"])]),
-        sampling=generation_pb2.SamplingParams(max_tokens=40, temperature=0),
+        sampling=generation_pb2.SamplingParams(max_tokens=160, temperature=0),
         tools=[generation_pb2.FunctionTool(
             name="ping", parameters_json=json.dumps(tool["function"]["parameters"]))],
         tool_choice=generation_pb2.ToolChoice(mode=generation_pb2.TOOL_CHOICE_MODE_FUNCTION,
-                                              function_name="ping"))
+                                              function_name="ping"), thinking_token_budget=4)
+    if "mistral" in model:
+        request.ClearField("thinking_token_budget")  # (no reasoning: reported, not used)
     stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
-    ids, text, calls, finish = [], [], [], None
+    ids, text, thought, calls, finish = [], [], [], [], None
     for message in stub.Generate(request, timeout=120):
         for delta in message.choices:
             ids += list(delta.token_ids)
             text.append(delta.text)
+            thought.append(delta.reasoning)
             calls += [(c.name, c.arguments) for c in delta.tool_calls]
             finish = delta.finish_reason or finish
-    assert ids[0] == 8005  # [TOOL_CALLS], the first added token
+    assert ids[0] == 8005  # [TOOL_CALLS] or <|channel|>, the first added token
+    assert not any(marker in "".join(thought) for marker in format_models.HARMONY_MARKERS)
     assert finish == generation_pb2.FINISH_REASON_TOOL_CALLS and not "".join(text)
     assert [name for name, _ in calls if name] == ["ping"]
     assert "".join(arguments for _, arguments in calls) == "{}"
