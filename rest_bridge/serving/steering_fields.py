@@ -47,7 +47,8 @@ def add_to_request(request, pb) -> None:
         pb.steering_intensity.symbol = dial
     elif dial is not None:
         pb.steering_intensity.level = dial
-    spec = request.return_sae_activations
+    # (The Messages API's schema declares no activations field.)
+    spec = getattr(request, PARAM, None)
     if spec is None or PARAM in request.UNMAPPED:
         return
     out = pb.return_sae_activations

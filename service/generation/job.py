@@ -62,6 +62,8 @@ class ChoiceDelta:
     # engines.scores.TokenScore per text-bearing token, when logprobs were asked for.
     logprobs: tuple = ()
     tool_calls: tuple[ToolCallFragment, ...] = ()
+    # The stop sequence that ended the choice (finish_reason STOP), if one did.
+    stop_sequence: str = ""
 
 
 @dataclass(frozen=True)
