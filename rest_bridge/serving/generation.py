@@ -105,7 +105,8 @@ def common_fields(request, pb: generation_service_pb2.GenerateRequest,
     check), whether it streams (the engine's stream rules), the request id, the
     steering fields and what the schema does not map."""
     pb.strict = strict
-    pb.stream = bool(getattr(request, "stream", False))
+    # (A token count declares no `stream`: one sent there is an extra field.)
+    pb.stream = "stream" in type(request).model_fields and bool(request.stream)
     pb.request_id = request_id.get()
     steering_fields.add_to_request(request, pb)
     forward_unmapped(request, pb)

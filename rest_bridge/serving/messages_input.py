@@ -68,10 +68,12 @@ class Origins:
     turns: list[str] = field(default_factory=list)
     calls: list[list[str]] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)
+    # Top-level keys sent as extra fields: the engine names them as sent.
+    extras: frozenset[str] = frozenset()
 
     def relabel(self, error: OpenAIError) -> OpenAIError:
         param = error.param
-        if param is None:
+        if param is None or param in self.extras:
             return error
         new = _PLAIN.get(param) or self._rename(param)
         if new != param:
@@ -212,6 +214,7 @@ def generate_request(request: MessagesInput) -> tuple[generation_service_pb2.Gen
     """The contract's request for a Messages body (a count's too: it has no
     sampling fields), and where its turns came from."""
     chat, origins = conversation(request)
+    origins.extras = frozenset(request.model_extra or ())
     pb = generation_service_pb2.GenerateRequest(model=request.model, chat=chat)
     add_tools(request, pb)
     pb.unused_fields.extend(origins.unused)

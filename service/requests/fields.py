@@ -185,6 +185,8 @@ RULES: dict[str, FieldRule] = {
                           "blocks) is " + NOT_YET),
     "output_config": FieldRule(no_change=({},), why="output formats and effort levels are "
                                + NOT_YET + "; force a tool for structured output"),
+    "output_format": FieldRule(why="output formats are " + NOT_YET + "; force a tool for "
+                               "structured output"),
     "mcp_servers": FieldRule(no_change=([],), why="the server calls no MCP servers"),
     "container": FieldRule(why="code-execution containers are not served"),
     "context_management": FieldRule(why="the server never edits the context it is sent"),
