@@ -6,7 +6,9 @@ content blocks, and `finish` closes the message; a non-streamed request
 keeps only the built message, so the streamed and the whole answer cannot
 drift apart. Text is one text block; each tool call a tool_use block whose
 `input` is the call's arguments parsed (the engine has checked them against
-the tool's schema), streamed as input_json_delta pieces.
+the tool's schema), streamed as input_json_delta pieces. A call that
+max_tokens cut inside its arguments has no input, and the whole message
+leaves it out.
 """
 
 from __future__ import annotations
@@ -115,12 +117,19 @@ class MessageFold:
         reason and the final usage, message_stop ends it."""
         events: list[Event] = []
         self._close(events)
+        cut = []
         for index, arguments in self._arguments.items():
             try:
                 self.blocks[index]["input"] = json.loads(arguments) if arguments else {}
             except ValueError:
-                raise OpenAIError(500, "The engine returned tool-call arguments that do not "
-                                  "parse.", type="server_error", code="internal_error") from None
+                if self.stop_reason != "max_tokens":
+                    raise OpenAIError(500, "The engine returned tool-call arguments that do "
+                                      "not parse.", type="server_error",
+                                      code="internal_error") from None
+                cut.append(index)  # max_tokens ended it inside its arguments
+        # A call cut short has no input to give: the whole message leaves it
+        # out (stop_reason max_tokens says why); a stream has sent its pieces.
+        self.blocks = [b for i, b in enumerate(self.blocks) if i not in cut]
         events.append(("message_delta", {
             "type": "message_delta",
             "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
