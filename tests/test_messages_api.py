@@ -288,6 +288,11 @@ def test_a_failure_after_the_start_is_an_error_event(tiny_queue):
     name, data = seen[-1]
     assert name == "error" and data["error"]["type"] == "api_error", seen[-3:]
     assert "message_stop" not in [n for n, _ in seen]
+    # Counted as a failed stream of its own route, though its status was 200.
+    metrics = call(tiny_queue.http_port, "GET", "/metrics").text
+    assert any(line.startswith("millm_bridge_stream_failures_total{")
+               and 'route="/v1/messages"' in line and not line.endswith(" 0.0")
+               for line in metrics.splitlines()), metrics[-2000:]
 
 
 def test_full_queue_is_529_overloaded(tiny_queue):
