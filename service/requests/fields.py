@@ -207,10 +207,13 @@ def messages_cell(name: str, rule: FieldRule, kind: EngineCapabilities,
     """The Messages route's cell: chat's, except that a field chat honours
     but a Messages body cannot place is refused, as check() refuses an
     unmapped extra field."""
-    cell = rule.cell(CHAT, kind, model)
-    if cell.treatment is Treatment.HONOURED and name not in MESSAGES_PLACES:
+    # check() runs first with the engine kind's capabilities: a field the kind
+    # honours but the body could not place is refused there, whatever the
+    # loaded model would make of it.
+    if (name not in MESSAGES_PLACES
+            and rule.cell(CHAT, kind, kind).treatment is Treatment.HONOURED):
         return Cell(Treatment.REFUSED, "field_not_honoured", NO_PLACE)
-    return cell
+    return rule.cell(CHAT, kind, model)
 
 
 def cell_for(name: str, route: str, kind: EngineCapabilities,
