@@ -165,6 +165,37 @@ def test_any_tool_choice_calls_a_tool(stack):
     assert [b["type"] for b in message["content"]] == ["tool_use"]
 
 
+def test_one_call_when_parallel_use_is_disabled(stack):
+    ask = {"tools": [WEATHER], "tool_choice": {"type": "any",
+                                               "disable_parallel_tool_use": True},
+           "messages": [{"role": "user", "content": "Weather in Paris, Rome and Oslo?"}]}
+    allowed = {**ask, "tool_choice": {"type": "any"}}
+    counts = {}
+    for seed in (1, 2, 3):
+        for name, sent in (("one", ask), ("any", allowed)):
+            message = call(stack.http_port, "POST", "/v1/messages",
+                           {**body(MODEL, max_tokens=120, seed=seed, temperature=1),
+                            **sent}).json()
+            counts.setdefault(name, []).append(len(message["content"]))
+            assert {b["type"] for b in message["content"]} == {"tool_use"}, message
+    assert counts["one"] == [1, 1, 1] and max(counts["any"]) > 1, counts
+
+
+def test_prefix_cache_reads_are_counted_apart(stack):
+    """A repeated long prompt is read from the prefix cache the second time:
+    Anthropic's input_tokens leaves those out, and the two add up to the count."""
+    system = "You are a careful guide to rivers. " * 12 + "(cache test)"
+    sent = body(MODEL, system=system, max_tokens=4)
+    count = call(stack.http_port, "POST", "/v1/messages/count_tokens",
+                 {"model": MODEL, "system": system, "messages": sent["messages"]}).json()
+    first = call(stack.http_port, "POST", "/v1/messages", sent).json()["usage"]
+    second = call(stack.http_port, "POST", "/v1/messages", sent).json()["usage"]
+    assert second["cache_read_input_tokens"] > 0, second
+    for usage in (first, second):
+        assert usage["input_tokens"] + usage["cache_read_input_tokens"] == count["input_tokens"]
+        assert usage["cache_creation_input_tokens"] == 0
+
+
 # -- refusals, in Anthropic's envelope -------------------------------------------------------
 
 
