@@ -32,6 +32,7 @@ $(INSTALLED): pyproject.toml clients/python/pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ./clients/python
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m service.engines.gguf.native  # GGUF steering's llama.cpp callback (C, ~1 s)
 	touch $@
 
 tools: $(BUF)
@@ -190,10 +191,13 @@ llama-server: $(INSTALLED)
 bench: setup proto model llama-server
 	$(PY) bench/serving.py
 	$(PY) bench/structured_output.py
+	$(PY) bench/constraints.py
 	$(PY) bench/tool_calls.py
 	$(PY) bench/steering.py
+	$(PY) bench/steering.py --engine gguf
 	$(PY) bench/steering_effect.py
 	$(PY) bench/monitoring.py
+	$(PY) bench/monitoring.py --engine gguf
 	$(PY) bench/gguf_peer.py
 	$(PY) bench/hardware_limit.py
 	$(PY) bench/admission.py

@@ -52,7 +52,6 @@ from millm.v1 import (  # noqa: E402
     model_service_pb2_grpc,
 )
 from service.demo_model import gguf_export  # noqa: E402
-from service.demo_model.build import VOCAB_SIZE  # noqa: E402
 from service.demo_model.families import TOKENIZER_FILES  # noqa: E402
 from tests import harness  # noqa: E402
 from tests.grpc_helpers import prompt_request  # noqa: E402
@@ -72,15 +71,18 @@ PROMPTS = ["The river ran", "In the morning the market", "The lighthouse keeper"
            "Gardens need patience", "The train left the station", "Cats sleep"]
 
 
-def build(models: pathlib.Path, dtype: str, gguf: bool) -> int:
-    """The checkpoint (stored in `dtype`) and its GGUF files; returns its
-    parameter count."""
+def build(models: pathlib.Path, dtype: str, gguf: bool, quants: tuple[str, ...] = QUANTS) -> int:
+    """The checkpoint (stored in `dtype`) and its GGUF files in `quants`;
+    returns its parameter count."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     demo = harness.models_dir() / "millm-tiny"
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=2, pad_token_id=0,
+    # The tokenizer's real size (build.VOCAB_SIZE is only its trainer's
+    # ceiling): a GGUF's embedding table must have one row per token.
+    vocab = json.loads((demo / "config.json").read_text())["vocab_size"]
+    config = LlamaConfig(vocab_size=vocab, bos_token_id=None, eos_token_id=2, pad_token_id=0,
                          tie_word_embeddings=True, **CONFIG)
     model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[2, 0], pad_token_id=0)
@@ -93,7 +95,7 @@ def build(models: pathlib.Path, dtype: str, gguf: bool) -> int:
     if not gguf:
         return sum(p.numel() for p in model.parameters())
     (models / GGUF_REPO).mkdir()
-    for quant in QUANTS:
+    for quant in quants:
         gguf_export.write_file(target, models / GGUF_REPO / f"{GGUF_REPO}-{quant}.gguf", quant,
                                GGUF_REPO)
     return sum(p.numel() for p in model.parameters())

@@ -15,13 +15,25 @@ both engines, and the ratios: steered / unsteered on the batched engine
 (what per-row deltas cost; target >= 0.8) and batched / serial for steered
 traffic (what batching steered requests together gains).
 
+GGUF mode (--engine gguf, bench/gguf_models.py): the GGUF engine on the demo
+model's Q8_0 export and (unless --no-100m) the 100M Llama's, one engine at a
+time on one core, SAEs attached at two layers and every profile steering both.
+At 1 and 8 clients it alternates unsteered runs with runs where half the
+requests (every other one of each client) name their client's profile, for
+--rounds rounds; each figure is the median of its runs. It prints half-steered
+/ unsteered throughput against the goal (>= 0.90), and the mechanism's cost
+per decode step: one client's streamed ms per step, steered against not, and
+at 8 clients the step time the throughput implies (clients / tok/s).
+
 Usage: python bench/steering.py [--clients 16] [--tokens 48] [--requests 4]
+       python bench/steering.py --engine gguf [--rounds 3] [--requests 4] [--no-100m]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import pathlib
 import sys
 import tempfile
@@ -31,7 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
+from bench import gguf_models  # noqa: E402
 from millm.v1 import (  # noqa: E402
+    generation_service_pb2_grpc,
     steering_pb2,
     steering_service_pb2,
     steering_service_pb2_grpc,
@@ -69,10 +83,18 @@ async def load(target: str, mix: str, clients: int, requests: int, tokens: int) 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--engine", choices=("transformers", "gguf"), default="transformers")
+    parser.add_argument("--clients", type=int, default=16, help="transformers mode")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--requests", type=int, default=4, help="per client")
+    parser.add_argument("--rounds", type=int, default=3, help="GGUF mode: runs per figure")
+    parser.add_argument("--no-100m", dest="big", action="store_false",
+                        help="GGUF mode: the demo model only")
     args = parser.parse_args()
+    return gguf_main(args) if args.engine == "gguf" else transformers_main(args)
+
+
+def transformers_main(args) -> int:
     engines = {}
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -105,6 +127,112 @@ def main() -> int:
     gain = results[("batched", "steered")]["tok_s"] / results[("serial", "steered")]["tok_s"]
     print(f"steered / unsteered (batched): {cost:.2f}  (target >= 0.80)")
     print(f"batched / serial (steered):    {gain:.2f}x")
+    return 0
+
+
+# -- GGUF mode ---------------------------------------------------------------------------------
+
+GGUF_CLIENTS = (1, 8)
+GGUF_MIXES = ("unsteered", "half")
+
+
+async def gguf_setup(target: str, model: gguf_models.BenchModel, clients: int) -> None:
+    """Every SAE of the model attached; one profile per client over all of them."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = steering_service_pb2_grpc.SteeringServiceStub(channel)
+        for sae in model.saes.values():
+            await stub.AttachSae(steering_service_pb2.AttachSaeRequest(sae_id=sae))
+        for c in range(clients):
+            await stub.CreateProfile(steering_service_pb2.CreateProfileRequest(
+                name=f"client-{c}", entries=[
+                    entry for layer in model.saes for entry in (
+                        steering_pb2.SteeringEntry(layer=layer, feature=(7 * c) % model.d_sae,
+                                                   strength=4.0),
+                        steering_pb2.SteeringEntry(layer=layer,
+                                                   feature=(7 * c + 3) % model.d_sae,
+                                                   strength=-2.0))]))
+
+
+def gguf_request(model_id: str, c: int, r: int, tokens: int, steered: bool):
+    request = chat_request(PROMPTS[(c + r) % len(PROMPTS)], model=model_id, max_tokens=tokens,
+                           temperature=1.0, ignore_eos=True)
+    if steered:
+        request.profile = f"client-{c}"
+    return request
+
+
+async def gguf_steps(target: str, model_id: str, tokens: int, repeats: int) -> dict:
+    """One client's ms per decode step, unsteered and steered requests in turn."""
+    out: dict[bool, list[float]] = {False: [], True: []}
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        for r in range(2 * repeats):
+            steered = bool(r % 2)
+            out[steered].append(await gguf_models.step_ms(
+                stub, gguf_request(model_id, 0, r, tokens, steered)))
+    return out
+
+
+def gguf_round(target: str, model: gguf_models.BenchModel, args, runs: dict) -> None:
+    for clients in GGUF_CLIENTS:
+        for mix in GGUF_MIXES:
+            runs.setdefault((clients, mix), []).append(asyncio.run(closed_loop(
+                target, clients, args.requests,
+                lambda c, r, half=(mix == "half"): gguf_request(
+                    model.model_id, c, r, args.tokens, half and (c + r) % 2 == 0),
+                warmup=gguf_models.warmup(model.model_id))))
+    steps = asyncio.run(gguf_steps(target, model.model_id, args.tokens, 3))
+    for steered, figures in steps.items():
+        runs.setdefault(("step", steered), []).extend(figures)
+
+
+def gguf_report(model: gguf_models.BenchModel, runs: dict, args) -> None:
+    import statistics
+
+    layers = ",".join(str(layer) for layer in model.saes)
+    print(f"\n{model.model_id} ({model.name}): SAEs at layers {layers}, "
+          f"{args.requests} requests x {args.tokens} tokens per client, temperature 1, "
+          f"median of {args.rounds} alternating rounds")
+    print(f"{'clients':>7} {'unsteered tok/s':>16} {'half steered tok/s':>19} {'ratio':>6} "
+          f"{'p50 TTFT ms (un/half)':>22} {'step ms (un/half)':>18}")
+    for clients in GGUF_CLIENTS:
+        plain, half = runs[(clients, "unsteered")], runs[(clients, "half")]
+        a, b = gguf_models.median(plain, "tok_s"), gguf_models.median(half, "tok_s")
+        print(f"{clients:>7} {a:>16.1f} {b:>19.1f} {b / a:>6.2f} "
+              f"{gguf_models.median(plain, 'p50'):>10.1f} / "
+              f"{gguf_models.median(half, 'p50'):<9.1f} "
+              f"{clients * 1000 / a:>8.2f} / {clients * 1000 / b:<7.2f}")
+        print(f"{'':>7} half steered / unsteered at {clients} client(s): {b / a:.2f}  "
+              f"(goal >= 0.90)  runs: " + ", ".join(
+                  f"{p['tok_s']:.0f}/{h['tok_s']:.0f}" for p, h in zip(plain, half, strict=True)))
+    off, on = (statistics.median(runs[("step", s)]) for s in (False, True))
+    print(f"{'':>7} one client, ms per decode step: unsteered {off:.3f}, steered {on:.3f} "
+          f"(+{on - off:.3f} ms, {on / off - 1:+.1%}; median of {len(runs[('step', True)])})")
+
+
+def gguf_main(args) -> int:
+    engine_cpus, client_cpus = gguf_models.split_cpus()
+    print("steering benchmark, GGUF engine (llama.cpp, one thread): steered rows add their "
+          "profile's vector to l_out-<layer> in an eval callback", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        models = [gguf_models.demo()]
+        if args.big:
+            models.append(gguf_models.hundred_million(tmp / "hl"))
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)
+        for i, model in enumerate(models):
+            (tmp / f"engine-{i}").mkdir()
+            process, port = model.engine(tmp / f"engine-{i}", engine_cpus)
+            target, runs = f"127.0.0.1:{port}", {}
+            try:
+                harness.wait_serving(process, port, timeout=600)
+                asyncio.run(gguf_setup(target, model, max(GGUF_CLIENTS)))
+                for _ in range(args.rounds):
+                    gguf_round(target, model, args, runs)
+            finally:
+                process.stop()
+            gguf_report(model, runs, args)
     return 0
 
 

@@ -12,8 +12,8 @@ asks it for another model.
 Over several engines, a call that fails UNAVAILABLE before the engine sent
 anything back (the engine died, or refused while draining or loading) is
 retried by gRPC on the next engine, for the calls that change nothing:
-generation, scoring, embeddings and the Get/List reads. A call that changes
-state (loading a model, saving a profile) is not: the dead engine may have
+generation, scoring, embeddings, tokenization and the Get/List reads. A call
+that changes state (loading a model, saving a profile) is not: the dead engine may have
 done it. gRPC stops retrying once the first reply message arrives, which for
 a Generate stream is its metadata; rest_bridge/serving/failover.py carries
 generation on from there. The channel pings the engines
@@ -27,7 +27,9 @@ carry a prompt (Generate, Embed) do not use that balanced channel: `generate`
 and `embed` ask rest_bridge/routing/ for a replica by state, loaded model,
 load and prompt prefix, and call it on its own channel. That channel has no
 retry policy: a Generate lost or refused there is sent on by
-serving/failover.py, an Embed by `embed` itself. MILLM_ROUTING=round_robin
+serving/failover.py, an Embed by `embed` itself; Tokenize and Detokenize
+(`tokenization_for`) go to the replica the router picks for their model, and
+are not retried there. MILLM_ROUTING=round_robin
 keeps every call on the balanced channel.
 """
 
@@ -51,6 +53,7 @@ from millm.v1 import (
     scoring_service_pb2,
     server_service_pb2,
     steering_service_pb2,
+    tokenization_service_pb2,
 )
 from rest_bridge.routing.prefix import prompt_text
 from rest_bridge.routing.router import Router, dns_name
@@ -79,7 +82,7 @@ def channel_target(targets: tuple[str, ...]) -> str:
 
 # Services whose every call may run twice, and the read calls of the others.
 _RETRIED_SERVICES = (generation_service_pb2, scoring_service_pb2, embedding_service_pb2,
-                     server_service_pb2)
+                     server_service_pb2, tokenization_service_pb2)
 _READS_OF = (model_service_pb2, steering_service_pb2)
 RETRY_POLICY = {
     "maxAttempts": 3,
@@ -211,6 +214,13 @@ class EngineClient(AsyncClient):
                 on_retry(attempt)
             await asyncio.sleep(EMBED_BACKOFF_S * attempt)
             attempt += 1
+
+    def tokenization_for(self, model: str):
+        """The TokenizationService stub of the replica the router picks for
+        `model` (one that has it loaded, so tokenizing never switches a
+        replica's model when another serves it), else the balanced channel's."""
+        replica = self.router.pick(model) if self.router is not None else None
+        return replica.client.tokenization if replica is not None else self.tokenization
 
     async def is_serving(self, timeout: float = 2.0) -> bool:
         try:

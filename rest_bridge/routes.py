@@ -18,6 +18,7 @@ from rest_bridge.protocol.completions import CompletionRequest
 from rest_bridge.protocol.embeddings import EmbeddingRequest
 from rest_bridge.protocol.messages import CountTokensRequest, MessagesRequest
 from rest_bridge.protocol.responses import ResponsesRequest
+from rest_bridge.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from rest_bridge.unserved import is_openai_endpoint
 
 router = APIRouter()
@@ -57,6 +58,19 @@ async def completions(request: Request):
 async def embeddings(request: Request):
     body = parse_body(await read_body(request), EmbeddingRequest)
     return await request.app.state.embeddings.handle(body, request)
+
+
+# vLLM serves these at the root, not under /v1; so does llama.cpp's server.
+@router.post("/tokenize")
+async def tokenize(request: Request):
+    body = parse_body(await read_body(request), TokenizeRequest)
+    return await request.app.state.tokenize.tokenize(body, request)
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request):
+    body = parse_body(await read_body(request), DetokenizeRequest)
+    return await request.app.state.tokenize.detokenize(body, request)
 
 
 @router.post("/v1/responses")

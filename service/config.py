@@ -41,6 +41,8 @@ class EngineConfig:
     tls_client_ca: pathlib.Path | None = None
     # SAEs (SAELens directories); default <models dir>/saes.
     saes_dir: pathlib.Path | None = None
+    # llama.cpp control-vector files; default <models dir>/control_vectors.
+    control_vectors_dir: pathlib.Path | None = None
     # The steering dial's floors and ceilings (docs/steering.md).
     cluster_intensity_min: float = 0.5
     cluster_intensity_max: float = 2.0
@@ -168,6 +170,10 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                         help="MILLM_GRPC_TLS_CLIENT_CA: require client certificates it signed")
     parser.add_argument("--saes-dir", default=os.environ.get("MILLM_SAES_DIR") or None,
                         help="MILLM_SAES_DIR: SAELens SAE directories (default: <models dir>/saes)")
+    parser.add_argument("--control-vectors-dir",
+                        default=os.environ.get("MILLM_CONTROL_VECTORS_DIR") or None,
+                        help="MILLM_CONTROL_VECTORS_DIR: llama.cpp control-vector files "
+                        "(default: <models dir>/control_vectors)")
     for name, default in (("cluster-intensity-min", "0.5"), ("cluster-intensity-max", "2.0"),
                           ("circuit-intensity-min", "0.0"), ("circuit-intensity-max", "2.0")):
         env = "MILLM_" + name.upper().replace("-", "_")
@@ -279,6 +285,8 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         tls_key=pathlib.Path(args.tls_key) if args.tls_key else None,
         tls_client_ca=pathlib.Path(args.tls_client_ca) if args.tls_client_ca else None,
         saes_dir=pathlib.Path(args.saes_dir) if args.saes_dir else models_dir / "saes",
+        control_vectors_dir=(pathlib.Path(args.control_vectors_dir) if args.control_vectors_dir
+                             else models_dir / "control_vectors"),
         cluster_intensity_min=args.cluster_intensity_min,
         cluster_intensity_max=args.cluster_intensity_max,
         circuit_intensity_min=args.circuit_intensity_min,

@@ -72,6 +72,10 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "sae_not_found": ErrorCode(_S.NOT_FOUND, 404),
     "invalid_sae": ErrorCode(_S.FAILED_PRECONDITION, 400),
     "sae_mismatch": ErrorCode(_S.FAILED_PRECONDITION, 400),
+    # llama.cpp control vectors (steering/control_vectors.py)
+    "control_vector_not_found": ErrorCode(_S.NOT_FOUND, 404),
+    "invalid_control_vector": ErrorCode(_S.FAILED_PRECONDITION, 400),
+    "control_vector_mismatch": ErrorCode(_S.FAILED_PRECONDITION, 400),
     "steering_unavailable": ErrorCode(_S.FAILED_PRECONDITION, 400),
     "invalid_document": ErrorCode(_S.INVALID_ARGUMENT, 400),
     "already_exists": ErrorCode(_S.ALREADY_EXISTS, 409),

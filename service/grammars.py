@@ -6,13 +6,15 @@ Run on asyncio's default executor, a few slow schemas would hold every one
 of its threads while state-store reads and tokenization queue behind them;
 so each vocabulary's compiles run one at a time on a dedicated thread. A
 caller waits at most `limit_s` of that thread's time for its grammar and is
-then refused (400 `response_format_unsupported` naming the field); the
+then refused (400 naming the field: `response_format_unsupported` for a
+schema, `invalid_parameter` for a pattern or grammar); the
 abandoned compile runs on (nothing can stop it) and its result is cached.
 Pile-up is bounded: a request for a schema already compiling waits on that
 same compile (a client retrying a slow schema starts nothing new), and at
 most `max_pending` distinct compiles may be queued or running, past which a
-request is refused with 503 `queue_full`. The schema limits of
-structured_output.py keep any one compile short; the limit is the backstop.
+request is refused with 503 `queue_full`. The limits of structured_output.py
+and schema_limits.py (text size, counted repetitions) keep any one compile
+short, whichever kind of constraint it is; the time limit is the backstop.
 """
 
 from __future__ import annotations
@@ -24,10 +26,18 @@ import threading
 import time
 
 from service.errors import EngineError, model_busy
-from service.structured_output import unsupported
+from service.structured_output import compiler_message, unsupported
 
 COMPILE_LIMIT_S = 5.0
 MAX_PENDING = 8
+
+
+def _refusal(item, message: str) -> EngineError:
+    """A compile past the limit: a schema's is unsupported, a pattern's or a
+    grammar's an invalid parameter; either names the field."""
+    if getattr(item, "is_json", True):
+        return unsupported(item.param, message)
+    return EngineError("invalid_parameter", message, item.param)
 
 
 class _Compile:
@@ -86,7 +96,8 @@ class GrammarCache:
     def get(self, item):
         """The compiled grammar of a Constraint or a tools.ToolPlan (anything
         with a canonical `key`, the `param` a refusal names and a
-        `compile(compiler)`), waiting for it without a time limit (tools and
+        `compile(compiler)`; a Constraint also says how it is refused),
+        waiting for it without a time limit (tools and
         tests off the event loop)."""
         return self._submit(item).future.result()
 
@@ -111,9 +122,8 @@ class GrammarCache:
                 else:
                     left = started + self.limit_s - now
                     if left <= 0:
-                        raise unsupported(item.param, f"The grammar for '{item.param}' took "
-                                          f"longer than {self.limit_s:g} s to compile; "
-                                          "simplify the schema.")
+                        raise _refusal(item, f"The grammar for '{item.param}' took longer "
+                                       f"than {self.limit_s:g} s to compile; simplify it.")
                 done, _ = await asyncio.wait({waiting}, timeout=left)
                 if done:
                     return waiting.result()
@@ -150,8 +160,10 @@ class GrammarCache:
         except Exception as exc:  # xgrammar raises plain RuntimeErrors (say, a bad pattern)
             with self._lock:
                 del self._compiling[key]
-            job.future.set_exception(unsupported(item.param, "The schema could not be "
-                                                 f"compiled into a grammar: {exc}"))
+            refused = getattr(item, "refused", None)
+            job.future.set_exception(
+                refused(compiler_message(exc)) if refused is not None else unsupported(
+                    item.param, f"The schema could not be compiled into a grammar: {exc}"))
             return
         with self._lock:
             del self._compiling[key]

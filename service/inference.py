@@ -9,7 +9,10 @@ load), a lease on the serving engine (loading it if another model is
 loaded), the field table again with the loaded model's capabilities, the
 parameter checks, steering, tokenization off the event loop, the context fit;
 the result is one frozen ValidatedGeneration, held with its lease by a
-Generation for as long as the caller's `async with` block runs.
+Generation for as long as the caller's `async with` block runs. Tokenize and
+detokenize (TokenizationService) hold a lease too, and encode through the
+same function as generation (encode_conversation), so their ids are the
+ones a generation of the same input would use.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from service.errors import EngineError, model_not_found, model_not_loaded
 from service.generation.run import Generation
 from service.models.lifecycle import Lease, LifecycleConfig, ModelLifecycle, ModelState, ModelView
 from service.models.registry import ModelEntry, ModelRegistry
-from service.requests import checks, embeddings, tools
+from service.requests import checks, embeddings, tokenization, tools
 from service.requests.generation import ValidatedGeneration, fit_groups, validated
+from service.requests.logit_bias import check_logit_bias_ids
 from service.requests.params import EmbedParams, GenerateParams
 from service.requests.tools import ToolPlan
 from service.steering import intensity, readout
@@ -184,6 +188,7 @@ class InferenceService:
         if params.prompts is not None:
             checks.check_token_ids(params, info.vocab_size)
         checks.check_allowed_token_ids(params, info.vocab_size)
+        check_logit_bias_ids(params.logit_bias, info.vocab_size)
         prompt_ids = await asyncio.to_thread(self._tokenize, engine, params, checked.tools)
         grammar = None
         constrained = checked.constraint or checked.tools  # never both (checks.py)
@@ -219,13 +224,61 @@ class InferenceService:
     @staticmethod
     def _encode_chat(engine: Engine, turns, plan: ToolPlan | None) -> list[int]:
         messages, partial = checks.continuation(turns)
+        return InferenceService.encode_conversation(engine, messages, partial, plan)
+
+    @staticmethod
+    def encode_conversation(engine: Engine, messages: list[dict], partial: str | None,
+                            plan: ToolPlan | None, *, generation_prompt: bool = True,
+                            add_special: bool = False) -> list[int]:
+        """The one way a conversation becomes ids, for generation and POST
+        /tokenize alike."""
         if engine.renders_tools:
             return engine.encode_chat(messages, partial,
-                                      plan.openai_tools() if plan is not None else None)
-        if plan is not None or any(t.tool_calls or t.role == "tool" for t in turns):
+                                      plan.openai_tools() if plan is not None else None,
+                                      generation_prompt=generation_prompt,
+                                      add_special=add_special)
+        if plan is not None or any(m.get("tool_calls") or m["role"] == "tool"
+                                   for m in messages):
             # A template that knows nothing of tools: they are written out as text.
             messages = tools.plain_messages(messages, plan)
-        return engine.encode_chat(messages, partial)
+        return engine.encode_chat(messages, partial, generation_prompt=generation_prompt,
+                                  add_special=add_special)
+
+    # -- tokenization (requests/tokenization.py) -------------------------------------
+
+    async def tokenize(self, params: tokenization.TokenizeParams) -> tokenization.Tokenized:
+        """The ids a generation of the same input would feed the model."""
+        tokenization.check_prompt(params)
+        lease = await self.lifecycle.acquire(params.model)
+        try:
+            engine, info = lease.engine, lease.info
+
+            def encode() -> list[int]:
+                if params.prompt is not None:
+                    return engine.encode_text(
+                        params.prompt, parse_special=params.parse_special_tokens,
+                        add_special=params.add_special_tokens is not False)
+                r = tokenization.chat_rendering(params, engine.special_tokens)
+                return self.encode_conversation(
+                    engine, r.messages, r.partial, r.plan, generation_prompt=r.generation_prompt,
+                    add_special=params.add_special_tokens is True)
+
+            ids = await asyncio.to_thread(encode)
+            strs = (await asyncio.to_thread(engine.token_strings, ids)
+                    if params.return_token_strs else None)
+            return tokenization.Tokenized(ids, info.context_window, strs, info.id)
+        finally:
+            lease.release()
+
+    async def detokenize(self, params: tokenization.DetokenizeParams) -> tuple[str, str]:
+        """(the text of the ids, special tokens written out; the model id)."""
+        lease = await self.lifecycle.acquire(params.model)
+        try:
+            tokenization.check_detokenize(params, lease.info.vocab_size)
+            text = await asyncio.to_thread(lease.engine.detokenize, list(params.tokens))
+            return text, lease.info.id
+        finally:
+            lease.release()
 
     # -- embeddings -------------------------------------------------------------------
 

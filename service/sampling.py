@@ -21,6 +21,8 @@ class SamplingOptions:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # OpenAI's logit_bias: (token id, value) pairs added to the logits.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -56,6 +58,23 @@ def apply_penalties(
             - column("presence_penalty") * (output_counts > 0).to(logits.dtype)
         )
     return logits
+
+
+def add_logit_bias(logits: torch.Tensor, options: list[SamplingOptions]) -> torch.Tensor:
+    """Each row's logit_bias added to its logits (a new tensor when any row
+    has one; `logits` itself, untouched, otherwise). A token already at -inf
+    (banned, or masked by a grammar) stays there whatever its bias."""
+    if not any(o.logit_bias for o in options):
+        return logits
+    biased = logits.clone()
+    for row, opts in enumerate(options):
+        if opts.logit_bias:
+            ids = torch.tensor([t for t, _ in opts.logit_bias], dtype=torch.long,
+                               device=logits.device)
+            values = torch.tensor([v for _, v in opts.logit_bias], dtype=logits.dtype,
+                                  device=logits.device)
+            biased[row, ids] += values
+    return biased
 
 
 def filter_rows(logits: torch.Tensor, options: list[SamplingOptions]) -> torch.Tensor:

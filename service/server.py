@@ -29,6 +29,8 @@ from millm.v1 import (
     server_service_pb2_grpc,
     steering_service_pb2,
     steering_service_pb2_grpc,
+    tokenization_service_pb2,
+    tokenization_service_pb2_grpc,
 )
 from service.config import EngineConfig
 from service.engines import model_thread
@@ -47,6 +49,7 @@ from service.servicers.responses import ResponseServicer
 from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
 from service.servicers.steering import SteeringServicer
+from service.servicers.tokenization import TokenizationServicer
 from service.state.database import open_database
 from service.steering.intensity import IntensityLimits
 from service.steering.manager import SteeringManager
@@ -65,9 +68,11 @@ SERVICE_NAMES = (
     steering_service_pb2.DESCRIPTOR.services_by_name["SteeringService"].full_name,
     response_service_pb2.DESCRIPTOR.services_by_name["ResponseService"].full_name,
     monitoring_service_pb2.DESCRIPTOR.services_by_name["MonitoringService"].full_name,
+    tokenization_service_pb2.DESCRIPTOR.services_by_name["TokenizationService"].full_name,
 )
 # These need the model; model listing and status answer while it loads.
-MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4])
+MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4],
+                        SERVICE_NAMES[8])
 # Health entries that are no service (docs/deployment.md). state_store:
 # SERVING while the state database is reachable and this replica has caught
 # up with it. routable: SERVING while a model is loaded and no model change
@@ -94,6 +99,7 @@ class EngineServer:
             config.saes_dir or config.models_dir / "saes",
             IntensityLimits(config.cluster_intensity_min, config.cluster_intensity_max,
                             config.circuit_intensity_min, config.circuit_intensity_max),
+            config.control_vectors_dir or config.models_dir / "control_vectors",
         )
         self.monitoring = MonitoringManager(self.steering)
         self.inference = InferenceService(
@@ -146,6 +152,9 @@ class EngineServer:
         embedding_service_pb2_grpc.add_EmbeddingServiceServicer_to_server(
             EmbeddingServicer(self.inference), self.server
         )
+        tokenization_service_pb2_grpc.add_TokenizationServiceServicer_to_server(
+            TokenizationServicer(self.inference), self.server
+        )
         steering_service_pb2_grpc.add_SteeringServiceServicer_to_server(
             SteeringServicer(self.steering, self.follower.replicas), self.server
         )
@@ -178,8 +187,9 @@ class EngineServer:
         )
         for name in MODEL_BOUND_SERVICES:
             await self.health.set(name, status)
-        for name in SERVICE_NAMES[1:]:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        for name in SERVICE_NAMES:  # the rest answer whether a model is loaded or not
+            if name not in MODEL_BOUND_SERVICES:
+                await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     async def _set_state_store(self, available: bool) -> None:
         await self.health.set(STATE_STORE_HEALTH, health_pb2.HealthCheckResponse.SERVING

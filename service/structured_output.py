@@ -1,12 +1,17 @@
-"""Structured output: which JSON schemas we accept, what the grammar compiler
-gets of them, and the validation of every finished document (the compiled
-grammars are cached and compiled in grammars.py).
+"""Structured output: the constraints a request may put on its text, which
+JSON schemas we accept, what the grammar compiler gets of each, and the
+validation of every finished output (the compiled grammars are cached and
+compiled in grammars.py; which field asks for which constraint is
+requests/constraints.py's).
 
 xgrammar turns a schema into a grammar whose token masks keep each row on a
 valid document; it compiles some keywords without enforcing them, so the
 subset we accept is checked here by our own walk of the schema, and every
 finished document is validated with `jsonschema` before it may end with
-finish_reason "stop".
+finish_reason "stop". The other kinds (a regex, a choice, an EBNF grammar, a
+structural tag) are xgrammar's own languages: a finished output is checked by
+running it through a fresh matcher of the same grammar (a choice also by
+plain comparison).
 """
 
 from __future__ import annotations
@@ -20,7 +25,11 @@ from service.errors import EngineError
 from service.schema_limits import RepeatBudget, limit_problem
 
 JSON_OBJECT, JSON_SCHEMA = "json_object", "json_schema"
+REGEX, CHOICE, GRAMMAR, STRUCTURAL_TAG = "regex", "choice", "grammar", "structural_tag"
+JSON_KINDS = frozenset({JSON_OBJECT, JSON_SCHEMA})
 
+# The most text any one constraint may be: a schema, a pattern, a grammar, a
+# structural tag or the choices together.
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DEPTH = 32
 MAX_PROPERTIES = 256
@@ -67,29 +76,57 @@ def unsupported(param: str, message: str) -> EngineError:
     return EngineError("response_format_unsupported", message, param)
 
 
+_COMPILER_NOISE = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: (Check failed: .*? is false: )?")
+
+
+def compiler_message(exc: Exception) -> str:
+    """xgrammar's message without its log prefix (time, source file, check)."""
+    return _COMPILER_NOISE.sub("", str(exc)).strip()
+
+
 def _pointer(parts: list[str]) -> str:
     return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
 @dataclass(frozen=True)
 class Constraint:
-    """A request's response_format, checked and ready to compile."""
+    """A request's constraint (response_format, structured_outputs or the
+    top-level grammar), checked and ready to compile."""
 
-    kind: str  # JSON_OBJECT or JSON_SCHEMA
+    kind: str  # JSON_OBJECT, JSON_SCHEMA, REGEX, CHOICE, GRAMMAR or STRUCTURAL_TAG
     name: str = ""
     schema: dict | None = None
+    # The field it came from: what a refusal of its grammar names.
+    param: str = "response_format"
+    # REGEX: the pattern; GRAMMAR: the EBNF; STRUCTURAL_TAG: the tag's JSON text.
+    text: str = ""
+    choices: tuple[str, ...] = ()  # CHOICE
 
     @property
-    def param(self) -> str:
-        """The field a refusal of this constraint's grammar names."""
-        return "response_format"
+    def is_json(self) -> bool:
+        return self.kind in JSON_KINDS
 
     @property
     def key(self) -> str:
-        # One cache entry per distinct schema, however its keys were ordered.
-        return self.kind + ":" + json.dumps(self.schema, sort_keys=True, separators=(",", ":"))
+        # One cache entry per distinct schema, however its keys were ordered;
+        # the field is part of it, so a refusal names the field that was sent.
+        if self.is_json:
+            body = json.dumps(self.schema, sort_keys=True, separators=(",", ":"))
+        elif self.kind == CHOICE:
+            body = json.dumps(self.choices)
+        else:
+            body = self.text
+        return f"{self.kind}:{self.param}:{body}"
 
     def compile(self, compiler):
+        if self.kind == REGEX:
+            return compiler.compile_regex(grammar_pattern(self.text))
+        if self.kind == CHOICE:
+            return compiler.compile_grammar(choice_grammar(self.choices))
+        if self.kind == GRAMMAR:
+            return compiler.compile_grammar(self.text)
+        if self.kind == STRUCTURAL_TAG:
+            return compile_structural_tag(compiler, self.text)
         if self.kind == JSON_OBJECT:
             # Any object: properties of any name and value.
             schema, strict = {"type": "object"}, False
@@ -97,6 +134,39 @@ class Constraint:
             schema, strict = grammar_schema(self.schema), True
         return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
                                             separators=(",", ":"), strict_mode=strict)
+
+    def refused(self, message: str) -> EngineError:
+        """The 400 for a constraint the compiler refused, naming its field."""
+        if self.is_json:
+            return unsupported(self.param, f"The schema could not be compiled into a grammar: "
+                               f"{message}")
+        return EngineError("invalid_parameter", f"'{self.param}' could not be compiled: "
+                           f"{message}", self.param)
+
+
+def choice_grammar(choices: tuple[str, ...]) -> str:
+    """An EBNF grammar matching exactly one of the strings: each a literal,
+    escaped as a JSON string (which xgrammar's literals read alike)."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def compile_structural_tag(compiler, text: str):
+    """A structural tag in xgrammar's format, or in the older one vLLM also
+    takes (`structures` of begin/schema/end and `triggers`)."""
+    import xgrammar
+
+    tag = json_text.loads(text)
+    if isinstance(tag, dict) and "structures" in tag:
+        try:
+            items = [xgrammar.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]),
+                                                end=s["end"]) for s in tag["structures"]]
+            triggers = list(tag["triggers"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"each of 'structures' needs begin, schema and end, and "
+                             f"'triggers' a list of strings ({exc!r} is missing or wrong)") \
+                from None
+        return compiler.compile_structural_tag(items, triggers)
+    return compiler.compile_structural_tag(text)
 
 
 class _SchemaWalk:
@@ -259,8 +329,12 @@ def grammar_schema(node):
     return out
 
 
-def document_problem(constraint: Constraint, text: str) -> str | None:
-    """Why a finished document is not what was asked for; None when it is."""
+def document_problem(constraint: Constraint, text: str, grammar=None) -> str | None:
+    """Why a finished document is not what was asked for; None when it is.
+    `grammar` is the constraint's compiled grammar (the non-JSON kinds are
+    checked against it)."""
+    if not constraint.is_json:
+        return _language_problem(constraint, text, grammar)
     try:
         document = json.loads(text)
     except ValueError as exc:
@@ -276,3 +350,16 @@ def document_problem(constraint: Constraint, text: str) -> str | None:
         return None
     return f"it fails the schema at {_pointer([str(p) for p in error.path]) or '/'}: " \
            f"{error.message}"
+
+
+def _language_problem(constraint: Constraint, text: str, grammar) -> str | None:
+    if constraint.kind == CHOICE and text not in constraint.choices:
+        return "it is none of the choices"
+    if grammar is None:
+        return None
+    import xgrammar
+
+    matcher = xgrammar.GrammarMatcher(grammar)
+    if not (matcher.accept_string(text) and matcher.is_completed()):
+        return f"it does not match the {constraint.kind.replace('_', ' ')}"
+    return None

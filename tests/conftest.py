@@ -35,6 +35,18 @@ def stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def gguf_stack(tmp_path_factory):
+    """The demo model's Q8_0 GGUF export on its own stack, for the files that
+    check a feature on both engines (test_tokenize.py, test_logit_bias.py)."""
+    own = harness.OwnStack(tmp_path_factory.mktemp("gguf-stack"),
+                           MILLM_MODEL="millm-tiny-gguf:Q8_0")
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+@pytest.fixture(scope="session")
 def fuzz_stack(tmp_path_factory):
     """A stack of the fuzzers' own: they create, change and activate steering
     state at random, which the session stack's tests must not see."""

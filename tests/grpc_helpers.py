@@ -125,15 +125,17 @@ async def timed_generate(stub, request) -> tuple[float | None, int]:
     return first, produced
 
 
-async def closed_loop(target: str, clients: int, requests: int, make_request) -> dict:
+async def closed_loop(target: str, clients: int, requests: int, make_request,
+                      warmup=None) -> dict:
     """`clients` closed-loop clients on one aio channel, each sending `requests`
     generations one after another (make_request(client, n) builds each), after
-    one warm-up request: tokens per second over the wall time, and the median
-    time to the first token in ms over the requests that produced one (nan when
-    none did). The benches' one load loop."""
+    one warm-up request (`warmup`, or a short chat to the demo model): tokens
+    per second over the wall time, and the median time to the first token in
+    ms over the requests that produced one (nan when none did). The benches'
+    one load loop."""
     async with grpc.aio.insecure_channel(target) as channel:
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
-        await timed_generate(stub, chat_request("Hi", max_tokens=4))
+        await timed_generate(stub, warmup or chat_request("Hi", max_tokens=4))
         samples: list[tuple[float | None, int]] = []
 
         async def client(c: int):

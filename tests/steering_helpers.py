@@ -32,8 +32,12 @@ class SteerStack(harness.OwnStack):
     """An engine and bridge of the steering tests' own, on an SAE dir of theirs."""
 
     def __init__(self, tmp: pathlib.Path, saes_dir: pathlib.Path):
-        super().__init__(tmp, MILLM_SAES_DIR=str(saes_dir))
+        vectors_dir = tmp / "control_vectors"
+        vectors_dir.mkdir(exist_ok=True)
+        super().__init__(tmp, MILLM_SAES_DIR=str(saes_dir),
+                         MILLM_CONTROL_VECTORS_DIR=str(vectors_dir))
         self.saes_dir = saes_dir
+        self.vectors_dir = vectors_dir  # test_control_vectors.py writes its files here
 
     def api(self, method: str, path: str, body=None, raw: bytes | None = None) -> Reply:
         return call(self.http_port, method, path, body, raw)

@@ -22,6 +22,8 @@ from millm.v1 import (
     server_service_pb2_grpc,
     steering_service_pb2,
     steering_service_pb2_grpc,
+    tokenization_service_pb2,
+    tokenization_service_pb2_grpc,
 )
 from service.rate_limit import TokenBucket
 from tests import harness
@@ -102,6 +104,11 @@ MATRIX = [
     ("grpc Generate", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED", INF: "OK",
                        ADMIN: "OK"}),
     ("grpc Score", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED", INF: "OK", ADMIN: "OK"}),
+    # The tokenizer is part of inference, as /v1 is.
+    ("POST /tokenize", {NONE: 401, WRONG: 401, INF: 200, ADMIN: 200}),
+    ("POST /detokenize", {NONE: 401, WRONG: 401, INF: 200, ADMIN: 200}),
+    ("grpc Tokenize", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED", INF: "OK",
+                       ADMIN: "OK"}),
     ("grpc ClearPrefixCache", {NONE: "UNAUTHENTICATED", WRONG: "UNAUTHENTICATED",
                                INF: "PERMISSION_DENIED", ADMIN: "OK"}),
     # Inference keys may read steering over gRPC but never change it.
@@ -134,6 +141,10 @@ def _call(keyed, target: str, key: str | None):
                 request = scoring_service_pb2.ScoreRequest(
                     model=MODEL, prompt=prompt_request("The").prompt, top_logprobs=1)
                 stub.Score(request, metadata=grpc_auth(key), timeout=30)
+            elif rpc == "Tokenize":
+                stub = tokenization_service_pb2_grpc.TokenizationServiceStub(keyed.channel)
+                stub.Tokenize(tokenization_service_pb2.TokenizeRequest(model=MODEL, prompt="x"),
+                              metadata=grpc_auth(key), timeout=30)
             elif rpc in ("GetSteering", "SetSteering"):
                 stub = steering_service_pb2_grpc.SteeringServiceStub(keyed.channel)
                 request = (steering_service_pb2.GetSteeringRequest() if rpc == "GetSteering"
@@ -152,7 +163,9 @@ def _call(keyed, target: str, key: str | None):
         return "OK", None
     method, path, *stream = target.split()
     body = ({**CHAT, "stream": True} if stream else CHAT if path.startswith("/v1/chat")
-            else {"enabled": True} if method == "PUT" else None)
+            else {"enabled": True} if method == "PUT"
+            else {"model": MODEL, "prompt": "x"} if path == "/tokenize"
+            else {"model": MODEL, "tokens": [5]} if path == "/detokenize" else None)
     status, content = http(keyed.http_port, method, path, body, auth(key))
     return status, content
 

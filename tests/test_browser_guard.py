@@ -19,6 +19,7 @@ CHAT = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi"
                    "max_tokens": 2}).encode()
 PROFILE = json.dumps({"name": "from-a-web-page", "entries": []}).encode()
 EVIL = "http://evil.example"
+TOKENIZE = json.dumps({"model": "millm-tiny", "prompt": "a river"}).encode()
 
 
 def send(port: int, method: str, path: str, body: bytes | None = None,
@@ -59,7 +60,8 @@ def test_rebound_host_is_refused_everywhere(stack):
     port = stack.http_port
     for method, path, body in (("GET", "/api/profiles", None), ("GET", "/v1/models", None),
                                ("POST", "/v1/chat/completions", CHAT), ("GET", "/metrics", None),
-                               ("GET", "/ui/", None), ("GET", "/api/capabilities", None)):
+                               ("GET", "/ui/", None), ("GET", "/api/capabilities", None),
+                               ("POST", "/tokenize", TOKENIZE)):
         status, headers, content = send(port, method, path, body, {
             "Host": f"evil.example:{port}", "Content-Type": "application/json"})
         assert (status, code(content)) == (403, "host_not_allowed"), path
@@ -87,6 +89,10 @@ def test_simple_cross_origin_posts_are_refused_and_change_nothing(stack):
     status, _, content = send(port, "POST", "/v1/chat/completions", CHAT,
                               {"Origin": EVIL, "Content-Type": "application/json"})
     assert (status, code(content)) == (403, "origin_not_allowed")
+    for path in ("/tokenize", "/detokenize"):
+        status, _, content = send(port, "POST", path, TOKENIZE,
+                                  {"Origin": EVIL, "Content-Type": "text/plain"})
+        assert (status, code(content)) == (403, "origin_not_allowed"), path
     assert profile_names(port) == before
 
 
@@ -97,6 +103,8 @@ def test_json_is_required_on_body_routes(stack):
         status, _, content = send(port, "POST", "/v1/chat/completions", CHAT, headers)
         assert (status, code(content)) == (415, "unsupported_media_type"), headers
         status, _, content = send(port, "POST", "/api/profiles", PROFILE, headers)
+        assert (status, code(content)) == (415, "unsupported_media_type"), headers
+        status, _, content = send(port, "POST", "/tokenize", TOKENIZE, headers)
         assert (status, code(content)) == (415, "unsupported_media_type"), headers
     for content_type in ("application/json", "application/json; charset=utf-8",
                          "Application/JSON"):

@@ -27,7 +27,9 @@ def test_grpc_capabilities(server_stub):
     table = {(s.field, s.route): s for s in reply.fields}
     assert table[("response_format", "chat")].honoured
     # An honoured field's remaining limit is said with it (the bridge's stream rule).
-    assert table[("n", "chat")].honoured and "stream" in table[("n", "chat")].reason
+    assert table[("n", "chat")].honoured
+    assert table[("structured_outputs", "completions")].honoured and table[("grammar",
+                                                                           "chat")].honoured
     refused = table[("response_format", "completions")]
     assert not refused.honoured and refused.refusal_code == "response_format_unsupported"
     assert table[("echo", "completions")].honoured and not table[("echo", "chat")].honoured
@@ -41,6 +43,9 @@ def test_rest_capabilities(stack):
     assert reply.status == 200
     body = json.loads(content)
     assert body["model"] == MODEL and body["features"]["scoring"] is True
-    assert {"field": "logit_bias", "route": "chat", "honoured": False, "reported": False,
+    assert {"field": "best_of", "route": "chat", "honoured": False, "reported": False,
             "refusal_code": "field_not_honoured",
-            "reason": "logit bias is not supported"} in body["fields"]
+            "reason": "best_of is not supported; use n"} in body["fields"]
+    bias = next(f for f in body["fields"] if (f["field"], f["route"]) == ("logit_bias", "chat"))
+    assert bias["honoured"] and "scoring" in bias["reason"]
+    assert body["features"]["tokenization"] is True

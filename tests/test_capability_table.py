@@ -1,5 +1,6 @@
 """The capability table is a promise: every FieldSupport row that
-GetCapabilities reports is checked against what the REST bridge really does.
+GetCapabilities reports is checked against what the REST bridge really does
+(and for some honoured fields, what they do: logit_bias).
 
 For both engines (millm-tiny on transformers, millm-tiny-gguf:F32 on
 llama.cpp), each row (field, route) is sent with a value that asks for a
@@ -7,7 +8,10 @@ change (never a no-op such as null, false, [], n=1) in an otherwise valid,
 small, greedy request to its route:
 
 - honoured: the answer is 200 and the field is not in X-miLLM-Ignored-Fields
-  (the bridge's only ignored-fields report; rest_bridge/serving/ignored_fields.py).
+  (the bridge's only ignored-fields report; rest_bridge/serving/ignored_fields.py),
+  and, for the fields in BEHAVIOUR, the answer does what the field asks (n
+  choices for n, a choice out of `choice`, a match of a regex, yes or no
+  under a yes|no grammar).
   Companion fields make the value servable (allowed_token_ids and GGUF
   log-probabilities need scoring mode, max_tokens 1; top_logprobs needs
   logprobs: true; return_tokens_as_token_ids needs log-probabilities to act on).
@@ -70,6 +74,10 @@ VALUES: dict[str, dict[str, dict]] = {
     "echo": {"*": {"echo": True}},
     "extra_messages": {"*": {"extra_messages": [[{"role": "user", "content": "Hi"}]]}},
     "response_format": {"*": {"response_format": {"type": "json_object"}}},
+    "structured_outputs": {"*": {"structured_outputs": {"choice": ["red", "green", "blue"]}},
+                           "completions": {"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"},
+                                           "max_tokens": 12}},
+    "grammar": {"*": {"grammar": 'root ::= "yes" | "no"'}},
     "profile": {"*": {"profile": PROFILE}},
     "steering_intensity": {"*": {"steering_intensity": 0.5}},
     "return_sae_activations": {"*": {"return_sae_activations": {"sae_id": SAE, "top_k": 2}}},
@@ -110,6 +118,20 @@ VALUES: dict[str, dict[str, dict]] = {
     "container": {"*": {"container": "container_1"}},
     "context_management": {"*": {"context_management": {"edits": [
         {"type": "clear_tool_uses_20250919"}]}}},
+}
+
+
+def _texts(body: dict) -> list[str]:
+    return [c["message"]["content"] if "message" in c else c["text"] for c in body["choices"]]
+
+
+# field -> what an honoured answer (its JSON body) must show, whatever the route.
+BEHAVIOUR = {
+    "n": lambda body: len(body["choices"]) == 2,
+    "structured_outputs": lambda body: all(
+        t in ("red", "green", "blue") or re.fullmatch("[0-9]{3}-[0-9]{4}", t)
+        for t in _texts(body)),
+    "grammar": lambda body: _texts(body) == ["yes"] or _texts(body) == ["no"],
 }
 
 
@@ -164,6 +186,7 @@ def stacks(tmp_path_factory):
         _steerable(started[TRANSFORMERS])
         started[GGUF] = harness.OwnStack(tmp_path_factory.mktemp("captable-gguf"),
                                          MILLM_MODEL=GGUF)
+        _steerable(started[GGUF])
         yield started
     finally:
         for stack in started.values():
@@ -235,6 +258,8 @@ def test_capability_row_matches_behaviour(stacks, tables, model, field, route):
     if row.honoured:
         assert reply.status_code == 200, f"table: honoured; server: {observed}"
         assert field not in ignored(reply.headers), f"table: honoured; server: {observed}"
+        if field in BEHAVIOUR:
+            assert BEHAVIOUR[field](reply.json()), f"'{field}' did not act: {reply.json()}"
     elif row.reported:
         assert reply.status_code == 200, f"table: reported; server: {observed}"
         assert field in ignored(reply.headers), f"table: reported; server: {observed}"
@@ -244,9 +269,30 @@ def test_capability_row_matches_behaviour(stacks, tables, model, field, route):
             f"table: refused with {row.refusal_code}; server: {observed}")
 
 
+# -- honoured fields do what they say -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", (TRANSFORMERS, GGUF))
+@pytest.mark.parametrize("route", ("chat", "completions"))
+def test_logit_bias_of_100_makes_its_token_the_answer(stacks, model, route):
+    """The row's honoured cell, beyond "200 and not ignored": +100 on one
+    token id, sampled at temperature 1, gives that token three times."""
+    port = stacks[model].http_port
+    ids = call(port, "POST", "/tokenize", {"model": model, "prompt": " river",
+                                           "add_special_tokens": False}).json()["tokens"]
+    assert len(ids) == 1
+    body = {**base_body(route, model), "max_tokens": 3, "temperature": 1, "seed": 11,
+            "logit_bias": {str(ids[0]): 100}}
+    reply = call(port, "POST", ROUTES[route], body)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    text = choice["message"]["content"] if route == "chat" else choice["text"]
+    assert (text, reply.json()["usage"]["completion_tokens"]) == (" river" * 3, 3)
+
+
 # -- several refused fields at once -----------------------------------------------------------
 
-REFUSED_TOGETHER = {"dimensions": 8, "suffix": "x", "logit_bias": {"5": 10},
+REFUSED_TOGETHER = {"dimensions": 8, "suffix": "x", "best_of": 2,
                     "functions": [TOOL["function"]]}
 
 

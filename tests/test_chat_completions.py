@@ -131,17 +131,20 @@ def test_streaming_include_usage(client):
     assert all(c.usage is None for c in chunks[:-1])
 
 
-def test_n_above_one_is_refused_when_streaming(client):
-    # The reference serves several choices only in one JSON body; a stream of
-    # interleaved choices is refused by name rather than served differently.
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=MODEL, messages=HELLO, n=2, max_tokens=6,
-                                       stream=True)
-    assert caught.value.code == "field_not_honoured"
-    assert caught.value.body["param"] == "n"
-    stream = client.chat.completions.create(model=MODEL, messages=HELLO, n=1, max_tokens=3,
-                                            stream=True)
-    assert any(c.choices and c.choices[0].finish_reason for c in stream)
+def test_n_above_one_streams_each_choice(client):
+    # Issue 30: the choices' chunks interleave, each naming its index, and
+    # each choice finishes once; joined, they equal the unstreamed answer.
+    kwargs = dict(model=MODEL, messages=HELLO, n=3, max_tokens=6, seed=11, temperature=1.0)
+    whole = client.chat.completions.create(**kwargs)
+    texts, finished = {}, {}
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                assert choice.index not in finished
+                finished[choice.index] = choice.finish_reason
+    assert sorted(texts) == sorted(finished) == [0, 1, 2]
+    assert [texts[i] for i in range(3)] == [c.message.content for c in whole.choices]
 
 
 def test_seed_is_reproducible_and_echoed(client):

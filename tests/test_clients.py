@@ -24,7 +24,7 @@ def test_typescript_client(stack):
                           timeout=280, env={**os.environ, "MILLM_TEST_TARGET": stack.grpc_target})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
-    assert "# pass 5" in out and "# fail 0" in out, out
+    assert "# pass 7" in out and "# fail 0" in out, out
 
 
 GO = harness.ROOT / "clients" / "go"
@@ -38,4 +38,4 @@ def test_go_client(stack):
                           timeout=280, env={**os.environ, "MILLM_TEST_TARGET": stack.grpc_target})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
-    assert out.count("--- PASS") == 4 and "\nok " in out, out
+    assert out.count("--- PASS") == 5 and "\nok " in out, out

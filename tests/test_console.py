@@ -238,3 +238,39 @@ def test_circuits_show_the_rung_language_and_a_dial(stack, browser, shots):
     wait(browser, lambda: "suggested (attribution-supported)" in text(browser, "#circuit-table"))
     assert browser.find_elements(By.CSS_SELECTOR, 'input[data-dial="edge"]')
     snap(browser, shots, "07-circuits")
+
+
+def test_the_playground_steers_a_gguf_model_too(stack, browser, shots):
+    """The page names whatever model is loaded; on the GGUF export the same
+    playground steers and reads activations (engines/gguf/steering.py)."""
+    gguf = "millm-tiny-gguf:F32"
+    stack.sdk().chat.completions.create(model=gguf, max_tokens=2,
+                                        messages=[{"role": "user", "content": "Hi"}])
+    assert stack.api("POST", f"/api/saes/{L0}/attach").status_code == 200
+    try:
+        browser.get(f"{stack.base_url}/ui")
+        wait(browser, lambda: browser.find_element(By.ID, "key").is_displayed()
+             or f"model {gguf}" in text(browser, "#status"))
+        if f"model {gguf}" not in text(browser, "#status"):
+            fill(browser, "#key", ADMIN)
+            browser.find_element(By.ID, "use-key").click()
+        wait(browser, lambda: f"model {gguf}" in text(browser, "#status"))
+        tab(browser, "playground")
+        wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR,
+                                                    f'#pg-sae option[value="{L0}"]'))
+        Select(browser.find_element(By.ID, "pg-sae")).select_by_value(L0)
+        fill(browser, "#pg-features", f"{train_feature(stack)}, 31")
+        fill(browser, "#pg-strength", 8)
+        browser.find_element(By.ID, "pg-run").click()
+        try:
+            wait(browser, lambda: text(browser, "#pg-steered-text")
+                 and text(browser, "#pg-unsteered-text"))
+        except Exception:
+            raise AssertionError(f"the playground showed no texts; error: "
+                                 f"{text(browser, '#error')!r}") from None
+        assert text(browser, "#pg-steered-text") != text(browser, "#pg-unsteered-text")
+        assert browser.find_elements(By.CSS_SELECTOR, "#pg-steered-heat span")
+        snap(browser, shots, "08-playground-gguf")
+    finally:
+        stack.sdk().chat.completions.create(model=MODEL, max_tokens=2,
+                                            messages=[{"role": "user", "content": "Hi"}])

@@ -172,6 +172,33 @@ def test_openai_pydantic_function_tool_forced(eco_client, model):
     assert type(weather.celsius) is int and isinstance(weather.city, str)
 
 
+def test_openai_n_two_streamed_and_not(eco_client, model):
+    """n=2, as SDK users send it: two choices, and the stream's two indices
+    each finish once (issue 30: GGUF too)."""
+    ask = [{"role": "user", "content": PROMPT}]
+    reply = eco_client.chat.completions.create(model=model, messages=ask, n=2, max_tokens=8,
+                                               seed=SEED)
+    assert [c.index for c in reply.choices] == [0, 1]
+    finished = [c.index for chunk in eco_client.chat.completions.create(
+        model=model, messages=ask, n=2, max_tokens=8, seed=SEED, stream=True)
+        for c in chunk.choices if c.finish_reason]
+    assert sorted(finished) == [0, 1]
+
+
+def test_openai_vllm_structured_outputs(eco_client, model):
+    """A vLLM client's extra_body: the answer is one of the choices."""
+    reply = eco_client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": PROMPT}], seed=SEED,
+        extra_body={"structured_outputs": {"choice": ["sunny", "rainy", "windy"]}})
+    assert reply.choices[0].message.content in ("sunny", "rainy", "windy")
+
+
+def test_langchain_n_and_vllm_choice(eco_stack, model):
+    assert len(run_path(eco_stack, model, "langchain", "n_choices")["texts"]) == 2
+    output = run_path(eco_stack, model, "langchain", "vllm_choice")
+    assert output["text"] in output["choices"]
+
+
 def test_openai_parse_response_format(eco_client, model):
     reply = eco_client.chat.completions.parse(
         model=model, messages=[{"role": "user", "content": PROMPT}], response_format=Weather,

@@ -43,6 +43,10 @@ def test_not_serving_until_loaded(tmp_path):
                 # Listing answers while generation cannot.
                 assert await health_of("millm.v1.ModelService") == \
                     health_pb2.HealthCheckResponse.SERVING
+                # What needs the model waits for it too.
+                for bound in ("millm.v1.ScoringService", "millm.v1.EmbeddingService",
+                              "millm.v1.TokenizationService"):
+                    assert await health_of(bound) == health_pb2.HealthCheckResponse.NOT_SERVING
                 listed = (await models.ListModels(model_service_pb2.ListModelsRequest())).models
                 assert [m.state for m in listed if m.id == "millm-tiny"] == \
                     [model_pb2.MODEL_STATE_READY]
@@ -56,6 +60,8 @@ def test_not_serving_until_loaded(tmp_path):
 
                 await server.load_startup_model()
                 assert await health_of("") == health_pb2.HealthCheckResponse.SERVING
+                assert await health_of("millm.v1.TokenizationService") == \
+                    health_pb2.HealthCheckResponse.SERVING
                 responses = [r async for r in generation.Generate(chat_request(max_tokens=2))]
                 assert responses[-1].usage.completion_tokens <= 2
         finally:

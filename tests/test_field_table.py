@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from service.engines.base import KIND_CAPABILITIES
+from service.engines.capabilities import KIND_CAPABILITIES
 from service.errors import EngineError
 from service.models.registry import GGUF, TRANSFORMERS
 from service.requests import fields
@@ -34,14 +34,15 @@ def test_steering_fields_on_an_unhookable_model_are_steering_unavailable(name, v
     assert cells[(name, route)].code == "steering_unavailable"
 
 
-def test_steering_fields_on_gguf_are_not_honoured():
-    with pytest.raises(EngineError) as caught:
-        fields.check({"profile": "calm"}, fields.CHAT, KIND_CAPABILITIES[GGUF])
-    assert caught.value.code == "field_not_honoured"
+def test_steering_fields_on_gguf_are_honoured_like_on_transformers():
+    for name, value, route in (("profile", "calm", fields.CHAT),
+                               ("steering_intensity", 1.0, fields.CHAT),
+                               ("return_sae_activations", {}, fields.COMPLETIONS)):
+        assert fields.check({name: value}, route, KIND_CAPABILITIES[GGUF]) == []
 
 
 def test_several_refused_fields_name_the_first_in_table_order():
-    refused = {"logit_bias": {"5": 1}, "functions": [{}], "suffix": "x", "dimensions": 8}
+    refused = {"best_of": 2, "functions": [{}], "suffix": "x", "dimensions": 8}
     for order in (list(refused), list(reversed(refused)), sorted(refused)):
         with pytest.raises(EngineError) as caught:
             fields.check({k: refused[k] for k in order}, fields.CHAT, KIND)

@@ -1,5 +1,6 @@
-"""Generated JSON bodies thrown at every /v1 route: never a 5xx, always the
-OpenAI envelope on an error, and the server keeps answering afterwards.
+"""Generated JSON bodies thrown at every /v1 route, /tokenize and /detokenize:
+never a 5xx, always the OpenAI envelope on an error, and the server keeps
+answering afterwards.
 
 Bodies mix the fields each route knows (with values of the right type, the
 wrong type, or out of range) with keys it has never heard of, so both the
@@ -73,7 +74,9 @@ SHARED_FIELDS = {
     "logprobs": sometimes(st.one_of(st.booleans(), st.integers(0, 5))),
     "tools": sometimes(st.lists(ANY_JSON, max_size=2)),
     "response_format": sometimes(st.sampled_from([{"type": "text"}, {"type": "json_object"}])),
-    "logit_bias": sometimes(st.dictionaries(KEY, st.integers(-100, 100), max_size=2)),
+    "logit_bias": sometimes(st.dictionaries(
+        st.one_of(KEY, st.integers(-5, 9000).map(str)),
+        st.one_of(st.integers(-150, 150), st.floats(-101, 101)), max_size=3)),
     "profile": sometimes(NAME),
     "steering_intensity": sometimes(st.one_of(st.floats(-1, 3), st.sampled_from(
         ["off", "min", "max", "loud"]))),
@@ -110,6 +113,22 @@ EMBEDDING_BODIES = with_unknown_keys(st.fixed_dictionaries(
               "dimensions": sometimes(st.integers(-2, 4096)),
               "user": sometimes(NAME)},
 ))
+TOOL = st.fixed_dictionaries({"type": sometimes(st.just("function"))}, optional={
+    "function": sometimes(st.fixed_dictionaries({"name": sometimes(NAME)}, optional={
+        "parameters": sometimes(st.just({"type": "object"})), "description": TEXT}))})
+TOKENIZE_BODIES = with_unknown_keys(st.fixed_dictionaries(
+    {"model": sometimes(st.one_of(st.sampled_from([MODEL, MODEL, "other-model", ""]), NAME))},
+    optional={"prompt": sometimes(TEXT), "messages": sometimes(st.lists(MESSAGE, max_size=4)),
+              "add_generation_prompt": sometimes(st.booleans()),
+              "continue_final_message": sometimes(st.booleans()),
+              "add_special_tokens": sometimes(st.booleans()),
+              "parse_special_tokens": sometimes(st.booleans()),
+              "return_token_strs": sometimes(st.booleans()),
+              "tools": sometimes(st.lists(TOOL, max_size=2))},
+))
+DETOKENIZE_BODIES = with_unknown_keys(st.fixed_dictionaries(
+    {"model": sometimes(st.sampled_from([MODEL, "other-model", ""])),
+     "tokens": sometimes(st.lists(st.integers(-5, 9000), max_size=12))}))
 STRICT = st.sampled_from([{}, {"X-miLLM-Strict": "1"}, {"X-miLLM-Strict": "maybe"}])
 
 FUZZ = fuzz(max_examples=200)
@@ -131,7 +150,12 @@ def check(stack, path: str, payload: dict, headers: dict) -> None:
         assert stream_problem(content) is None, (stream_problem(content), str(payload)[:2000])
     elif reply.status < 400:
         answer = json.loads(content)
-        assert answer["data"] if path == "/v1/embeddings" else answer["choices"]
+        if path == "/tokenize":
+            assert answer["count"] == len(answer["tokens"])
+        elif path == "/detokenize":
+            assert isinstance(answer["prompt"], str)
+        else:
+            assert answer["data"] if path == "/v1/embeddings" else answer["choices"]
 
 
 @FUZZ
@@ -150,6 +174,18 @@ def test_completion_bodies(stack, payload, headers):
 @given(payload=EMBEDDING_BODIES, headers=STRICT)
 def test_embedding_bodies(stack, payload, headers):
     check(stack, "/v1/embeddings", payload, headers)
+
+
+@fuzz(max_examples=100)
+@given(payload=TOKENIZE_BODIES, headers=STRICT)
+def test_tokenize_bodies(stack, payload, headers):
+    check(stack, "/tokenize", payload, headers)
+
+
+@fuzz(max_examples=60)
+@given(payload=DETOKENIZE_BODIES, headers=STRICT)
+def test_detokenize_bodies(stack, payload, headers):
+    check(stack, "/detokenize", payload, headers)
 
 
 @fuzz(max_examples=40)

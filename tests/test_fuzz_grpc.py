@@ -32,6 +32,7 @@ from millm.v1 import (
     scoring_service_pb2,
     server_service_pb2,
     steering_service_pb2,
+    tokenization_service_pb2,
 )
 from tests.conftest import MODEL
 from tests.fuzz_support import build, fuzz, message_values
@@ -41,7 +42,7 @@ SERVER_FAULTS = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusC
                  grpc.StatusCode.DEADLINE_EXCEEDED}
 MODULES = (generation_service_pb2, scoring_service_pb2, embedding_service_pb2,
            model_service_pb2, server_service_pb2, steering_service_pb2, monitoring_service_pb2,
-           response_service_pb2)
+           response_service_pb2, tokenization_service_pb2)
 METHODS = [(service, method) for module in MODULES
            for service in module.DESCRIPTOR.services_by_name.values()
            for method in service.methods]

@@ -261,13 +261,12 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
 
 
 @pytest.mark.parametrize(("route", "body", "param", "code"), [
-    ("chat", {"n": 2}, "n", "field_not_honoured"),
     ("completions", {"logprobs": 2, "max_tokens": 5}, "logprobs", "field_not_honoured"),
     # Chat's own flag is named, not top_logprobs (which the contract's count carries).
     ("chat", {"logprobs": True, "max_tokens": 5}, "logprobs", "field_not_honoured"),
-    ("chat", {"profile": "any", "max_tokens": 5}, "profile", "field_not_honoured"),
-    ("completions", {"return_sae_activations": {}, "max_tokens": 5}, "return_sae_activations",
-     "field_not_honoured"),
+    ("completions", {"profile": "any", "max_tokens": 5}, "profile", "field_not_honoured"),
+    ("chat", {"extra_messages": [[{"role": "user", "content": "Hi"}]], "max_tokens": 5},
+     "extra_messages", "field_not_honoured"),
 ])
 def test_unhonoured_fields_are_refused_before_any_load(gguf, route, body, param, code):
     loaded_before = _loaded(gguf)
@@ -398,7 +397,8 @@ def test_capabilities_describe_the_gguf_engine(gguf, gclient):
     assert caps["features"]["scoring"] is True and caps["features"]["structured_output"] is True
     honoured = {(f["field"], f["route"]): f["honoured"] for f in caps["fields"]}
     assert honoured[("seed", "chat")] and honoured[("echo", "completions")]
-    assert not honoured[("n", "chat")] and honoured[("response_format", "chat")]
+    assert honoured[("n", "chat")] and honoured[("response_format", "chat")]
+    assert honoured[("structured_outputs", "completions")] and honoured[("grammar", "chat")]
     assert not honoured[("response_format", "completions")]
 
 

@@ -42,6 +42,12 @@ def test_documented_command(stack, command):
     elif command.rstrip().endswith("Generate"):
         messages = [json.loads(m) for m in re.findall(r"^\{.*?^\}", done.stdout, re.S | re.M)]
         assert "metadata" in messages[0] and "usage" in messages[-1]
+    elif command.rstrip().endswith("Tokenize"):
+        reply = json.loads(done.stdout)
+        assert reply["tokenStrs"][:2] == ["<|im_start|>", "user"]
+        assert int(reply["count"]) == len(reply["tokens"])
+    elif command.rstrip().endswith("Detokenize"):
+        assert json.loads(done.stdout)["prompt"] == "<|im_start|>user\n"
     elif "Score" in command:
         assert {t["tokenId"] for t in json.loads(done.stdout)["choices"][0]["next"]["top"]} == {
             "40", "41"}

@@ -127,6 +127,7 @@ def test_grpc_strict_and_field_not_honoured(generation_stub):
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(caught.value).reason == "unused_fields_refused"
 
+    # Honoured in SamplingParams.logit_bias; as an extra field it has no place.
     request = chat_request(max_tokens=2)
     request.extra_fields.update({"logit_bias": {"5": 3}})
     with pytest.raises(grpc.RpcError) as caught:

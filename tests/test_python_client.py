@@ -42,11 +42,30 @@ def test_sync_client(stack):
             "invalid_parameter", "temperature", 400)
 
 
+def test_tokenize_and_logit_bias_through_the_client(stack):
+    with Client(stack.grpc_target, model=MODEL, timeout=30) as client:
+        tokens = client.tokenize(HELLO, return_token_strs=True)
+        assert tokens.count == len(tokens.tokens) and tokens.token_strs[0] == "<|im_start|>"
+        assert client.detokenize(tokens.tokens).startswith("<|im_start|>user\nHello!")
+        plain = client.tokenize("Hello!", add_special_tokens=False)
+        assert plain.count < tokens.count
+        generated = client.complete(["The river"], max_tokens=2)
+        assert client.tokenize("The river").count == generated.prompt_tokens
+        river = client.tokenize(" river", add_special_tokens=False).tokens
+        forced = client.complete(["Once"], max_tokens=2, logit_bias={river[0]: 100.0})
+        assert forced.texts[0] == " river river"
+        with pytest.raises(MillmError) as caught:
+            client.detokenize([1, 10**7])
+        assert (caught.value.code, caught.value.param) == ("invalid_parameter", "tokens[1]")
+
+
 def test_async_client(stack):
     async def go():
         async with AsyncClient(stack.grpc_target, model=MODEL, timeout=30) as client:
             pieces = [d.text async for d in client.chat(HELLO, max_tokens=4)]
             vectors = await client.embed("a")
+            tokens = await client.tokenize("a", add_special_tokens=False)
+            assert await client.detokenize(tokens.tokens) == "a"
             with pytest.raises(MillmError) as caught:
                 await client.score("x", allowed_token_ids=[10**6])
             return pieces, vectors, caught.value.code

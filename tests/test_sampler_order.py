@@ -23,7 +23,7 @@ from llama_cpp import llama_cpp as lib
 from llama_cpp._internals import LlamaSampler
 
 from service.engines.gguf.sampling import sampler_chain
-from service.sampling import SamplingOptions, apply_penalties, filter_logits
+from service.sampling import SamplingOptions, add_logit_bias, apply_penalties, filter_logits
 
 N_VOCAB = 64
 # A fixed distribution: a few likely tokens and a long tail, in no id order.
@@ -157,3 +157,35 @@ def test_temperature_zero_is_greedy():
     assert apply(chain(options, draw=True), LOGITS)[1] == TOP
     second = int(np.argsort(LOGITS)[-2])
     assert apply(chain(options, banned=(TOP,), draw=True), LOGITS)[1] == second
+
+
+def test_logit_bias_follows_the_penalties_on_both_engines():
+    """The request's logit_bias is added after the repetition penalty (it is
+    multiplicative, so the order shows) and before temperature and
+    truncation; a banned token stays banned whatever its bias."""
+    second, low = int(np.argsort(LOGITS)[-2]), int(np.argsort(LOGITS)[3])
+    options = SamplingOptions(temperature=1.3, top_p=0.6, repetition_penalty=1.5,
+                              logit_bias=((second, 2.5), (low, 9.0), (5, 50.0)))
+    generated = [second, low]
+    sampler = sampler_chain(options, N_VOCAB, (5,), 0, history=N_VOCAB, draw=False)
+    for token in generated:
+        lib.llama_sampler_accept(sampler.sampler, token)
+    counts = torch.zeros(1, N_VOCAB)
+    for token in generated:
+        counts[0, token] += 1
+    row = apply_penalties(torch.from_numpy(LOGITS.copy()).unsqueeze(0), [options], counts,
+                          counts > 0)
+    row[0, 5] = float("-inf")
+    biased = add_logit_bias(row, [options])[0]
+    kept, _ = apply(sampler, LOGITS)
+    assert kept == set(torch.isfinite(filter_logits(biased, options)).nonzero().flatten().tolist())
+    assert low in kept and 5 not in kept
+    # Biasing before the penalty would keep another set of tokens.
+    early = LOGITS.copy()
+    for token, value in options.logit_bias:
+        early[token] += value
+    early_row = apply_penalties(torch.from_numpy(early).unsqueeze(0), [options], counts,
+                                counts > 0)[0]
+    early_row[5] = float("-inf")
+    assert kept != set(torch.isfinite(filter_logits(early_row, options)).nonzero().flatten()
+                       .tolist())

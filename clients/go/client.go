@@ -1,6 +1,7 @@
 // Package client is a small wrapper over the generated millm.v1 Go stubs:
 // dialing, the API key and request id as call metadata, and the OpenAI error
 // code read from the google.rpc.ErrorInfo in a refusal's status details.
+// Tokenization is the model's own tokenizer (Tokenize, Detokenize).
 package client
 
 import (
@@ -21,6 +22,9 @@ type Client struct {
 	Generation millmv1.GenerationServiceClient
 	Models     millmv1.ModelServiceClient
 	Server     millmv1.ServerServiceClient
+	// Tokenization turns prompts and conversations into the ids generation
+	// feeds the model, and ids back into text.
+	Tokenization millmv1.TokenizationServiceClient
 }
 
 // Dial connects to an engine; pass grpc.WithInsecure() or TLS credentials in opts.
@@ -30,11 +34,12 @@ func Dial(target, apiKey string, opts ...grpc.DialOption) (*Client, error) {
 		return nil, err
 	}
 	return &Client{
-		conn:       conn,
-		apiKey:     apiKey,
-		Generation: millmv1.NewGenerationServiceClient(conn),
-		Models:     millmv1.NewModelServiceClient(conn),
-		Server:     millmv1.NewServerServiceClient(conn),
+		conn:         conn,
+		apiKey:       apiKey,
+		Generation:   millmv1.NewGenerationServiceClient(conn),
+		Models:       millmv1.NewModelServiceClient(conn),
+		Server:       millmv1.NewServerServiceClient(conn),
+		Tokenization: millmv1.NewTokenizationServiceClient(conn),
 	}, nil
 }
 

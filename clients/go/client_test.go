@@ -113,3 +113,33 @@ func TestRefusalCarriesTheOpenAICode(t *testing.T) {
 		t.Fatalf("want invalid_parameter/temperature, got %q/%q", code, param)
 	}
 }
+
+func TestTokenizeRoundTrip(t *testing.T) {
+	c := dial(t)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(c.Context(context.Background(), "go-3"), 30*time.Second)
+	defer cancel()
+	reply, err := c.Tokenization.Tokenize(ctx, &millmv1.TokenizeRequest{
+		Model: "millm-tiny", Input: &millmv1.TokenizeRequest_Chat{Chat: hello()},
+		ReturnTokenStrs: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply.GetCount() != int64(len(reply.GetTokens())) || reply.GetTokenStrs()[0] != "<|im_start|>" {
+		t.Fatalf("unexpected tokens: %v", reply)
+	}
+	text, err := c.Tokenization.Detokenize(ctx, &millmv1.DetokenizeRequest{
+		Model: "millm-tiny", Tokens: reply.GetTokens()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text.GetPrompt() != "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n" {
+		t.Fatalf("unexpected text: %q", text.GetPrompt())
+	}
+	_, err = c.Tokenization.Detokenize(ctx, &millmv1.DetokenizeRequest{
+		Model: "millm-tiny", Tokens: []int64{1, 10000000}})
+	if code, param := ErrorCode(err); code != "invalid_parameter" || param != "tokens[1]" {
+		t.Fatalf("want invalid_parameter/tokens[1], got %q/%q", code, param)
+	}
+}

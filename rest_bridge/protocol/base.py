@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -125,6 +125,19 @@ class SharedFields(OpenAIBaseModel):
         return extras
 
 
+class StructuredOutputsSpec(OpenAIBaseModel):
+    """vLLM's structured_outputs: exactly one constraint (the engine judges
+    each; vLLM's other options here are reported as unused)."""
+
+    # "json" would shadow a BaseModel method, hence the alias.
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    json_object: bool | None = None
+
+
 class GenerationFields(SharedFields):
     """The fields chat and text completions share besides those: streaming
     options, token limits, choices and scoring."""
@@ -138,6 +151,10 @@ class GenerationFields(SharedFields):
     allowed_token_ids: list[Int64] | None = None
     # Key log-probabilities by "token_id:<id>" instead of the token's text.
     return_tokens_as_token_ids: bool | None = None
+    # OpenAI's logit_bias: token ids (as JSON object keys) -> bias.
+    logit_bias: dict[str, float] | None = None
+    # vLLM's constraints (rest_bridge/serving/structured_outputs.py).
+    structured_outputs: StructuredOutputsSpec | None = None
 
 
 Model = TypeVar("Model", bound=OpenAIBaseModel)

@@ -42,7 +42,7 @@ def _content_text(message: ChatMessage, index: int, where: str = "messages") -> 
     return "".join(texts)
 
 
-def _chat_input(turns: list[ChatMessage], where: str) -> generation_pb2.ChatInput:
+def chat_input(turns: list[ChatMessage], where: str) -> generation_pb2.ChatInput:
     return generation_pb2.ChatInput(messages=[
         generation_pb2.ChatMessage(
             # An unknown role stays ROLE_UNSPECIFIED; the engine refuses it by name.
@@ -94,11 +94,11 @@ class ChatCompletionHandler(GenerationHandler):
     def to_pb(self, request: ChatCompletionRequest) -> generation_service_pb2.GenerateRequest:
         pb = generation_service_pb2.GenerateRequest(
             model=request.model,
-            chat=_chat_input(request.messages, "messages"),
+            chat=chat_input(request.messages, "messages"),
             sampling=sampling_to_pb(request),
         )
         for k, turns in enumerate(request.extra_messages or ()):
-            pb.extra_chats.append(_chat_input(turns, f"extra_messages[{k}]"))
+            pb.extra_chats.append(chat_input(turns, f"extra_messages[{k}]"))
         if request.response_format is not None:
             fmt = request.response_format
             pb.response_format.CopyFrom(response_format_pb(

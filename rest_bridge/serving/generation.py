@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -23,7 +24,14 @@ from rest_bridge.access import request_id
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
-from rest_bridge.serving import failover, ignored_fields, sse, steering_fields, tool_calls
+from rest_bridge.serving import (
+    failover,
+    ignored_fields,
+    sse,
+    steering_fields,
+    structured_outputs,
+    tool_calls,
+)
 from rest_bridge.serving.disconnect import unless_disconnected
 from rest_bridge.serving.failover import RESTARTED, GenerateCall
 
@@ -59,7 +67,31 @@ def sampling_to_pb(request) -> generation_pb2.SamplingParams:
         sampling.stop.extend([stop] if isinstance(stop, str) else stop)
     if request.allowed_token_ids is not None:
         sampling.allowed_token_ids.extend(request.allowed_token_ids)
+    if request.logit_bias:
+        sampling.logit_bias.update(logit_bias_ids(request.logit_bias))
     return sampling
+
+
+_TOKEN_KEY = re.compile(r"-?[0-9]{1,19}")
+
+
+def logit_bias_ids(bias: dict[str, float]) -> dict[int, float]:
+    """logit_bias's keys as the token ids they spell (a JSON object's keys
+    are strings); a key that spells no int64, or the same id as another key,
+    is a 400 naming it. The engine owns the vocabulary and the value range."""
+    ids: dict[int, float] = {}
+    for key, value in bias.items():
+        where = f"logit_bias[{key[:64]}]"
+        token = int(key) if _TOKEN_KEY.fullmatch(key) else None
+        if token is None or not -2**63 <= token < 2**63:
+            raise OpenAIError(400, f"'{where}': the keys of 'logit_bias' are token ids, "
+                              "written as decimal integers.", param=where,
+                              code="invalid_parameter")
+        if token in ids:
+            raise OpenAIError(400, f"'{where}' names token {token} a second time.",
+                              param=where, code="invalid_parameter")
+        ids[token] = value
+    return ids
 
 
 STRICT_HEADER = "X-miLLM-Strict"
@@ -109,6 +141,7 @@ def common_fields(request, pb: generation_service_pb2.GenerateRequest,
     pb.stream = "stream" in type(request).model_fields and bool(request.stream)
     pb.request_id = request_id.get()
     steering_fields.add_to_request(request, pb)
+    structured_outputs.add_to_request(request, pb)
     forward_unmapped(request, pb)
     return pb
 
@@ -208,11 +241,9 @@ class GenerationHandler(abc.ABC):
         if meta.HasField("seed"):
             scope = SEED_SCOPES.get(meta.seed_scope, "best-effort")
             headers["X-miLLM-Seed"] = f'{meta.seed};scope="{scope}"'
-        if meta.constraint == generation_pb2.OUTPUT_CONSTRAINT_JSON_OBJECT:
-            headers["X-miLLM-Constrained"] = "json_object"
-        elif meta.constraint == generation_pb2.OUTPUT_CONSTRAINT_JSON_SCHEMA:
-            name = meta.constraint_name.replace("\\", "\\\\").replace('"', '\\"')
-            headers["X-miLLM-Constrained"] = f'json_schema;name="{name}"'
+        constrained = structured_outputs.header(meta)
+        if constrained is not None:
+            headers["X-miLLM-Constrained"] = constrained
         ignored = ignored_fields.header_value(list(meta.ignored_fields))
         if ignored is not None:
             headers[ignored_fields.HEADER] = ignored

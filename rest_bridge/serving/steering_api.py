@@ -39,7 +39,15 @@ def to_json(message: Message) -> dict:
             out[field.name] = [_value(field, v) for v in value]
         else:
             out[field.name] = _value(field, value)
+    if message.DESCRIPTOR.full_name == "millm.v1.SteeringEntry":
+        # An entry is of one kind: the other kind's fields would read as values.
+        kind = _VECTOR_FIELDS if message.control_vector else _SAE_FIELDS
+        out = {k: v for k, v in out.items() if k in kind}
     return out
+
+
+_VECTOR_FIELDS = ("control_vector", "scale")
+_SAE_FIELDS = ("layer", "feature", "strength", "sae_id")
 
 
 def _value(field: FieldDescriptor, value):
@@ -163,6 +171,8 @@ ROUTES = (
     Route("POST", "/api/saes/{sae_id}/detach", "DetachSae",
           _path(pb.DetachSaeRequest, sae_id="sae_id")),
     Route("GET", "/api/saes/{sae_id}/features", "ListSaeFeatures", _features, query=True),
+    Route("GET", "/api/control_vectors", "ListControlVectors",
+          _empty(pb.ListControlVectorsRequest)),
     Route("GET", "/api/steering", "GetSteering", _empty(pb.GetSteeringRequest)),
     Route("PUT", "/api/steering", "SetSteering", _set_steering),
     Route("DELETE", "/api/steering", "SetSteering", _clear_values),

@@ -6,7 +6,8 @@
 (() => {
   const C = window.Console;
   const { $, el, act, get, send } = C;
-  const entryText = (e) => `L${e.layer} #${e.feature} × ${e.strength}`;
+  const entryText = (e) => (e.control_vector ? `${e.control_vector} × ${e.scale}`
+    : `L${e.layer} #${e.feature} × ${e.strength}`);
 
   // -- profiles ---------------------------------------------------------------------------
   async function loadProfiles() {

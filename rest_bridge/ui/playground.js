@@ -29,13 +29,23 @@
     return { body: data, lambda: headers.get("X-miLLM-Steering-Intensity") };
   }
 
-  // Token texts by absolute position (generated tokens only, from logprobs),
-  // and each position's activation of every chosen feature.
+  // Whether the loaded model returns log-probabilities of generated text
+  // (GGUF models do not): GetCapabilities' `logprobs` feature says.
+  async function logprobsServed() {
+    const caps = await C.get("/api/capabilities");
+    return Boolean(caps.features && caps.features.logprobs);
+  }
+
+  // Token texts by absolute position (generated tokens only, from logprobs;
+  // without them, the ids the readout names), and each position's
+  // activation of every chosen feature.
   function sideOf(reply) {
     const choice = reply.body.choices[0];
     const start = reply.body.usage.prompt_tokens;
-    const tokens = ((choice.logprobs && choice.logprobs.content) || []).map((t) => t.token);
     const read = (reply.body.millm && reply.body.millm.sae_activations) || { positions: [] };
+    const tokens = choice.logprobs && choice.logprobs.content
+      ? choice.logprobs.content.map((t) => t.token)
+      : read.positions.filter((p) => p.position >= start).map((p) => `⟨${p.token_id}⟩`);
     const values = {};
     for (const p of read.positions) values[p.position] = Object.fromEntries(p.features.map((f) => [f.index, f.value]));
     return { text: choice.message.content || "", start, tokens, values, lambda: reply.lambda,
@@ -85,7 +95,7 @@
       const base = {
         model: C.model || "millm-tiny", messages: [{ role: "user", content: $("#pg-prompt").value }],
         max_tokens: Number($("#pg-tokens").value), temperature: Number($("#pg-temperature").value),
-        seed: Number($("#pg-seed").value), logprobs: true,
+        seed: Number($("#pg-seed").value), logprobs: await logprobsServed(),
         return_sae_activations: { sae_id: sae.id, features, top_k: Math.min(features.length, 64), positions: "completion",
           read_point: $("#pg-read-point").value },
       };

@@ -16,42 +16,30 @@ import abc
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from service.models.registry import GGUF, TRANSFORMERS, ModelEntry
+from service.engines.capabilities import KIND_CAPABILITIES, EngineCapabilities
+from service.models.registry import ModelEntry
 
 if TYPE_CHECKING:
     from service.engines.scores import ScoredPrompt
     from service.generation.job import GenerationJob
     from service.requests.tools import ToolPlan
-    from service.steering.runtime import ActivationRecorder, SteeringPlan, SteeringRuntime
+    from service.steering.plan import SteeringPlan
+    from service.steering.recording import ActivationRecorder
     from service.structured_output import Constraint
 
 
-@dataclass(frozen=True)
-class EngineCapabilities:
-    """What an engine can do; the field table (requests/fields.py) reads these."""
+class ModelSteering(Protocol):
+    """What the steering manager needs of an engine that steers: the residual
+    stream's width, the blocks an SAE may hook, and where and in which dtype
+    an attached SAE's weights live. Each engine applies a plan its own way
+    (steering/plan.py)."""
 
-    several_choices: bool  # n > 1: rows of one batch
-    generation_logprobs: bool  # log-probabilities of generated tokens
-    scoring: bool  # next-token scoring and echo's prompt log-probabilities
-    grammar: bool  # response_format through token masks
-    steer: bool  # per-request SAE steering and activation readout
-    embeddings: bool
-    extra_conversations: bool  # extra_messages: several chats in one request
-
-
-KIND_CAPABILITIES: dict[str, EngineCapabilities] = {
-    TRANSFORMERS: EngineCapabilities(
-        several_choices=True, generation_logprobs=True, scoring=True, grammar=True,
-        steer=True, embeddings=True, extra_conversations=True),
-    # llama.cpp's sampler does not expose the distribution it drew from, and a
-    # request is one sequence of the batch (engines/gguf/batch.py); its logits
-    # take the same grammar masks (engines/gguf/constraint.py).
-    GGUF: EngineCapabilities(
-        several_choices=False, generation_logprobs=False, scoring=True, grammar=True,
-        steer=False, embeddings=True, extra_conversations=False),
-}
+    hidden_size: int
+    num_layers: int
+    device: object  # a torch.device
+    dtype: object  # a torch.dtype
 
 
 @dataclass(frozen=True)
@@ -126,8 +114,8 @@ class Engine(abc.ABC):
         return self.kind_capabilities
 
     @property
-    def steering(self) -> SteeringRuntime | None:
-        """The steering hooks, when `capabilities.steer`."""
+    def steering(self) -> ModelSteering | None:
+        """How this engine steers its model, when `capabilities.steer`."""
         return None
 
     # -- text -------------------------------------------------------------------------
@@ -149,10 +137,13 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def encode_chat(self, messages: list[dict], partial: str | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None, *, generation_prompt: bool = True,
+                    add_special: bool = False) -> list[int]:
         """Render a conversation (Hugging Face template shape, tool turns
-        included) with the chat template, `tools` and its generation prompt,
-        append `partial` (an answer to continue) raw, and tokenize."""
+        included) with the chat template, `tools` and (unless told not to)
+        its generation prompt, append `partial` (an answer to continue) raw,
+        and tokenize; `add_special` adds the tokenizer's BOS on top of what
+        the template writes (POST /tokenize's add_special_tokens)."""
 
     @abc.abstractmethod
     def encode_text(self, text: str, parse_special: bool = False,
@@ -162,6 +153,16 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def decode(self, ids: list[int]) -> str:
         """Token ids back to text (blocking; worker thread)."""
+
+    @abc.abstractmethod
+    def detokenize(self, ids: list[int]) -> str:
+        """Token ids back to text with special tokens written out (POST
+        /detokenize; blocking, worker thread)."""
+
+    @abc.abstractmethod
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each id's string as the vocabulary stores it (byte-level pieces
+        such as "Ġthe"), for POST /tokenize's token_strs."""
 
     async def grammar_for(self, constraint: Constraint | ToolPlan):
         """The compiled grammar of a response_format or a tool plan, from the

@@ -27,6 +27,16 @@ from service.errors import EngineError, internal_error
 log = logging.getLogger(__name__)
 
 
+def own_torch_threads() -> None:
+    """Give the calling thread the process's torch thread count. Called first
+    on each model thread: torch.set_num_threads (server.py) sets OpenMP's and
+    MKL's counts for the thread that calls it, and a thread started later
+    still computes with one thread per core; on a pinned or busy machine its
+    small matmuls (an SAE encode per decode step) then wait milliseconds for
+    a second thread that has no core to run on."""
+    torch.set_num_threads(torch.get_num_threads())
+
+
 def out_of_memory() -> EngineError:
     return EngineError("insufficient_memory", "The engine ran out of memory for this request; "
                        "retry, or send a shorter prompt or a smaller n.")

@@ -33,7 +33,7 @@ MAX_PENDING_EVENTS = 4096
 if TYPE_CHECKING:
     from service.requests.generation import ValidatedGeneration
     from service.steering.probes import ProbeReader
-    from service.steering.runtime import ActivationRecorder
+    from service.steering.recording import ActivationRecorder
 
 
 class FinishReason:

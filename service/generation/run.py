@@ -30,8 +30,8 @@ from service.models.lifecycle import Lease
 from service.request_metrics import RequestTimer
 from service.requests.generation import ValidatedGeneration
 from service.steering import readout
-from service.steering.runtime import UNSTEERED as UNSTEERED_READ
-from service.steering.runtime import ActivationRecorder
+from service.steering.plan import UNSTEERED as UNSTEERED_READ
+from service.steering.recording import ActivationRecorder
 
 Event = (GenerationStarted | Echoed | StepOutput | GenerationFinished | ProbesRead
          | ActivationsRead)
@@ -81,7 +81,8 @@ class Generation:
         try:
             if not spec.echo:
                 yield self.started()
-            documents = DocumentCheck(spec.constraint) if spec.constraint else None
+            documents = (DocumentCheck(spec.constraint, spec.grammar) if spec.constraint
+                         else None)
             calls = ToolCalls(spec.tools) if spec.tools else None
             async for step in job.events():
                 if documents is not None:

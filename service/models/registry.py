@@ -160,6 +160,8 @@ class _GgufFacts:
     context_length: int = 0
     kv_bytes_per_token: int = 0
     attention_heads: int = 0
+    # A llama.cpp adapter (a control vector, a LoRA), not a model: never listed.
+    adapter: bool = False
 
 
 class _GgufFactsCache:
@@ -215,6 +217,9 @@ def _read_gguf(path: pathlib.Path) -> _GgufFacts:
     name = _file_type_name(int(field.contents())) if field is not None else None
     arch_field = reader.get_field("general.architecture")
     arch = str(arch_field.contents()) if arch_field is not None else "llama"
+    kind = reader.get_field("general.type")
+    if arch == "controlvector" or (kind is not None and str(kind.contents()) == "adapter"):
+        return _GgufFacts(fallback, "", adapter=True)
     layers = number(f"{arch}.block_count")
     heads = per_layer(f"{arch}.attention.head_count", layers)
     kv_heads = [kv or h for kv, h in zip(per_layer(f"{arch}.attention.head_count_kv", layers),
@@ -231,8 +236,10 @@ def _read_gguf(path: pathlib.Path) -> _GgufFacts:
 _GGUF_FACTS = _GgufFactsCache()
 
 
-def _gguf_entry(path: pathlib.Path, repo: str, meta: dict) -> ModelEntry:
+def _gguf_entry(path: pathlib.Path, repo: str, meta: dict) -> ModelEntry | None:
     facts = _GGUF_FACTS.get(path)
+    if facts.adapter:
+        return None
     revisions = meta.get("revisions") if isinstance(meta.get("revisions"), dict) else {}
     created = meta.get("created")
     if not isinstance(created, int):
@@ -268,7 +275,9 @@ class ModelRegistry:
             return []
         entries: dict[str, ModelEntry] = {}
 
-        def add(entry: ModelEntry) -> None:
+        def add(entry: ModelEntry | None) -> None:
+            if entry is None:
+                return
             if entry.id in entries:
                 # Two files of one repository with the same quantization: the
                 # id would be ambiguous, so only the first by name is served.

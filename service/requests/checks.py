@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from service.engines.base import EngineCapabilities
+from service.engines.capabilities import EngineCapabilities
 from service.errors import (
     EngineError,
     field_not_honoured,
@@ -22,17 +22,12 @@ from service.errors import (
     unused_fields_refused,
 )
 from service.requests import fields
+from service.requests.constraints import check_constraint
+from service.requests.logit_bias import checked_logit_bias
 from service.requests.params import CHAT_ROLES, GenerateParams
 from service.requests.tools import ToolPlan, check_history, check_tools, template_message
 from service.sampling import SamplingOptions
-from service.structured_output import (
-    JSON_OBJECT,
-    JSON_SCHEMA,
-    NAME_PATTERN,
-    Constraint,
-    check_schema,
-    unsupported,
-)
+from service.structured_output import Constraint
 
 MAX_N = 128
 MAX_PROMPTS = 2048
@@ -188,25 +183,6 @@ def check_no_special_tokens(params: GenerateParams, special_tokens: tuple[str, .
                     raise special_token_in_content(f"{where}[{i}].content", token)
 
 
-def check_response_format(params: GenerateParams) -> Constraint | None:
-    fmt = params.response_format
-    if fmt is None:
-        return None
-    if params.stop:
-        # A stop string could cut a document short and have it reported complete.
-        raise unsupported("response_format", "'stop' cannot be combined with 'response_format'.")
-    if params.ignore_eos:
-        raise unsupported("response_format", "'ignore_eos' cannot be combined with "
-                          "'response_format': a finished document must end the choice.")
-    if fmt.kind == JSON_OBJECT:
-        return Constraint(JSON_OBJECT)
-    if not NAME_PATTERN.fullmatch(fmt.name):
-        raise invalid_parameter("response_format.json_schema.name",
-                                "'response_format.json_schema.name' must be 1 to 64 letters, "
-                                "digits, '_' or '-'.")
-    return Constraint(JSON_SCHEMA, fmt.name, check_schema(fmt.schema_json))
-
-
 def check_params(params: GenerateParams) -> CheckedParams:
     """The rules that need no tokenizer, checked before any model work."""
     check_input(params)
@@ -220,13 +196,11 @@ def check_params(params: GenerateParams) -> CheckedParams:
         repetition_penalty=_number(
             "repetition_penalty", params.repetition_penalty, 1.0, 0.0, 2.0, low_open=True
         ),
+        logit_bias=checked_logit_bias(params.logit_bias),
     )
     n = params.n if params.n is not None else 1
     if not 1 <= n <= MAX_N:
         raise invalid_parameter("n", f"'n' must be between 1 and {MAX_N}; got {n}.")
-    if params.stream and n > 1:
-        raise field_not_honoured("n", "'n' above 1 is not served with 'stream': true; stream "
-                                 "one choice per request, or drop 'stream'.")
     if params.echo and params.max_tokens == 0:
         max_tokens = 0  # echo alone: the prompt back, nothing generated
     else:
@@ -270,11 +244,17 @@ def check_params(params: GenerateParams) -> CheckedParams:
             if getattr(params, name) is not None:
                 raise invalid_scoring_request(name, f"Scoring is never steered; '{name}' "
                                               "cannot apply to it.")
+    if scoring and params.logit_bias:
+        raise invalid_scoring_request("logit_bias", "Scoring answers the model's own most "
+                                      "probable token; 'logit_bias' would change that answer "
+                                      "while the log-probabilities left it out. Restrict the "
+                                      "answer with 'allowed_token_ids' instead.")
     check_readout_shape(params)
-    constraint = check_response_format(params)
+    constraint = check_constraint(params)
     if scoring and constraint is not None:
-        raise invalid_scoring_request("response_format", "Scoring reads the model's own "
-                                      "distribution; 'response_format' cannot apply to it.")
+        field = constraint.param.split(".")[0]
+        raise invalid_scoring_request(field, "Scoring reads the model's own distribution; "
+                                      f"'{field}' cannot apply to it.")
     tools_unused: list[str] = []
     plan = check_tools(params.tools, params.tool_choice, params.parallel_tool_calls,
                        tools_unused)
@@ -292,8 +272,9 @@ def check_tool_combinations(params: GenerateParams, scoring: bool,
         raise invalid_scoring_request("tools", "Scoring reads the model's own distribution; "
                                       "'tools' cannot apply to it.")
     if constraint is not None:
-        raise invalid_parameter("response_format", "'response_format' cannot be combined with "
-                                "'tools' yet; use a forced tool_choice for a structured answer.")
+        field = constraint.param.split(".")[0]
+        raise invalid_parameter(field, f"'{field}' cannot be combined with 'tools' yet; use a "
+                                "forced tool_choice for a structured answer.")
     if params.stop:
         # A stop string could cut a call short.
         raise invalid_parameter("stop", "'stop' cannot be combined with 'tools'.")

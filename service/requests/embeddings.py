@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.engines.base import EngineCapabilities
+from service.engines.capabilities import EngineCapabilities
 from service.errors import context_length_exceeded, invalid_parameter, unused_fields_refused
 from service.requests import fields
 from service.requests.checks import outside_vocabulary

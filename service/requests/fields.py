@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from service.engines.base import EngineCapabilities
+from service.engines.capabilities import EngineCapabilities
 from service.errors import EngineError
 
 CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"
@@ -105,9 +105,7 @@ NO_DISTRIBUTION = "this engine gives no per-token distribution"
 RULES: dict[str, FieldRule] = {
     "n": FieldRule({CHAT: "several_choices", COMPLETIONS: "several_choices"},
                    frozenset({EMBEDDINGS}), (1,), why_engine="several choices are not "
-                   "served here", note="not with stream: true (GenerateRequest.stream), refused "
-                   "(field_not_honoured): a relayed stream carries one choice, as the "
-                   "reference's do"),
+                   "served here"),
     # GGUF: measured byte-identical over 20 runs per seed (docs/gguf.md).
     "seed": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
     "max_completion_tokens": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
@@ -136,17 +134,25 @@ RULES: dict[str, FieldRule] = {
                                  why="structured output is served on chat completions only",
                                  why_engine="this engine cannot mask its tokens",
                                  code="response_format_unsupported"),
-    # Steering hooks are forward hooks on the transformers engine's decoder layers.
+    # vLLM's and llama.cpp's constraints: the same grammar masks as
+    # response_format, on raw prompts too (requests/constraints.py).
+    "structured_outputs": FieldRule({CHAT: "grammar", COMPLETIONS: "grammar"},
+                                    why="constraints apply to generated text",
+                                    why_engine="this engine cannot mask its tokens"),
+    "grammar": FieldRule({CHAT: "grammar", COMPLETIONS: "grammar"}, no_change=("",),
+                         why="constraints apply to generated text",
+                         why_engine="this engine cannot mask its tokens"),
+    # Both engine kinds steer (steering/plan.py); a loaded model whose residual
+    # stream its engine cannot reach has steer=False, refused steering_unavailable.
     "profile": FieldRule({CHAT: "steer"}, why="steering profiles apply to chat completions "
-                         "only", why_engine="steering profiles apply on the transformers "
-                         "engine only"),
+                         "only", why_engine="this engine cannot steer its model"),
     "steering_intensity": FieldRule({CHAT: "steer"}, why="the steering dial applies to chat "
-                                    "completions only", why_engine="the steering dial "
-                                    "applies on the transformers engine only"),
+                                    "completions only", why_engine="this engine cannot steer "
+                                    "its model"),
     "return_sae_activations": FieldRule({CHAT: "steer", COMPLETIONS: "steer"},
                                         why="activations are read on chat and text "
-                                        "completions only", why_engine="SAE activations are "
-                                        "read on the transformers engine only"),
+                                        "completions only", why_engine="this engine cannot "
+                                        "read its model's activations"),
     "steering": FieldRule(why="per-request steering vectors are " + NOT_YET),
     "dimensions": FieldRule(why="embeddings with chosen dimensions are " + NOT_YET),
     # Calls are constrained by the same grammar masks as response_format.
@@ -159,7 +165,11 @@ RULES: dict[str, FieldRule] = {
                                      why_engine="this engine cannot constrain calls"),
     "functions": FieldRule(no_change=([],), why="function calling is not supported"),
     "function_call": FieldRule(no_change=("none",), why="function calling is not supported"),
-    "logit_bias": FieldRule(no_change=({},), why="logit bias is not supported"),
+    # Added to each row's logits before the draw; refused in scoring mode
+    # (checks.check_logit_bias), whose answer is the model's own top token.
+    "logit_bias": FieldRule(GENERATING, frozenset({EMBEDDINGS}), no_change=({},),
+                            note="not in scoring mode (max_tokens 1 with logprobs), refused "
+                            "(invalid_scoring_request); log-probabilities leave the bias out"),
     "best_of": FieldRule(no_change=(1,), why="best_of is not supported; use n"),
     "suffix": FieldRule(no_change=("",), why="insertion (suffix) is not supported"),
     "audio": FieldRule(why="audio output is not supported"),

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from xgrammar import CompiledGrammar
 
     from service.steering.manager import Resolved
+    from service.steering.plan import ActivationSpec, SteeringPlan
     from service.steering.probes import MonitorSpec
-    from service.steering.runtime import ActivationSpec, SteeringPlan
 
 
 @dataclass(frozen=True)

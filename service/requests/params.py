@@ -37,6 +37,15 @@ class ResponseFormat:
 
 
 @dataclass(frozen=True)
+class StructuredOutputs:
+    """vLLM's structured_outputs as sent: its one kind and that kind's value
+    (JSON or structural-tag text, a pattern, a grammar, the choices)."""
+
+    kind: str  # json, regex, choice, grammar, structural_tag or json_object
+    value: str | tuple[str, ...] | bool
+
+
+@dataclass(frozen=True)
 class GenerateParams:
     """A generation request as the caller sent it: None means "not sent"."""
 
@@ -72,6 +81,8 @@ class GenerateParams:
     # Log-probabilities: alternatives per token (None = not asked for).
     logprobs: int | None = None
     allowed_token_ids: tuple[int, ...] = ()
+    # OpenAI's logit_bias: token id -> value added to its logit.
+    logit_bias: dict[int, float] | None = None
     echo: bool = False
     add_special_tokens: bool | None = None
     # More conversations (extra_messages), each answered as its own choices.
@@ -85,6 +96,11 @@ class GenerateParams:
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Constraints besides response_format (requests/constraints.py): vLLM's
+    # structured_outputs, and llama.cpp's top-level grammar as sent (any JSON
+    # value: it arrives among the extra fields).
+    structured_outputs: StructuredOutputs | None = None
+    grammar: object = None
 
     @property
     def input_param(self) -> str:
@@ -108,13 +124,15 @@ class GenerateParams:
         contract = {
             "n": self.n, "seed": self.seed, "max_completion_tokens": self.max_completion_tokens,
             "response_format": self.response_format, "logprobs": self.logprobs,
-            "allowed_token_ids": self.allowed_token_ids or None, "echo": self.echo or None,
+            "allowed_token_ids": self.allowed_token_ids or None,
+            "logit_bias": self.logit_bias or None, "echo": self.echo or None,
             "extra_messages": self.extra_chats or None, "profile": self.profile,
             "steering_intensity": self.steering_intensity,
             "return_sae_activations": self.sae_activations,
             "add_special_tokens": self.add_special_tokens,
             "tools": self.tools or None, "tool_choice": self.tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls,
+            "structured_outputs": self.structured_outputs, "grammar": self.grammar,
         }
         sent = {name: value for name, value in contract.items() if value is not None}
         sent.update(self.extra_fields)

@@ -24,11 +24,19 @@ from service.generation.events import (
 from service.generation.job import FinishReason, StepOutput
 from service.inference import InferenceService
 from service.requests import tools
-from service.requests.params import ChatTurn, GenerateParams, ResponseFormat
+from service.requests.params import ChatTurn, GenerateParams, ResponseFormat, StructuredOutputs
 from service.servicers.error_handling import stream_errors
-from service.steering import readout, runtime
+from service.steering import plan as runtime
+from service.steering import readout
 from service.steering.documents import RUNG_LANGUAGE
-from service.structured_output import JSON_OBJECT, JSON_SCHEMA
+from service.structured_output import (
+    CHOICE,
+    GRAMMAR,
+    JSON_OBJECT,
+    JSON_SCHEMA,
+    REGEX,
+    STRUCTURAL_TAG,
+)
 
 # The contract's Role values are OpenAI's role names (requests/params.CHAT_ROLES).
 _ROLES = {value: name.removeprefix("ROLE_").lower()
@@ -41,6 +49,10 @@ _SEED_SCOPES = {
 _CONSTRAINTS = {
     "json_object": generation_pb2.OUTPUT_CONSTRAINT_JSON_OBJECT,
     "json_schema": generation_pb2.OUTPUT_CONSTRAINT_JSON_SCHEMA,
+    REGEX: generation_pb2.OUTPUT_CONSTRAINT_REGEX,
+    CHOICE: generation_pb2.OUTPUT_CONSTRAINT_CHOICE,
+    GRAMMAR: generation_pb2.OUTPUT_CONSTRAINT_GRAMMAR,
+    STRUCTURAL_TAG: generation_pb2.OUTPUT_CONSTRAINT_STRUCTURAL_TAG,
 }
 _FINISH = {
     None: generation_pb2.FINISH_REASON_UNSPECIFIED,
@@ -107,6 +119,18 @@ def _response_format(request) -> ResponseFormat | None:
     if which == "json_schema":
         return ResponseFormat(JSON_SCHEMA, fmt.json_schema.name, fmt.json_schema.schema_json)
     return None  # text, or nothing chosen: free text
+
+
+def _structured_outputs(request) -> StructuredOutputs | None:
+    if not request.HasField("structured_outputs"):
+        return None
+    so = request.structured_outputs
+    which = so.WhichOneof("kind")
+    if which is None or (which == "json_object" and not so.json_object):
+        return None  # no kind, or json_object false: free text
+    if which == "choice":
+        return StructuredOutputs(which, tuple(so.choice.choices))
+    return StructuredOutputs(which, getattr(so, which))
 
 
 _SELECTORS = {
@@ -190,6 +214,10 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
     elif which == "prompt":
         prompts = tuple(prompt_from_pb(p) for p in request.prompt.prompts)
     functions, choice = tools_from_pb(request)
+    extra_fields = _extra_fields(request)
+    # llama.cpp's top-level grammar has no field of its own: it comes as an
+    # extra field, and is read as the grammar it is.
+    grammar = extra_fields.pop("grammar", None)
     return GenerateParams(
         model=request.model,
         tools=functions,
@@ -213,7 +241,9 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         ignore_eos=s.ignore_eos,
         request_id=request.request_id,
         parse_special_tokens=which == "prompt" and request.prompt.parse_special_tokens,
-        extra_fields=_extra_fields(request),
+        extra_fields=extra_fields,
+        grammar=grammar,
+        structured_outputs=_structured_outputs(request),
         unused_fields=tuple(request.unused_fields),
         user=request.user if request.HasField("user") else None,
         strict=request.strict,
@@ -221,6 +251,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         response_format=_response_format(request),
         logprobs=_opt(s, "logprobs"),
         allowed_token_ids=tuple(s.allowed_token_ids),
+        logit_bias=dict(s.logit_bias) or None,
         echo=which == "prompt" and request.prompt.echo,
         add_special_tokens=add_special_from_pb(request.prompt) if which == "prompt" else None,
         extra_chats=extra_chats,

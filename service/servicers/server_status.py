@@ -63,7 +63,7 @@ class ServerServicer(server_service_pb2_grpc.ServerServiceServicer):
             structured_output=caps.grammar, embeddings=caps.embeddings, steering=can_steer,
             attached_saes=sorted(steering.attached) if can_steer else (),
             seed_scope=generation_pb2.SEED_SCOPE_REQUEST,
-            max_batch=status.max_batch if status else 0))
+            max_batch=status.max_batch if status else 0, tokenization=True))
         for name, route, cell in fields.support_table(kind, caps):
             reply.fields.append(server_service_pb2.FieldSupport(
                 field=name, route=route, honoured=cell.treatment is fields.Treatment.HONOURED,

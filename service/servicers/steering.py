@@ -30,14 +30,29 @@ _MODES = {
 }
 
 
+def _entry_dict(e: steering_pb2.SteeringEntry) -> dict:
+    """An entry as the document parser reads it: a control-vector entry's
+    unset SAE fields stay out, so one that sets them is refused by name."""
+    if e.control_vector:
+        return {"control_vector": e.control_vector,
+                **({"scale": e.scale} if e.HasField("scale") else {}),
+                **({"layer": e.layer} if e.layer else {}),
+                **({"feature": e.feature} if e.feature else {}),
+                **({"strength": e.strength} if e.HasField("strength") else {}),
+                **({"sae_id": e.sae_id} if e.sae_id else {})}
+    return {"layer": e.layer, "feature": e.feature,
+            **({"strength": e.strength} if e.HasField("strength") else {}),
+            **({"sae_id": e.sae_id} if e.sae_id else {}),
+            **({"scale": e.scale} if e.HasField("scale") else {})}
+
+
 def entries_from_pb(entries, where: str) -> tuple[documents.SteeringEntry, ...]:
-    return documents.parse_entries([
-        {"layer": e.layer, "feature": e.feature,
-         **({"strength": e.strength} if e.HasField("strength") else {}),
-         **({"sae_id": e.sae_id} if e.sae_id else {})} for e in entries], where)
+    return documents.parse_entries([_entry_dict(e) for e in entries], where)
 
 
 def entry_to_pb(e: documents.SteeringEntry) -> steering_pb2.SteeringEntry:
+    if e.control_vector:
+        return steering_pb2.SteeringEntry(control_vector=e.control_vector, scale=e.strength)
     return steering_pb2.SteeringEntry(layer=e.layer, feature=e.feature, strength=e.strength,
                                       sae_id=e.sae_id)
 
@@ -136,6 +151,12 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
     def _info(self, sae_id: str):
         return self._m._info(sae_id)
 
+    def _vector(self, v) -> steering_service_pb2.ControlVector:
+        return steering_service_pb2.ControlVector(
+            id=v.id, file=v.path.name, n_embd=v.n_embd, layers=list(v.layers),
+            model_hint=v.model_hint, layer_count=v.layer_count, size_bytes=v.size_bytes,
+            mismatch=self._m.vector_mismatch(v))
+
     # -- SAEs ------------------------------------------------------------------------------
 
     @unary_errors
@@ -166,6 +187,14 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
         return steering_service_pb2.ListSaeFeaturesResponse(
             sae=self._sae(info), recorded=page.recorded, total=page.total,
             tokens_read=page.tokens_read, features=[_feature(f) for f in page.features])
+
+    @unary_errors
+    async def ListControlVectors(self, request, context):
+        found, broken = await asyncio.to_thread(self._m.list_control_vectors)
+        return steering_service_pb2.ListControlVectorsResponse(
+            control_vectors=[self._vector(v) for v in found],
+            broken=[steering_service_pb2.BrokenControlVector(id=i, problem=p)
+                    for i, p in broken])
 
     # -- live values ----------------------------------------------------------------------------
 

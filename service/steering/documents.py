@@ -4,6 +4,10 @@ and the cluster and circuit documents they import (docs/steering.md).
 Each parser checks everything at once it can without the model and names the
 location of the first problem (`members[3].strength`). Checks that need the
 attached SAEs (a feature past an SAE's width) happen when steering applies.
+
+An entry is of one of two kinds: an SAE feature (layer, feature, strength) or
+a llama.cpp control vector (control_vector, scale; steering/control_vectors.py),
+which needs no SAE and adds at every layer its file has a direction for.
 """
 
 from __future__ import annotations
@@ -39,14 +43,27 @@ def invalid_document(param: str, message: str) -> EngineError:
 @dataclass(frozen=True)
 class SteeringEntry:
     """Feature `feature` of the SAE attached at `layer`, added at `strength`.
-    `sae_id`, when given, pins the SAE the index was chosen on."""
+    `sae_id`, when given, pins the SAE the index was chosen on.
+
+    With `control_vector` set, the entry is that control vector at scale
+    `strength` (the dial scales it the same way), and `layer` and `feature`
+    are -1: it belongs to no SAE layer."""
 
     layer: int
     feature: int
     strength: float
     sae_id: str = ""
+    control_vector: str = ""
+
+    @property
+    def key(self) -> tuple:
+        """What two entries of one list must not share."""
+        return ("vector", self.control_vector) if self.control_vector else (
+            self.layer, self.feature)
 
     def to_json(self) -> dict:
+        if self.control_vector:
+            return {"control_vector": self.control_vector, "scale": self.strength}
         out = {"layer": self.layer, "feature": self.feature, "strength": self.strength}
         if self.sae_id:
             out["sae_id"] = self.sae_id
@@ -83,15 +100,31 @@ def parse_name(value, where: str = "name") -> str:
     return value
 
 
+def _strength(raw: dict, where: str, key: str) -> float:
+    strength = _number(raw[key], f"{where}.{key}")
+    if abs(strength) > MAX_STRENGTH:
+        raise invalid_document(f"{where}.{key}", f"'{where}.{key}' must be within "
+                               f"±{MAX_STRENGTH:g}; got {strength:g}.")
+    return strength
+
+
+def _vector_entry(raw: dict, where: str) -> SteeringEntry:
+    _only(raw, where, ("control_vector", "scale", "label"), ("control_vector", "scale"))
+    name = raw["control_vector"]
+    if not isinstance(name, str) or not name:
+        raise invalid_document(f"{where}.control_vector", f"'{where}.control_vector' must be "
+                               "a control vector's id.")
+    return SteeringEntry(-1, -1, _strength(raw, where, "scale"), control_vector=name)
+
+
 def parse_entry(raw, where: str) -> SteeringEntry:
     if not isinstance(raw, dict):
         raise invalid_document(where, f"'{where}' must be an object.")
+    if "control_vector" in raw:
+        return _vector_entry(raw, where)
     _only(raw, where, ("layer", "feature", "strength", "sae_id", "label"),
           ("layer", "feature", "strength"))
-    strength = _number(raw["strength"], f"{where}.strength")
-    if abs(strength) > MAX_STRENGTH:
-        raise invalid_document(f"{where}.strength", f"'{where}.strength' must be within "
-                               f"±{MAX_STRENGTH:g}; got {strength:g}.")
+    strength = _strength(raw, where, "strength")
     sae_id = raw.get("sae_id", "")
     if not isinstance(sae_id, str):
         raise invalid_document(f"{where}.sae_id", f"'{where}.sae_id' must be a string.")
@@ -107,13 +140,14 @@ def parse_entries(raw, where: str, allow_empty: bool = True) -> tuple[SteeringEn
     if len(raw) > MAX_ENTRIES:
         raise invalid_document(where, f"'{where}' holds at most {MAX_ENTRIES} entries.")
     entries = tuple(parse_entry(e, f"{where}[{i}]") for i, e in enumerate(raw))
-    seen: dict[tuple[int, int], int] = {}
+    seen: dict[tuple, int] = {}
     for i, e in enumerate(entries):
-        key = (e.layer, e.feature)
-        if key in seen:
-            raise invalid_document(f"{where}[{i}]", f"'{where}[{i}]' repeats layer {e.layer} "
-                                   f"feature {e.feature} of {where}[{seen[key]}].")
-        seen[key] = i
+        if e.key in seen:
+            what = (f"control vector {e.control_vector}" if e.control_vector
+                    else f"layer {e.layer} feature {e.feature}")
+            raise invalid_document(f"{where}[{i}]", f"'{where}[{i}]' repeats {what} of "
+                                   f"{where}[{seen[e.key]}].")
+        seen[e.key] = i
     return entries
 
 

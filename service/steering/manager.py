@@ -26,9 +26,11 @@ import pathlib
 from dataclasses import dataclass
 
 from service.errors import EngineError
-from service.steering import documents, intensity
+from service.steering import control_vectors, documents, intensity
 from service.steering.completion import completes
+from service.steering.control_vectors import ControlVector, ControlVectorDirectory
 from service.steering.documents import Circuit, Cluster, SteeringEntry
+from service.steering.plan import LayerSteering, SteeringPlan
 from service.steering.profiles import ProfileWrites
 from service.steering.records import (
     CIRCUIT,
@@ -40,7 +42,6 @@ from service.steering.records import (
     Resolved,
     steering_unavailable,
 )
-from service.steering.runtime import LayerSteering, SteeringPlan
 from service.steering.sae import SaeDirectory, SaeInfo, SaeWeights
 from service.steering.store import Snapshot, SteeringStore
 
@@ -60,9 +61,11 @@ class _Base:
 
 class SteeringManager(ProfileWrites):
     def __init__(self, store: SteeringStore, saes_dir: pathlib.Path,
-                 limits: intensity.IntensityLimits | None = None):
+                 limits: intensity.IntensityLimits | None = None,
+                 vectors_dir: pathlib.Path | None = None):
         self.store = store
         self.saes = SaeDirectory(saes_dir)
+        self.vectors = ControlVectorDirectory(vectors_dir)
         self.limits = limits or intensity.IntensityLimits()
         # Others holding parts of the stored state (monitoring.py): called with
         # every snapshot taken after this one.
@@ -139,11 +142,25 @@ class SteeringManager(ProfileWrites):
         self._model = (runtime.hidden_size, runtime.num_layers)
         # Not under the write lock: a model must load while the database is away.
         await self._reattach()
+        # Stored entries naming a control vector this model cannot take steer
+        # nothing (as an SAE that does not fit is not re-attached): say so.
+        control_vectors.warn_unfit(
+            [self.values, *(p.entries for p in self.profiles.values()),
+             *(c.members for c in [*self.clusters.values(), *self.circuits.values()])],
+            self.vectors, self._model)
 
     # -- SAEs ---------------------------------------------------------------------------
 
     def list_saes(self) -> tuple[list[SaeInfo], list[tuple[str, str]]]:
         return self.saes.scan()
+
+    def list_control_vectors(self) -> tuple[list[ControlVector], list[tuple[str, str]]]:
+        return self.vectors.scan()
+
+    def vector_mismatch(self, vector: ControlVector) -> str:
+        """Why `vector` cannot steer the loaded model ('' when it can, or
+        when no steerable model is loaded)."""
+        return vector.mismatch(self._model) if self._model is not None else ""
 
     def sae_info(self, sae_id: str) -> SaeInfo:
         """An SAE on disk, attached or not (sae_not_found, invalid_sae)."""
@@ -240,10 +257,14 @@ class SteeringManager(ProfileWrites):
               where: str) -> SteeringPlan | None:
         """Entries at dial λ on the SAEs attached now; entries at layers with
         no SAE attached do not steer. A feature past the SAE's width, or an
-        entry pinned to another SAE than the one attached, is refused."""
+        entry pinned to another SAE than the one attached, is refused.
+        Control-vector entries add their scaled directions on top
+        (control_vectors.py), with or without an SAE."""
         by_layer = self._by_layer()
         per_layer: dict[int, tuple[list[int], list[float]]] = {}
         for i, e in enumerate(entries):
+            if e.control_vector:
+                continue
             sae = by_layer.get(e.layer)
             if sae is None:
                 continue
@@ -261,11 +282,19 @@ class SteeringManager(ProfileWrites):
             features, strengths = per_layer.setdefault(e.layer, ([], []))
             features.append(e.feature)
             strengths.append(strength)
-        if not per_layer:
+        added = control_vectors.additions(entries, level, self.vectors, self._model)
+        if not per_layer and not added:
             return None
-        return SteeringPlan(tuple(
-            LayerSteering(layer, by_layer[layer], tuple(f), tuple(s))
-            for layer, (f, s) in sorted(per_layer.items())))
+        layers = []
+        for layer in sorted({*per_layer, *added}):
+            features, strengths = per_layer.get(layer, ([], []))
+            vector = (by_layer[layer].direction(features, strengths).float().cpu().numpy()
+                      if features else None)
+            if layer in added:
+                vector = added[layer] if vector is None else vector + added[layer]
+            layers.append(LayerSteering(layer, by_layer[layer].info.id if features else "",
+                                        tuple(features), tuple(strengths), vector))
+        return SteeringPlan(tuple(layers))
 
     def _base_of(self, profile: Profile | None) -> _Base | None:
         if profile is None:
@@ -311,8 +340,6 @@ class SteeringManager(ProfileWrites):
             return UNSTEERED  # disabled: neither the active profile nor the live values
         else:
             profile = self._default_profile()
-        if not self.attached:
-            return UNSTEERED
         base = self._base_of(profile)
         if base is None:
             return UNSTEERED
@@ -341,10 +368,11 @@ class SteeringManager(ProfileWrites):
         steers the next request that names no profile."""
         if not self.enabled:
             return Live(False, "steering is disabled")
-        if not self.attached:
-            return Live(False, "no SAE is attached")
         profile = self._default_profile()
         base = self._base_of(profile)
+        vectors = base is not None and any(e.control_vector for e in base.entries)
+        if not self.attached and not vectors:
+            return Live(False, "no SAE is attached")
         if base is None:
             return Live(False, "the steering base is empty")
         try:
@@ -352,11 +380,14 @@ class SteeringManager(ProfileWrites):
         except EngineError as exc:
             return Live(False, exc.message)
         if plan is None:
-            return Live(False, "no entry is at a layer with an SAE attached, or the dial is 0")
+            return Live(False, control_vectors.unfit(base.entries, self.vectors, self._model)
+                        or "no entry is at a layer with an SAE attached, or the dial is 0")
         return Live(True)
 
     def _check_entries(self, entries: tuple[SteeringEntry, ...], where: str) -> None:
-        """Entries the attached SAEs refuse now are refused when written."""
+        """Entries the attached SAEs refuse now are refused when written, and
+        so are control vectors that are not on disk or do not fit the model."""
+        control_vectors.check_entries(entries, where, self.vectors, self._model)
         self._plan(entries, 1.0, where)
         if self._model is not None:
             for i, e in enumerate(entries):

@@ -262,7 +262,7 @@ class ProfileWrites:
         if not self.enabled:
             return off("steering is disabled")
         layers = {w.info.layer for w in self.attached.values()}
-        if not any(m.layer in layers for m in circuit.members):
+        if not any(m.layer in layers or m.control_vector for m in circuit.members):
             return off("no SAE is attached on any member layer")
         try:
             resolved = self.resolve(None, None)

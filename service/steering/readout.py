@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.errors import EngineError, invalid_parameter
-from service.steering import runtime
+from service.steering import plan as runtime
+from service.steering.recording import ActivationRecorder
 from service.steering.sae import SaeWeights
 
 MAX_TOP_K = 64  # SAE_ACTIVATIONS_MAX_TOP_K
@@ -111,7 +112,7 @@ def check_size(spec: runtime.ActivationSpec, prompt_len: int, max_tokens: int) -
                                 "'positions', lower 'top_k' or 'max_tokens'.")
 
 
-def result(spec: runtime.ActivationSpec, recorder: runtime.ActivationRecorder | None,
+def result(spec: runtime.ActivationSpec, recorder: ActivationRecorder | None,
            read_point: str | None = None) -> ActivationResult:
     point = read_point or spec.read_point
     return ActivationResult(spec.sae.info.id, spec.layer, point,

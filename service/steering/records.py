@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from service.errors import EngineError
 from service.steering import documents
 from service.steering.documents import SteeringEntry
-from service.steering.runtime import SteeringPlan
+from service.steering.plan import SteeringPlan
 
 FEATURES, CLUSTER, CIRCUIT = "features", "cluster", "circuit"
 

@@ -1,7 +1,9 @@
 """LangChain's ChatOpenAI against miLLM, one path per run (.venv-eco).
 
-Paths: bind_tools (a forced tool_choice), and with_structured_output(Weather)
-by each method: function_calling, json_schema (the default), json_mode.
+Paths: bind_tools (a forced tool_choice), with_structured_output(Weather)
+by each method: function_calling, json_schema (the default), json_mode; and
+n_choices (ChatOpenAI(n=2): one generation per choice) and vllm_choice (a
+vLLM client's extra_body structured_outputs choice).
 Nothing is changed from LangChain's defaults but the base URL, the model, a
 seed and max_tokens.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 
+from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from shared import (
@@ -53,5 +56,13 @@ elif path == "json_mode":
     emit(raw=json.loads(raw), output=model_report(result["parsed"]),
          parsing_error=type(result["parsing_error"]).__name__ if result["parsing_error"]
          else None, finish_reason=result["raw"].response_metadata.get("finish_reason"))
+elif path == "n_choices":
+    result = ChatOpenAI(model=model, base_url=base_url, api_key="unused", max_retries=0,
+                        n=2, max_tokens=8, timeout=120).generate([[HumanMessage(PROMPT)]])
+    emit(texts=[g.text for g in result.generations[0]])
+elif path == "vllm_choice":
+    choices = ["sunny", "rainy", "windy"]
+    reply = llm.bind(extra_body={"structured_outputs": {"choice": choices}}).invoke(PROMPT)
+    emit(text=reply.content, choices=choices)
 else:
     raise SystemExit(f"unknown path {path}")

@@ -3,13 +3,20 @@
 // metadata, and the OpenAI error code read from google.rpc.ErrorInfo. Tools
 // (./tools): chatRequest() builds a chat GenerateRequest with tools, and
 // Generation.collect() folds a stream into texts, finish reasons and tool calls.
+// tokenize() and detokenize() use the model's own tokenizer (TokenizationService).
 import { ChannelCredentials, Metadata, ServiceError, credentials } from "@grpc/grpc-js";
 import { BinaryReader } from "@bufbuild/protobuf/wire";
 import { GenerateRequest, GenerateResponse, GenerationServiceClient } from "./gen/millm/v1/generation_service";
 import { ListModelsResponse, ModelServiceClient } from "./gen/millm/v1/model_service";
+import {
+  DetokenizeRequest, DetokenizeResponse, TokenizationServiceClient, TokenizeRequest, TokenizeResponse,
+} from "./gen/millm/v1/tokenization_service";
 
 export * from "./gen/millm/v1/generation";
 export { GenerateRequest, GenerateResponse } from "./gen/millm/v1/generation_service";
+export {
+  DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+} from "./gen/millm/v1/tokenization_service";
 export * from "./tools";
 
 /** Any part of a message may be left out (the generated fromPartial fills defaults). */
@@ -94,11 +101,13 @@ export function toMillmError(error: ServiceError): MillmError {
 export class MillmClient {
   private readonly generation: GenerationServiceClient;
   private readonly models: ModelServiceClient;
+  private readonly tokenization: TokenizationServiceClient;
 
   constructor(target: string, private readonly apiKey?: string,
     channelCredentials: ChannelCredentials = credentials.createInsecure()) {
     this.generation = new GenerationServiceClient(target, channelCredentials);
     this.models = new ModelServiceClient(target, channelCredentials);
+    this.tokenization = new TokenizationServiceClient(target, channelCredentials);
   }
 
   private metadata(options: CallOptions): Metadata {
@@ -131,8 +140,27 @@ export class MillmClient {
     });
   }
 
+  /** The ids a generation of this prompt or conversation would feed the model. */
+  tokenize(request: DeepPartial<TokenizeRequest>, options: CallOptions = {}): Promise<TokenizeResponse> {
+    return new Promise((resolve, reject) => {
+      this.tokenization.tokenize(TokenizeRequest.fromPartial(request), this.metadata(options),
+        { deadline: this.deadline(options) },
+        (error, response) => (error ? reject(toMillmError(error)) : resolve(response)));
+    });
+  }
+
+  /** The text of token ids, special tokens written out. */
+  detokenize(model: string, tokens: number[], options: CallOptions = {}): Promise<string> {
+    return new Promise((resolve, reject) => {
+      this.tokenization.detokenize(DetokenizeRequest.fromPartial({ model, tokens }),
+        this.metadata(options), { deadline: this.deadline(options) },
+        (error, response: DetokenizeResponse) => (error ? reject(toMillmError(error)) : resolve(response.prompt)));
+    });
+  }
+
   close(): void {
     this.generation.close();
     this.models.close();
+    this.tokenization.close();
   }
 }

@@ -43,3 +43,24 @@ test("a refusal carries the OpenAI code from ErrorInfo", async () => {
   });
   client.close();
 });
+
+test("tokenize and detokenize round-trip a conversation", async () => {
+  const client = new MillmClient(target);
+  const reply = await client.tokenize({ model: "millm-tiny", ...hello, returnTokenStrs: true }, { timeout: 30 });
+  assert.equal(reply.count, reply.tokens.length);
+  assert.deepEqual(reply.tokenStrs.slice(0, 2), ["<|im_start|>", "user"]);
+  const text = await client.detokenize("millm-tiny", reply.tokens, { timeout: 30 });
+  assert.equal(text, "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n");
+  client.close();
+});
+
+test("an id outside the vocabulary is refused by its index", async () => {
+  const client = new MillmClient(target);
+  await assert.rejects(client.detokenize("millm-tiny", [1, 10_000_000]), (error: unknown) => {
+    assert.ok(error instanceof MillmError);
+    assert.equal(error.code, "invalid_parameter");
+    assert.equal(error.param, "tokens[1]");
+    return true;
+  });
+  client.close();
+});

@@ -20,6 +20,10 @@ logits. Each step decodes the shared batch, then every lane, one after the
 other on this thread: seeded rows advance beside the others, and admission
 goes on while they run. Seeded and unseeded rows together never outnumber
 the slots.
+
+A request's n choices are parts of their own, sharing the prompt's cells
+where they start together, and one request holds at most half the slots
+(engines/gguf/forks.py).
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ import logging
 from dataclasses import dataclass
 
 from service.engines import faults
+from service.engines.gguf import forks
 from service.engines.gguf.lanes import Lanes
 from service.engines.gguf.slots import Row, Slot, Slots, step_batch, take_token
+from service.engines.gguf.steering import BatchPart
 from service.engines.model_thread import out_of_memory
 from service.errors import batch_reset, internal_error
 from service.generation.job import ChoiceDelta, GenerationJob, GroupDone, StepOutput
+from service.steering.plan import plan_key
 from service.text_output import ByteLevelDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -57,12 +64,16 @@ class Runner:
 
     def __init__(self, ctx, batch, n_batch: int, slots: Slots, lanes: Lanes,
                  eog: frozenset[int], new_row_tools, token_bytes: list[bytes], counts,
-                 stall_s: float = 30.0):
+                 stall_s: float = 30.0, steerer=None, steer=None):
         self.ctx, self.batch, self.n_batch, self.stall_s = ctx, batch, n_batch, stall_s
+        # engines/gguf/steering.py: the model's Steerer and the shared context's
+        # tables (None where the model cannot be steered).
+        self.steerer, self.steer = steerer, steer
         self.slots, self.lanes, self.eog, self.new_row_tools = slots, lanes, eog, new_row_tools
         self.token_bytes, self.counts = token_bytes, counts
         self.waiting: collections.deque[Waiting] = collections.deque()
-        self.groups_left: dict[int, int] = {}  # id(job) -> groups not yet done, once admitted
+        self.groups_left: dict[int, int] = {}  # id(job) -> parts not yet done, once admitted
+        self.forks = forks.Forks()  # choices waiting for their leader's prompt
 
     @property
     def rows(self) -> list[Row]:
@@ -97,7 +108,7 @@ class Runner:
     # -- jobs ---------------------------------------------------------------------------
 
     def add(self, job: GenerationJob) -> None:
-        self.waiting.append(Waiting(job, collections.deque(job.spec.groups)))
+        self.waiting.append(Waiting(job, collections.deque(forks.parts(job.spec.groups))))
 
     def _end(self, job: GenerationJob, outcome: str) -> None:
         if job.outcome is not None:
@@ -118,21 +129,34 @@ class Runner:
                 self._end(row.job, "cancelled")
 
     def admit(self) -> None:
-        """Start waiting groups, oldest first, while the rows are fewer than
-        the slots: a seeded group in a lane of its own, any other in the
-        shared slot holding the longest prefix of its prompt, once the cells
-        it needs fit."""
+        """Start waiting parts, oldest request under its fair share first,
+        while the rows are fewer than the slots: a seeded part in a lane of
+        its own, any other in the shared slot holding the longest prefix of
+        its prompt (or following a sibling choice: engines/gguf/forks.py),
+        once the cells it needs fit."""
         self.lanes.release_free()
-        while self.waiting and len(self.rows) < len(self.slots.slots):
-            waiting = self.waiting[0]
+        share = forks.fair_share(len(self.slots.slots))
+        while len(self.rows) < len(self.slots.slots):
+            waiting = forks.next_turn(self.waiting, self.rows, share)
+            if waiting is None:
+                return
             job, group = waiting.job, waiting.groups[0]
             seeded = job.spec.seed is not None
             slot, same = None, 0
+            steer = (self.steerer.row(job.spec, job.monitor, len(group.prompt_ids))
+                     if self.steerer is not None else None)
+            key = plan_key(job.spec.steering)
+            # A row that reads its prompt's activations evaluates the prompt itself.
+            leader = (None if seeded or (steer is not None and steer.reads_prompt)
+                      else self.forks.leader_for(job, group, self.slots.rows))
             if not seeded:
-                picked = self.slots.pick(group.prompt_ids)
+                picked = self.slots.pick(group.prompt_ids, key,
+                                         fresh=steer is not None and steer.reads_prompt)
                 if picked is None:
                     return
                 slot, same = picked
+                if leader is not None:
+                    same = 0  # its cells will be the leader's: it keeps none of its own
                 need = len(group.prompt_ids) - same + group.max_tokens
                 running = self.slots.rows
                 if not self.slots.fits(need, slot, same):
@@ -144,10 +168,10 @@ class Runner:
                 self.forget(slot, same)
             waiting.groups.popleft()
             if not waiting.groups:
-                self.waiting.popleft()
+                self.waiting.remove(waiting)
                 self.counts("waiting", -1)
             if id(job) not in self.groups_left:
-                self.groups_left[id(job)] = len(job.spec.groups)
+                self.groups_left[id(job)] = job.parts or len(job.spec.groups)
                 self.counts("running", 1)
             try:
                 sampler, mask = self.new_row_tools(job.spec, group.row_seeds[0] & 0xFFFFFFFF)
@@ -165,31 +189,47 @@ class Runner:
             self.counts("cache_hits", same)
             self.slots.clock += 1
             slot.used = self.slots.clock
-            slot.row = Row(job, group, slot, sampler, mask, list(group.prompt_ids[same:]), same,
-                           ByteLevelDetokenizer(self.token_bytes), StopMatcher(job.spec.stop))
+            slot.key = key
+            pending = [] if leader is not None else list(group.prompt_ids[same:])
+            slot.row = Row(job, group, slot, sampler, mask, pending, same,
+                           ByteLevelDetokenizer(self.token_bytes), StopMatcher(job.spec.stop),
+                           steer=steer)
+            if leader is not None:
+                self.forks.follow(leader, slot.row)
 
     # -- one step -----------------------------------------------------------------------
 
     def step(self) -> None:
         """One decode of the shared batch, then one of each lane."""
-        shared = sorted(self.slots.rows, key=lambda r: len(r.pending) > 1)  # decoding first
+        self.forks.orphans()
+        shared = sorted((r for r in self.slots.rows if not self.forks.waiting(r)),
+                        key=lambda r: len(r.pending) > 1)  # decoding first
         if shared:
-            self._decode(self.ctx, self.batch, self.n_batch, shared, "decode")
+            self._decode(self.ctx, self.batch, self.n_batch, shared, "decode", self.steer)
         for lane in self.lanes.running():
             if lane.row is not None:  # (its request may have failed in this step)
-                self._decode(lane.ctx, lane.batch, lane.n_batch, [lane.row], "seeded")
+                self._decode(lane.ctx, lane.batch, lane.n_batch, [lane.row], "seeded",
+                             lane.steer)
 
-    def _decode(self, ctx, batch, n_batch: int, rows: list[Row], point: str) -> None:
-        """One llama_decode of `rows` (all in `ctx`), then their tokens;
-        `point` names it for engines/faults.py."""
+    def _decode(self, ctx, batch, n_batch: int, rows: list[Row], point: str,
+                steer=None) -> None:
+        """One llama_decode of `rows` (all in `ctx`, whose steering tables are
+        `steer`), then their tokens; `point` names it for engines/faults.py."""
         sampling = step_batch(rows, n_batch, batch.batch)
         if batch.batch.n_tokens == 0:
             return
+        parts = steering_parts(rows, batch.batch) if steer is not None else []
         try:
             faults.hit(point)
+            if parts:
+                steer.prepare(parts, batch.batch.n_tokens, batch.batch.logits)
             ctx.decode(batch)
+            if parts and steer.collect():
+                raise RuntimeError("the steering callback met an unexpected tensor layout")
         except Exception:
             log.exception("llama_decode failed; failing the batch's requests")
+            if parts:
+                steer.collect()
             self.fail_rows(rows, batch_reset())
             return
         per_job: dict[int, tuple[GenerationJob, list[ChoiceDelta]]] = {}
@@ -201,16 +241,19 @@ class Runner:
             try:
                 faults.hit("row")
                 delta, done = self._take(ctx, row)
+                taken = [(row, delta, done), *self.forks.fork(
+                    ctx, row, lambda follower: self._take(ctx, follower))]
             except Exception:
                 log.exception("a row failed to take its token; its request fails alone")
                 failed[id(row.job)] = row.job
                 continue
-            per_job.setdefault(id(row.job), (row.job, []))[1].append(delta)
-            if done:
-                finished.append(row)
+            for taker, delta, done in taken:
+                per_job.setdefault(id(row.job), (row.job, []))[1].append(delta)
+                if done:
+                    finished.append(taker)
         for job in failed.values():
             self.fail_job(job, internal_error())
-        self.counts("generated", len(sampling))
+        self.counts("generated", sum(len(deltas) for _, deltas in per_job.values()))
         for key, (job, deltas) in per_job.items():
             if key in failed:
                 continue
@@ -221,7 +264,8 @@ class Runner:
             if id(row.job) in failed:
                 continue
             self.leave(row, keep_cells=True)
-            row.job.post(GroupDone(row.generated, row.cached))
+            row.job.post(GroupDone(row.generated, row.cached,
+                                   row.steer.recorder if row.steer is not None else None))
             key = id(row.job)
             if key in self.groups_left:
                 self.groups_left[key] -= 1
@@ -274,3 +318,18 @@ class Runner:
             waiting.job.cancelled.set()
         for row in self.rows:
             row.job.cancelled.set()
+
+
+def steering_parts(rows: list[Row], batch) -> list[BatchPart]:
+    """The steered or reading rows' places in this step's batch; a row that
+    reads its chunk at the last block keeps logits for all of it."""
+    parts = []
+    for row in rows:
+        start, count, position, ids = row.batch_span
+        if row.steer is None or count == 0:
+            continue
+        if row.steer.needs_all_outputs():
+            for j in range(start, start + count):
+                batch.logits[j] = True
+        parts.append(BatchPart(row.steer, start, count, position, ids))
+    return parts

@@ -11,7 +11,8 @@ once, and a prompt that starts like one a slot still holds (a system prompt,
 a chat's earlier turns) evaluates only the rest, reported as
 usage.prompt_tokens_details.cached_tokens. A seeded request's rows decode in
 lanes, contexts of their own (engines/gguf/lanes.py), between the shared
-batch's steps: a seed keeps its text without holding anyone back. Scoring and
+batch's steps: a seed keeps its text without holding anyone back. A request's
+n choices share its prompt's cells (engines/gguf/forks.py). Scoring and
 embeddings read through contexts of their own (engines/gguf/reading.py); the
 sampler chain is built by engines/gguf/sampling.py.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import queue
 import threading
@@ -29,12 +31,20 @@ from service.engines import faults
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.batch import Runner
 from service.engines.gguf.constraint import GrammarMask
+from service.engines.gguf.forks import part_count
 from service.engines.gguf.kv_plan import KvPlan
 from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.gguf.slots import Slots
-from service.engines.model_thread import ModelCall, answer_unrun, report_death, run_one_chunk
+from service.engines.gguf.steering import new_steerer, reachable
+from service.engines.model_thread import (
+    ModelCall,
+    answer_unrun,
+    own_torch_threads,
+    report_death,
+    run_one_chunk,
+)
 from service.engines.scores import TokenTable, score_logits
 from service.errors import EngineError, batch_reset, invalid_parameter, queue_full, thread_died
 from service.generation.job import GenerationJob
@@ -95,6 +105,9 @@ class GgufEngine(Engine):
         self._runner: Runner | None = None
         self._reads: collections.deque[ModelCall] = collections.deque()  # chunked reads
         self._ctx = self._batch = None  # the generation context and its batch
+        # Per-row steering (engines/gguf/steering.py); None: this model is not steerable.
+        self._steerer = None
+        self._ctx_steer = None  # the generation context's callback tables (kept alive)
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._dead = False
@@ -144,6 +157,9 @@ class GgufEngine(Engine):
         # llama-cpp-python's Jinja formatter, as its own server uses it.
         self._formatter = Jinja2ChatFormatter(template or CHATML, eos_token=eos, bos_token=bos,
                                               add_generation_prompt=True)
+        # POST /tokenize with add_generation_prompt false.
+        self._closed_formatter = Jinja2ChatFormatter(template or CHATML, eos_token=eos,
+                                                     bos_token=bos, add_generation_prompt=False)
         quant = self.entry.quantization
         self.info = LoadedModel(
             id=self.entry.id,
@@ -155,7 +171,6 @@ class GgufEngine(Engine):
             revision=self.entry.revision,
             embedding_window=self.kv.embed_window,
         )
-        self._readers = Readers(self._open, n_ctx, self.kv.embed_window)
         # The same grammar compiler as the transformers engine, over llama.cpp's pieces.
         self._grammars = GrammarCache.for_token_bytes(self._token_bytes, sorted(self._eog))
         self._open_batch_context(n_ctx)
@@ -173,12 +188,31 @@ class GgufEngine(Engine):
         n_batch = min(512, cells)
         params.n_ctx, params.n_batch, params.n_ubatch = cells, n_batch, n_batch
         params.n_seq_max, params.kv_unified = self.slots, True
+        steerer = new_steerer(self.llm._model.model, self.entry.id)
+        self._ctx_steer = steerer.hook(params, n_batch) if steerer is not None else None
         self._ctx = LlamaContext(model=self.llm._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
-        lanes = Lanes(lane_opener(self.llm._model, self.llm.context_params, window))
-        self._runner = Runner(self._ctx, self._batch, n_batch, Slots(self.slots, cells), lanes,
+        if steerer is not None and not reachable(self._ctx, self._batch, self._ctx_steer,
+                                                 self.llm.token_bos(), self.entry.id):
+            steerer = None
+        self._steerer = steerer
+        self._readers = Readers(self._open, window, self.kv.embed_window, steerer)
+        lanes = Lanes(lane_opener(self.llm._model, self.llm.context_params, window, steerer))
+        model = self.llm._model.model
+        whole_only = bool(lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
+        self._runner = Runner(self._ctx, self._batch, n_batch,
+                              Slots(self.slots, cells, whole_only), lanes,
                               self._eog, self._row_tools, self._token_bytes, self._count,
-                              self.stall_s)
+                              self.stall_s, steerer, self._ctx_steer if steerer else None)
+
+    @property
+    def capabilities(self):
+        caps = self.kind_capabilities
+        return caps if self._steerer is not None else dataclasses.replace(caps, steer=False)
+
+    @property
+    def steering(self):
+        return self._steerer
 
     @property
     def special_tokens(self) -> tuple[str, ...]:
@@ -193,18 +227,21 @@ class GgufEngine(Engine):
         return "tools" in self._template
 
     def encode_chat(self, messages: list[dict], partial: str | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None, *, generation_prompt: bool = True,
+                    add_special: bool = False) -> list[int]:
         from jinja2 import TemplateError
 
+        formatter = self._formatter if generation_prompt else self._closed_formatter
         try:
             rendered = render_folding_system(
-                lambda turns: self._formatter(messages=turns, tools=tools).prompt, messages)
+                lambda turns: formatter(messages=turns, tools=tools).prompt, messages)
         except TemplateError as exc:
             raise invalid_parameter("messages", f"The chat template refused the "
                                     f"conversation: {exc}") from None
         # The rendered template holds any BOS it wants; its markers are special
         # tokens (message text cannot spell them: check_no_special_tokens).
-        return self.llm.tokenize((rendered + (partial or "")).encode(), add_bos=False,
+        add_bos = add_special and self.llm._model.add_bos_token()
+        return self.llm.tokenize((rendered + (partial or "")).encode(), add_bos=add_bos,
                                  special=True)
 
     def encode_text(self, text: str, parse_special: bool = False,
@@ -217,6 +254,17 @@ class GgufEngine(Engine):
 
     def decode(self, ids: list[int]) -> str:
         return b"".join(self._token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+    def detokenize(self, ids: list[int]) -> str:
+        # The log-probabilities' table: control tokens by their text.
+        return b"".join(self._tokens.bytes_of(i) for i in ids).decode("utf-8", errors="replace")
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        from llama_cpp import llama_cpp as lib
+
+        vocab = self.llm._model.vocab
+        return [(lib.llama_vocab_get_text(vocab, i) or b"").decode("utf-8", errors="replace")
+                for i in ids]
 
     # -- the model thread ---------------------------------------------------------
 
@@ -231,6 +279,8 @@ class GgufEngine(Engine):
             if self._waiting >= self.max_queued:
                 raise queue_full(self.max_queued)
             self._waiting += 1
+        # Before the job is queued: its events() counts one GroupDone a choice.
+        job.parts = part_count(job.spec.groups)
         self._inbox.put(job)
 
     def _call(self, fn):
@@ -255,6 +305,7 @@ class GgufEngine(Engine):
             setattr(self, attribute, getattr(self, attribute) + amount)
 
     def _run(self) -> None:
+        own_torch_threads()  # SAE encodes for readout and probes run here
         try:
             self._serve(self._runner)
         except BaseException:
@@ -317,9 +368,11 @@ class GgufEngine(Engine):
             banned |= self._eog
         sampler = sampler_chain(spec.options, self.llm.n_vocab(), banned, seed,
                                 history=self.info.context_window)
-        # A JSON document holds no raw control character; a tool call's syntax has newlines.
+        # A JSON document holds no raw control character; a tool call's syntax
+        # has newlines, and a pattern or grammar says which characters it takes.
+        json = spec.constraint is not None and spec.constraint.is_json
         mask = (GrammarMask(spec.grammar, self.llm.n_vocab(),
-                            self._control_char_ids if spec.constraint is not None else [])
+                            self._control_char_ids if json else [])
                 if spec.grammar is not None else None)
         return sampler, mask
 
@@ -328,14 +381,16 @@ class GgufEngine(Engine):
     def score(self, prompts, *, temperature, allowed, top, echo, next_token, plan=None,
               recorder=None):
         """llama.cpp's logits through engines/scores.py, as on the transformers
-        engine. Never steered: the field table refuses steering on GGUF."""
+        engine: unsteered unless `plan` is given (an echo's prompt under its
+        completion's steering); `recorder` reads activations on the way."""
         import torch
 
         def run(engine: GgufEngine):
             scored = []
             for ids in prompts:  # one prompt a chunk (engines/model_thread.py)
                 scored.append(score_logits(
-                    engine._tokens, ids, torch.from_numpy(engine._readers.prompt_logits(ids)),
+                    engine._tokens, ids,
+                    torch.from_numpy(engine._readers.prompt_logits(ids, plan, recorder)),
                     temperature=temperature, allowed=allowed, top=top, echo=echo,
                     next_token=next_token))
                 yield

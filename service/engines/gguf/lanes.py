@@ -32,6 +32,7 @@ class Lane:
     batch: object  # LlamaBatch
     n_batch: int
     slot: Slot  # sequence 0 of its context; slot.row is the row it runs
+    steer: object = None  # its steering tables (engines/gguf/steering.py), if steerable
 
     @property
     def row(self) -> Row | None:
@@ -50,10 +51,11 @@ class Lane:
         self.ctx.close()
 
 
-def lane_opener(model, base_params, window: int):
+def lane_opener(model, base_params, window: int, steerer=None):
     """A function opening a lane over `model`: llama-cpp-python's context
     parameters `base_params` (as the shared context's), one sequence of
-    `window` cells, decoded in batches of at most 512 tokens."""
+    `window` cells, decoded in batches of at most 512 tokens, with the
+    steering callback when `steerer` is given."""
 
     def open_lane() -> Lane:
         from llama_cpp import llama_cpp as lib
@@ -63,13 +65,14 @@ def lane_opener(model, base_params, window: int):
         n_batch = min(512, window)
         params.n_ctx, params.n_batch, params.n_ubatch = window, n_batch, n_batch
         params.n_seq_max = 1
+        steer = steerer.hook(params, n_batch) if steerer is not None else None
         ctx = LlamaContext(model=model, params=params, verbose=False)
         try:
             batch = LlamaBatch(n_tokens=n_batch, embd=0, n_seq_max=1, verbose=False)
         except BaseException:
             ctx.close()
             raise
-        return Lane(ctx, batch, n_batch, Slot(0))
+        return Lane(ctx, batch, n_batch, Slot(0), steer)
 
     return open_lane
 

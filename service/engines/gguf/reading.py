@@ -7,7 +7,10 @@ memory-mapped weights with the generation context:
 
 - the *scoring* context keeps every position's logits (logits_all) and an f32
   KV cache, so log-probabilities are not moved by f16 rounding; every scored
-  prompt is evaluated from an empty cache;
+  prompt is evaluated from an empty cache. It has the steering callback
+  (engines/gguf/steering.py): scoring reads activations unsteered, and an
+  echo's prompt log-probabilities are read under its completion's steering,
+  as on the transformers engine;
 - the *embedding* context mean-pools the last layer (as the transformers
   engine does), also with an f32 KV cache; one input per pass, so a vector
   never depends on its neighbours.
@@ -24,25 +27,58 @@ GGML_TYPE_F32 = 0
 
 
 class Readers:
-    def __init__(self, open_context: Callable, context_window: int, embedding_window: int):
+    def __init__(self, open_context: Callable, context_window: int, embedding_window: int,
+                 steerer=None):
         self._open, self._window = open_context, context_window
+        self._steerer, self._steer = steerer, None
         self._embed_window = embedding_window  # capped: its scratch grows with its square
         self._scorer = None
         self._embedder = None
 
-    def prompt_logits(self, ids: list[int]) -> np.ndarray:
+    def prompt_logits(self, ids: list[int], plan=None, recorder=None) -> np.ndarray:
         """Logits after each prompt position ([len(ids), vocab]): row p is the
-        prediction of token p + 1, made before seeing it."""
+        prediction of token p + 1, made before seeing it. Steered by `plan`
+        when given; `recorder` reads activations on the way."""
         if self._scorer is None:
             # llama.cpp's default f16 cache moves log-probabilities by up to ~5e-3.
             self._scorer = self._open(n_ctx=self._window, n_batch=min(512, self._window),
                                       logits_all=True, type_k=GGML_TYPE_F32,
                                       type_v=GGML_TYPE_F32)
+            if self._steerer is not None:
+                self._hook_scorer()
         scorer = self._scorer
         scorer.reset()
         scorer._ctx.kv_cache_clear()
-        scorer.eval(ids)
+        if self._steer is None or (plan is None and recorder is None):
+            scorer.eval(ids)
+        else:
+            from service.engines.gguf.steering import BatchPart, RowSteering
+
+            row = RowSteering(plan.vectors() if plan is not None else {}, recorder, None,
+                              len(ids), self._steerer.num_layers - 1)
+            for start in range(0, len(ids), scorer.n_batch):  # one decode per chunk
+                chunk = ids[start:start + scorer.n_batch]
+                self._steer.prepare([BatchPart(row, 0, len(chunk), start, chunk)], len(chunk),
+                                    [True] * len(chunk))
+                try:
+                    scorer.eval(chunk)
+                finally:
+                    errors = self._steer.collect()
+                if errors:
+                    raise RuntimeError("the steering callback met an unexpected tensor layout")
         return np.array(scorer.scores[: len(ids)], dtype=np.float32)
+
+    def _hook_scorer(self) -> None:
+        """Reopen the scoring context with the steering callback (llama-cpp-
+        python opens its own without one)."""
+        from llama_cpp import llama_cpp as lib
+        from llama_cpp._internals import LlamaContext
+
+        scorer = self._scorer
+        params = lib.llama_context_params.from_buffer_copy(scorer.context_params)
+        self._steer = self._steerer.hook(params, scorer.n_batch)
+        scorer._ctx.close()
+        scorer._ctx = LlamaContext(model=scorer._model, params=params, verbose=False)
 
     def embed_chunks(self, inputs: list[list[int]]):
         """One mean-pooled last-layer vector per tokenized input; a generator

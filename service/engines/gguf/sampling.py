@@ -1,8 +1,9 @@
 """The GGUF engine's llama.cpp sampler chain, in the transformers engine's order.
 
 A request must keep the same candidate tokens whichever engine serves it, so
-the chain follows service.sampling: bans and penalties, then temperature,
-then top-k, top-p and min-p truncation, then the draw. (llama.cpp's own
+the chain follows service.sampling: bans and penalties, then the request's
+logit_bias, then temperature, then top-k, top-p and min-p truncation, then
+the draw. (llama.cpp's own
 default chain truncates before the temperature; while this engine followed
 it, top-p and min-p saw the unscaled distribution, and at temperature 1.7
 with top_p 0.5 the two engines kept different tokens.)
@@ -25,8 +26,9 @@ def sampler_chain(options: SamplingOptions, n_vocab: int, banned: Iterable[int],
     """A llama-cpp-python LlamaSampler for one generation.
 
     `banned` tokens get a -inf logit bias (control tokens, and the end tokens
-    under ignore_eos). The penalties look at the last `history` tokens the
-    chain has accepted (llama_sampler_sample accepts each one it picks).
+    under ignore_eos); the request's own logit_bias follows the penalties.
+    The penalties look at the last `history` tokens the chain has accepted
+    (llama_sampler_sample accepts each one it picks).
     Temperature 0 draws greedily from the penalised logits, with no
     truncation, as service.sampling.choose_tokens does; otherwise the logits
     are divided by the temperature and then truncated (llama.cpp's temp
@@ -46,6 +48,10 @@ def sampler_chain(options: SamplingOptions, n_vocab: int, banned: Iterable[int],
                               penalty_repeat=options.repetition_penalty,
                               penalty_freq=options.frequency_penalty,
                               penalty_present=options.presence_penalty)
+    if options.logit_bias:
+        # After the penalties, as service.sampling adds it; a banned token's
+        # -inf stays -inf.
+        sampler.add_logit_bias(n_vocab, dict(options.logit_bias))
     if options.greedy:
         if draw:
             sampler.add_greedy()

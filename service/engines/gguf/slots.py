@@ -25,11 +25,15 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what its KV cells hold, in order
     row: Row | None = None
     used: int = 0  # step of its last use, to evict the least recent
+    # The steering plan its cells were computed under (steering/plan.py
+    # plan_key; None: unsteered): a prefix is reused only under the same one.
+    key: tuple | None = None
 
 
 @dataclass
 class Row:
-    """One prompt group (one choice: n = 1 on GGUF) while it runs."""
+    """One choice of a prompt group while it runs (n > 1 runs as parts of one
+    choice each: engines/gguf/forks.py)."""
 
     job: GenerationJob
     group: PromptGroup
@@ -42,6 +46,9 @@ class Row:
     stopper: StopMatcher
     generated: int = 0
     batch_index: int = -1  # where its logits are in this step's batch; -1: none
+    steer: object = None  # engines/gguf/steering.py RowSteering, when steered or reading
+    # Its tokens in this step's batch: first index, count, first position, ids.
+    batch_span: tuple[int, int, int, list[int]] = (0, 0, 0, [])
 
     @property
     def need(self) -> int:
@@ -59,10 +66,14 @@ def common_prefix(a: list[int], b: tuple[int, ...], limit: int) -> int:
 class Slots:
     """The sequences of the batch context, and which row runs in each."""
 
-    def __init__(self, count: int, cells: int):
+    def __init__(self, count: int, cells: int, whole_only: bool = False):
         self.slots = [Slot(i) for i in range(count)]
         self.cells = cells
         self.clock = 0
+        # A recurrent (Mamba, RWKV) or hybrid model's state cannot be cut back
+        # to a position (llama_memory_seq_rm refuses): a slot is reused only
+        # when the prompt continues everything it holds.
+        self.whole_only = whole_only
 
     @property
     def rows(self) -> list[Row]:
@@ -74,16 +85,25 @@ class Slots:
     def idle_tokens(self) -> int:
         return sum(len(s.tokens) for s in self.slots if s.row is None)
 
-    def pick(self, prompt: tuple[int, ...]) -> tuple[Slot, int] | None:
+    def pick(self, prompt: tuple[int, ...], key: tuple | None = None,
+             fresh: bool = False) -> tuple[Slot, int] | None:
         """The free slot to run `prompt` in, and the tokens it can keep (at
         least one prompt token is evaluated again, so its logits are fresh);
-        None while every slot is busy."""
+        None while every slot is busy. Only cells computed under the same
+        steering `key` are kept; a `fresh` prompt (one whose every position
+        is read) keeps none."""
         free = [s for s in self.slots if s.row is None]
         if not free:
             return None
-        best = max(free, key=lambda s: (common_prefix(s.tokens, prompt, min(
-            len(s.tokens), len(prompt) - 1)), -s.used))
-        return best, common_prefix(best.tokens, prompt, min(len(best.tokens), len(prompt) - 1))
+
+        def keeps(s: Slot) -> int:
+            if fresh or s.key != key:
+                return 0
+            same = common_prefix(s.tokens, prompt, min(len(s.tokens), len(prompt) - 1))
+            return 0 if self.whole_only and same < len(s.tokens) else same
+
+        best = max(free, key=lambda s: (keeps(s), -s.used))
+        return best, keeps(best)
 
     def fits(self, need: int, keep: Slot, same: int) -> bool:
         """Whether a row keeping `same` cells of `keep` and filling `need` more
@@ -103,9 +123,11 @@ def step_batch(rows: list[Row], capacity: int, batch) -> list[Row]:
     for row in rows:
         if room == 0:
             row.batch_index = -1
+            row.batch_span = (0, 0, 0, [])
             continue
         chunk = row.pending[:room]
         start = len(row.slot.tokens)
+        row.batch_span = (batch.n_tokens, len(chunk), start, chunk)
         for offset, token in enumerate(chunk):
             j = batch.n_tokens + offset
             batch.token[j] = token

@@ -6,7 +6,7 @@ Llama, Qwen, Gemma, Mistral, Phi-3 and LFM2; `transformer.h` in GPT-2;
 one `nn.ModuleList` with one entry per decoder layer. `decoder_layers` finds
 that list by its shape, not by name: the shallowest ModuleList holding exactly
 as many modules as the text config has hidden layers. The steering hooks go
-on those modules (steering/runtime.py); nothing else in the project asks
+on those modules (engines/transformers/steering.py); nothing else in the project asks
 where the layers are.
 """
 

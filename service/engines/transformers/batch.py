@@ -24,15 +24,15 @@ import torch
 from service.engines import faults
 from service.engines.scores import TokenTable
 from service.engines.transformers import reading
-from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
-from service.requests.generation import PromptGroup
-from service.sampling import SamplingOptions, apply_penalties, choose_tokens
-from service.steering.probes import ProbeReader
-from service.steering.runtime import (
+from service.engines.transformers.steering import (
     ActivationRecorder,
     ForwardSteering,
     SteeringRuntime,
 )
+from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
+from service.requests.generation import PromptGroup
+from service.sampling import SamplingOptions, add_logit_bias, apply_penalties, choose_tokens
+from service.steering.probes import ProbeReader
 from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class GroupProgress:
     rows_left: int
     completion_tokens: int = 0
     cached_tokens: int = 0
-    # This request's own steering (layer -> delta), made on the model thread.
+    # This request's own steering (layer -> float32 delta; stack_deltas casts).
     deltas: dict | None = None
     recorder: ActivationRecorder | None = None
     # Monitoring's probes, when the request's model is monitored (one per job).
@@ -89,7 +89,8 @@ class GroupProgress:
     def __post_init__(self):
         spec = self.job.spec
         if spec.steering is not None:
-            self.deltas = spec.steering.deltas()
+            self.deltas = {layer: torch.from_numpy(vector)
+                           for layer, vector in spec.steering.vectors().items()}
         if spec.activations is not None:
             self.recorder = ActivationRecorder(spec.activations, len(self.group.prompt_ids))
         self.monitor = self.job.monitor
@@ -130,8 +131,9 @@ class Row:
 
             self.matcher = xgrammar.GrammarMatcher(spec.grammar)
         # A JSON document holds no raw control character; a tool call's
-        # syntax has newlines, and `auto` lets the model write free text.
-        self.bans_controls = spec.constraint is not None
+        # syntax has newlines, `auto` lets the model write free text, and a
+        # pattern or grammar says itself which characters it takes.
+        self.bans_controls = spec.constraint is not None and spec.constraint.is_json
         self.logprobs = spec.logprobs  # alternatives per token; None: not asked for
         self.generated = 0
         self.last_token = -1
@@ -189,7 +191,11 @@ def sample(
     constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
     if constrained:
         _apply_grammar_masks(ctx, rows, logits, constrained)
-    tokens = choose_tokens(logits, options, [r.generator for r in rows])
+    # logit_bias moves the choice, not the reported distribution (vLLM's
+    # default raw log-probabilities leave it out too); a masked token stays
+    # masked whatever its bias.
+    tokens = choose_tokens(add_logit_bias(logits, options), options,
+                           [r.generator for r in rows])
     scores = [None] * len(rows)
     wanting = [i for i, row in enumerate(rows) if row.logprobs is not None]
     if wanting:

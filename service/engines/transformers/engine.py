@@ -29,11 +29,11 @@ from service.engines.transformers.architecture import LayersNotFound, decoder_la
 from service.engines.transformers.batch import ModelContext
 from service.engines.transformers.prefix_cache import PrefixCache
 from service.engines.transformers.scheduler import Scheduler
+from service.engines.transformers.steering import SteeringRuntime
 from service.errors import invalid_parameter
 from service.generation.job import GenerationJob
 from service.grammars import GrammarCache
 from service.models.registry import TRANSFORMERS
-from service.steering.runtime import SteeringRuntime
 from service.text_output import byte_level_table, control_char_ids
 
 log = logging.getLogger(__name__)
@@ -140,7 +140,8 @@ class TransformersEngine(Engine):
         return "tools" in (self.tokenizer.chat_template or CHATML)
 
     def encode_chat(self, messages: list[dict], partial: str | None = None,
-                    tools: list[dict] | None = None) -> list[int]:
+                    tools: list[dict] | None = None, *, generation_prompt: bool = True,
+                    add_special: bool = False) -> list[int]:
         from jinja2 import TemplateError
 
         template = None if self.tokenizer.chat_template else CHATML
@@ -148,7 +149,7 @@ class TransformersEngine(Engine):
             try:
                 text = render_folding_system(
                     lambda turns: self.tokenizer.apply_chat_template(
-                        turns, chat_template=template, add_generation_prompt=True,
+                        turns, chat_template=template, add_generation_prompt=generation_prompt,
                         tokenize=False, tools=tools), messages)
             except TemplateError as exc:
                 # Templates refuse conversations they cannot render (say, roles
@@ -157,7 +158,8 @@ class TransformersEngine(Engine):
                                         f"conversation: {exc}") from None
             # A truncated answer is continued from where it stopped. The
             # rendered template already holds any BOS it wants.
-            return self.tokenizer(text + (partial or ""), add_special_tokens=False)["input_ids"]
+            return self.tokenizer(text + (partial or ""),
+                                  add_special_tokens=add_special)["input_ids"]
 
     def encode_text(self, text: str, parse_special: bool = False,
                     add_special: bool = True) -> list[int]:
@@ -253,6 +255,13 @@ class TransformersEngine(Engine):
     def decode(self, ids: list[int]) -> str:
         with self._encode_lock:
             return self.tokenizer.decode(ids)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.decode(ids)  # special tokens are written out already
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        with self._encode_lock:
+            return [str(t) for t in self.tokenizer.convert_ids_to_tokens(ids)]
 
     def submit(self, job: GenerationJob) -> None:
         self._scheduler.submit(job)

@@ -16,9 +16,9 @@ import torch
 from service.engines import faults
 from service.engines.transformers import kv
 from service.engines.transformers.batch import ModelContext, Prefilled, Row, _steered, sample
+from service.engines.transformers.steering import Capture, ForwardSteering, stack_deltas
 from service.generation.job import ChoiceDelta
 from service.steering.probes import add_reads
-from service.steering.runtime import Capture, ForwardSteering, stack_deltas
 
 
 class Lane:

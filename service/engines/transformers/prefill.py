@@ -45,8 +45,8 @@ from service.engines.transformers.batch import (
     _steered,
     sample,
 )
+from service.engines.transformers.steering import Capture, ForwardSteering, stack_deltas
 from service.steering.probes import add_reads
-from service.steering.runtime import Capture, ForwardSteering, stack_deltas
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ embeddings. Runs on the model thread; the scores themselves are computed from
 logits by engines/scores.py, as on the GGUF engine.
 
 Scoring and embeddings go through `unsteered_forward`, which switches every
-attached SAE's hook off for this pass only (steering/runtime.py), so a judge's
+attached SAE's hook off for this pass only (engines/transformers/steering.py), so a judge's
 probability or an embedding always reflects the unmodified model while
 generations running beside it, in the same batch loop, stay steered. The one
 steered read is an echo's prompt log-probabilities (`steered_forward`): they
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from service.engines.scores import ScoredPrompt, TokenScore, entry, scaled, score_logits
-from service.steering.runtime import Capture, ForwardSteering
+from service.engines.transformers.steering import Capture, ForwardSteering, plan_deltas
 
 
 def unsteered_forward(ctx, recorder=None, **inputs):
@@ -39,7 +39,7 @@ def steered_forward(ctx, plan, **inputs):
     """A forward pass over one row steered by `plan` (a SteeringPlan): echo's
     prompt log-probabilities belong to a completion, which default steering
     applies to, so they are read under the same steering as its generation."""
-    deltas = {layer: delta.unsqueeze(0) for layer, delta in plan.deltas().items()}
+    deltas = {layer: delta.unsqueeze(0) for layer, delta in plan_deltas(plan, ctx.steering).items()}
     with ctx.steering.applying(ForwardSteering(deltas, {})):
         return ctx.model(**inputs)
 

@@ -51,6 +51,7 @@ from service.engines.model_thread import (
     ModelCall,
     answer_unrun,
     failure_of,
+    own_torch_threads,
     report_death,
     run_one_chunk,
 )
@@ -148,6 +149,7 @@ class Scheduler:
     # -- the model thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        own_torch_threads()  # MILLM_TORCH_THREADS, on the thread that computes
         try:
             # Every tensor of every job lives on this thread, in inference mode.
             with torch.inference_mode():

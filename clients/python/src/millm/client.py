@@ -20,6 +20,11 @@ and Generation.add() folds a stream's deltas into texts and whole ToolCalls:
         result.add(delta)
     if result.finish_reasons[0] == "tool_calls":
         call = result.tool_calls[0][0]   # ToolCall(id, name, arguments)
+
+The model's tokenizer: tokenize() gives the ids a generation of a prompt or a
+conversation would use (count, max_model_len, token_strs), detokenize() text
+back; sampling keywords take logit_bias={token_id: bias}. The requests are
+built by millm.requests (chat_request and prompt_request are re-exported here).
 """
 
 from __future__ import annotations
@@ -30,15 +35,11 @@ from dataclasses import dataclass, field
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from millm.tools import (
-    ToolCall,
-    ToolCallFragment,
-    fold_tool_calls,
-    fragments,
-    function_tool,
-    tool_call,
-)
-from millm.tools import tool_choice as _tool_choice
+from millm.requests import chat_request, prompt_pb, prompt_request, tokenize_request
+
+__all__ = ["AsyncClient", "Client", "Delta", "Generation", "MillmError", "chat_request",
+           "prompt_request"]
+from millm.tools import ToolCall, ToolCallFragment, fold_tool_calls, fragments
 from millm.v1 import (
     embedding_service_pb2,
     embedding_service_pb2_grpc,
@@ -54,13 +55,10 @@ from millm.v1 import (
     server_service_pb2,
     server_service_pb2_grpc,
     steering_service_pb2_grpc,
+    tokenization_service_pb2,
+    tokenization_service_pb2_grpc,
 )
 
-_ROLES = {
-    "system": generation_pb2.ROLE_SYSTEM, "developer": generation_pb2.ROLE_DEVELOPER,
-    "user": generation_pb2.ROLE_USER, "assistant": generation_pb2.ROLE_ASSISTANT,
-    "tool": generation_pb2.ROLE_TOOL, "function": generation_pb2.ROLE_FUNCTION,
-}
 _FINISH = {generation_pb2.FINISH_REASON_STOP: "stop",
            generation_pb2.FINISH_REASON_LENGTH: "length",
            generation_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls"}
@@ -123,50 +121,6 @@ class Generation:
             self.finish_reasons[delta.index] = delta.finish_reason
 
 
-def _message(m: dict) -> generation_pb2.ChatMessage:
-    return generation_pb2.ChatMessage(
-        role=_ROLES[m["role"]], content=m.get("content") or "",
-        tool_calls=[tool_call(c) for c in m.get("tool_calls") or ()],
-        tool_call_id=m.get("tool_call_id") or "")
-
-
-def chat_request(model: str, messages: Iterable[dict], *, tools=None, tool_choice=None,
-                 parallel_tool_calls: bool | None = None, **sampling
-                 ) -> generation_service_pb2.GenerateRequest:
-    """The GenerateRequest chat() sends. Messages are dicts with `role`, `content`
-    and, for tools, `tool_calls` (assistant) or `tool_call_id` (tool)."""
-    request = generation_service_pb2.GenerateRequest(
-        model=model,
-        chat=generation_pb2.ChatInput(messages=[_message(m) for m in messages]),
-        sampling=_sampling(sampling),
-        tools=[function_tool(t) for t in tools or ()])
-    if tool_choice is not None:
-        request.tool_choice.CopyFrom(_tool_choice(tool_choice))
-    if parallel_tool_calls is not None:
-        request.parallel_tool_calls = parallel_tool_calls
-    return request
-
-
-def prompt_request(model: str, prompts: Iterable[str | list[int]], **sampling
-                   ) -> generation_service_pb2.GenerateRequest:
-    return generation_service_pb2.GenerateRequest(
-        model=model,
-        prompt=generation_pb2.PromptInput(prompts=[_prompt(p) for p in prompts]),
-        sampling=_sampling(sampling))
-
-
-def _prompt(p: str | list[int]) -> generation_pb2.Prompt:
-    if isinstance(p, str):
-        return generation_pb2.Prompt(text=p)
-    return generation_pb2.Prompt(token_ids=generation_pb2.TokenIds(ids=p))
-
-
-def _sampling(fields: dict) -> generation_pb2.SamplingParams:
-    stop = fields.pop("stop", ())
-    return generation_pb2.SamplingParams(stop=[stop] if isinstance(stop, str) else stop,
-                                         **fields)
-
-
 def _metadata(api_key: str | None, request_id: str | None) -> tuple:
     out = []
     if api_key:
@@ -203,6 +157,7 @@ class _Stubs:
         self.steering = steering_service_pb2_grpc.SteeringServiceStub(channel)
         self.responses = response_service_pb2_grpc.ResponseServiceStub(channel)
         self.monitoring = monitoring_service_pb2_grpc.MonitoringServiceStub(channel)
+        self.tokenization = tokenization_service_pb2_grpc.TokenizationServiceStub(channel)
 
     def options(self, timeout, request_id) -> dict:
         return {"timeout": self.timeout if timeout is None else timeout,
@@ -211,11 +166,11 @@ class _Stubs:
     def embed_request(self, inputs) -> embedding_service_pb2.EmbedRequest:
         items = [inputs] if isinstance(inputs, str) else inputs
         return embedding_service_pb2.EmbedRequest(model=self.model,
-                                                  inputs=[_prompt(p) for p in items])
+                                                  inputs=[prompt_pb(p) for p in items])
 
     def score_request(self, prompt, allowed_token_ids, top_logprobs, temperature):
         request = scoring_service_pb2.ScoreRequest(
-            model=self.model, prompt=generation_pb2.PromptInput(prompts=[_prompt(prompt)]),
+            model=self.model, prompt=generation_pb2.PromptInput(prompts=[prompt_pb(prompt)]),
             allowed_token_ids=allowed_token_ids or (), top_logprobs=top_logprobs)
         if temperature is not None:
             request.temperature = temperature
@@ -286,6 +241,26 @@ class Client(_Stubs):
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return [list(e.values) for e in reply.embeddings]
+
+    def tokenize(self, text_or_messages: str | Iterable[dict], *, tools=None, timeout=None,
+                 request_id=None, **options) -> tokenization_service_pb2.TokenizeResponse:
+        """The ids a generation of this prompt or conversation would feed the
+        model (`tokens`, `count`, `max_model_len`; `token_strs` with
+        return_token_strs=True). Options: add_generation_prompt,
+        continue_final_message, add_special_tokens, parse_special_tokens."""
+        try:
+            return self.tokenization.Tokenize(tokenize_request(self.model, text_or_messages, tools,
+                                                                    **options),
+                                              **self.options(timeout, request_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def detokenize(self, tokens: Iterable[int], *, timeout=None, request_id=None) -> str:
+        try:
+            return self.tokenization.Detokenize(tokenization_service_pb2.DetokenizeRequest(
+                model=self.model, tokens=tokens), **self.options(timeout, request_id)).prompt
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
 
     def list_models(self, *, timeout=None) -> list[str]:
         try:
@@ -376,3 +351,21 @@ class AsyncClient(_Stubs):
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return [list(e.values) for e in reply.embeddings]
+
+    async def tokenize(self, text_or_messages: str | Iterable[dict], *, tools=None,
+                       timeout=None, request_id=None, **options
+                       ) -> tokenization_service_pb2.TokenizeResponse:
+        try:
+            return await self.tokenization.Tokenize(
+                tokenize_request(self.model, text_or_messages, tools, **options),
+                **self.options(timeout, request_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    async def detokenize(self, tokens: Iterable[int], *, timeout=None, request_id=None) -> str:
+        try:
+            reply = await self.tokenization.Detokenize(tokenization_service_pb2.DetokenizeRequest(
+                model=self.model, tokens=tokens), **self.options(timeout, request_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return reply.prompt

@@ -25,23 +25,25 @@ _sym_db = _symbol_database.Default()
 from millm.v1 import steering_pb2 as millm_dot_v1_dot_steering__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19millm/v1/generation.proto\x12\x08millm.v1\x1a\x17millm/v1/steering.proto\"\xb4\x01\n\x0b\x43hatMessage\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x0e.millm.v1.RoleR\x04role\x12\x18\n\x07\x63ontent\x18\x02 \x01(\tR\x07\x63ontent\x12\x12\n\x04name\x18\x03 \x01(\tR\x04name\x12\x31\n\ntool_calls\x18\x04 \x03(\x0b\x32\x12.millm.v1.ToolCallR\ttoolCalls\x12 \n\x0ctool_call_id\x18\x05 \x01(\tR\ntoolCallId\">\n\tChatInput\x12\x31\n\x08messages\x18\x01 \x03(\x0b\x32\x15.millm.v1.ChatMessageR\x08messages\"\x1c\n\x08TokenIds\x12\x10\n\x03ids\x18\x01 \x03(\x03R\x03ids\"Y\n\x06Prompt\x12\x14\n\x04text\x18\x01 \x01(\tH\x00R\x04text\x12\x31\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x12.millm.v1.TokenIdsH\x00R\x08tokenIdsB\x06\n\x04kind\"\xc9\x01\n\x0bPromptInput\x12*\n\x07prompts\x18\x01 \x03(\x0b\x32\x10.millm.v1.PromptR\x07prompts\x12\x30\n\x14parse_special_tokens\x18\x02 \x01(\x08R\x12parseSpecialTokens\x12\x31\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x00R\x10\x61\x64\x64SpecialTokens\x88\x01\x01\x12\x12\n\x04\x65\x63ho\x18\x04 \x01(\x08R\x04\x65\x63hoB\x15\n\x13_add_special_tokens\"\xed\x05\n\x0eSamplingParams\x12%\n\x0btemperature\x18\x01 \x01(\x01H\x00R\x0btemperature\x88\x01\x01\x12\x18\n\x05top_p\x18\x02 \x01(\x01H\x01R\x04topP\x88\x01\x01\x12\x18\n\x05top_k\x18\x03 \x01(\x03H\x02R\x04topK\x88\x01\x01\x12\x18\n\x05min_p\x18\x04 \x01(\x01H\x03R\x04minP\x88\x01\x01\x12\"\n\nmax_tokens\x18\x05 \x01(\x03H\x04R\tmaxTokens\x88\x01\x01\x12\x37\n\x15max_completion_tokens\x18\x06 \x01(\x03H\x05R\x13maxCompletionTokens\x88\x01\x01\x12\x12\n\x04stop\x18\x07 \x03(\tR\x04stop\x12\x11\n\x01n\x18\x08 \x01(\x03H\x06R\x01n\x88\x01\x01\x12\x17\n\x04seed\x18\t \x01(\x03H\x07R\x04seed\x88\x01\x01\x12\x30\n\x11\x66requency_penalty\x18\n \x01(\x01H\x08R\x10\x66requencyPenalty\x88\x01\x01\x12.\n\x10presence_penalty\x18\x0b \x01(\x01H\tR\x0fpresencePenalty\x88\x01\x01\x12\x32\n\x12repetition_penalty\x18\x0c \x01(\x01H\nR\x11repetitionPenalty\x88\x01\x01\x12\"\n\nignore_eos\x18\r \x01(\x08H\x0bR\tignoreEos\x88\x01\x01\x12\x1f\n\x08logprobs\x18\x0e \x01(\x03H\x0cR\x08logprobs\x88\x01\x01\x12*\n\x11\x61llowed_token_ids\x18\x0f \x03(\x03R\x0f\x61llowedTokenIdsB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\r\n\x0b_max_tokensB\x18\n\x16_max_completion_tokensB\x04\n\x02_nB\x07\n\x05_seedB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\x15\n\x13_repetition_penaltyB\r\n\x0b_ignore_eosB\x0b\n\t_logprobs\"~\n\x0cTokenLogprob\x12\x19\n\x08token_id\x18\x01 \x01(\x03R\x07tokenId\x12\x12\n\x04text\x18\x02 \x01(\tR\x04text\x12\x14\n\x05\x62ytes\x18\x03 \x01(\x0cR\x05\x62ytes\x12\x1d\n\x07logprob\x18\x04 \x01(\x01H\x00R\x07logprob\x88\x01\x01\x42\n\n\x08_logprob\"d\n\nTokenScore\x12,\n\x05token\x18\x01 \x01(\x0b\x32\x16.millm.v1.TokenLogprobR\x05token\x12(\n\x03top\x18\x02 \x03(\x0b\x32\x16.millm.v1.TokenLogprobR\x03top\"s\n\x0c\x45\x63hoedPrompt\x12!\n\x0cprompt_index\x18\x01 \x01(\x03R\x0bpromptIndex\x12\x12\n\x04text\x18\x02 \x01(\tR\x04text\x12,\n\x06tokens\x18\x03 \x03(\x0b\x32\x14.millm.v1.TokenScoreR\x06tokens\"\xc4\x01\n\x0eResponseFormat\x12*\n\x04text\x18\x01 \x01(\x0b\x32\x14.millm.v1.TextFormatH\x00R\x04text\x12=\n\x0bjson_object\x18\x02 \x01(\x0b\x32\x1a.millm.v1.JsonObjectFormatH\x00R\njsonObject\x12=\n\x0bjson_schema\x18\x03 \x01(\x0b\x32\x1a.millm.v1.JsonSchemaFormatH\x00R\njsonSchemaB\x08\n\x06\x66ormat\"\x0c\n\nTextFormat\"\x12\n\x10JsonObjectFormat\"\x9f\x01\n\x10JsonSchemaFormat\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n\x06strict\x18\x02 \x01(\x08H\x00R\x06strict\x88\x01\x01\x12 \n\x0b\x64\x65scription\x18\x04 \x01(\tR\x0b\x64\x65scription\x12\x1f\n\x0bschema_json\x18\x05 \x01(\tR\nschemaJsonB\t\n\x07_strictJ\x04\x08\x03\x10\x04R\x06schema\"\xab\x04\n\x10ResponseMetadata\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n\x07\x63reated\x18\x02 \x01(\x03R\x07\x63reated\x12\x14\n\x05model\x18\x03 \x01(\tR\x05model\x12-\n\x12system_fingerprint\x18\x04 \x01(\tR\x11systemFingerprint\x12\x17\n\x04seed\x18\x05 \x01(\x03H\x00R\x04seed\x88\x01\x01\x12\x32\n\nseed_scope\x18\x06 \x01(\x0e\x32\x13.millm.v1.SeedScopeR\tseedScope\x12#\n\rprompt_tokens\x18\x07 \x01(\x03R\x0cpromptTokens\x12%\n\x0eignored_fields\x18\x08 \x03(\tR\rignoredFields\x12:\n\nconstraint\x18\t \x01(\x0e\x32\x1a.millm.v1.OutputConstraintR\nconstraint\x12\'\n\x0f\x63onstraint_name\x18\n \x01(\tR\x0e\x63onstraintName\x12\x32\n\x12steering_intensity\x18\x0b \x01(\x01H\x01R\x11steeringIntensity\x88\x01\x01\x12\x38\n\x0c\x63ircuit_rung\x18\x0c \x01(\x0b\x32\x15.millm.v1.CircuitRungR\x0b\x63ircuitRung\x12\x1c\n\tunsteered\x18\r \x01(\x08R\tunsteeredB\x07\n\x05_seedB\x15\n\x13_steering_intensity\"\xa0\x02\n\x0b\x43hoiceDelta\x12\x14\n\x05index\x18\x01 \x01(\x03R\x05index\x12\x12\n\x04text\x18\x02 \x01(\tR\x04text\x12\x1b\n\ttoken_ids\x18\x03 \x03(\x03R\x08tokenIds\x12;\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x16.millm.v1.FinishReasonR\x0c\x66inishReason\x12\x30\n\x08logprobs\x18\x05 \x03(\x0b\x32\x14.millm.v1.TokenScoreR\x08logprobs\x12\x36\n\ntool_calls\x18\x06 \x03(\x0b\x32\x17.millm.v1.ToolCallDeltaR\ttoolCalls\x12#\n\rstop_sequence\x18\x46 \x01(\tR\x0cstopSequence\"\xa1\x01\n\x05Usage\x12#\n\rprompt_tokens\x18\x01 \x01(\x03R\x0cpromptTokens\x12+\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03R\x10\x63ompletionTokens\x12!\n\x0ctotal_tokens\x18\x03 \x01(\x03R\x0btotalTokens\x12#\n\rcached_tokens\x18\x04 \x01(\x03R\x0c\x63\x61\x63hedTokens\"\x95\x01\n\x0c\x46unctionTool\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12\'\n\x0fparameters_json\x18\x03 \x01(\tR\x0eparametersJson\x12\x1b\n\x06strict\x18\x04 \x01(\x08H\x00R\x06strict\x88\x01\x01\x42\t\n\x07_strict\"_\n\nToolChoice\x12,\n\x04mode\x18\x01 \x01(\x0e\x32\x18.millm.v1.ToolChoiceModeR\x04mode\x12#\n\rfunction_name\x18\x02 \x01(\tR\x0c\x66unctionName\"U\n\x08ToolCall\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n\x04name\x18\x02 \x01(\tR\x04name\x12%\n\x0e\x61rguments_json\x18\x03 \x01(\tR\rargumentsJson\"g\n\rToolCallDelta\x12\x14\n\x05index\x18\x01 \x01(\x03R\x05index\x12\x0e\n\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n\x04name\x18\x03 \x01(\tR\x04name\x12\x1c\n\targuments\x18\x04 \x01(\tR\targuments*\x86\x01\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\x12\n\x0eROLE_DEVELOPER\x10\x02\x12\r\n\tROLE_USER\x10\x03\x12\x12\n\x0eROLE_ASSISTANT\x10\x04\x12\r\n\tROLE_TOOL\x10\x05\x12\x11\n\rROLE_FUNCTION\x10\x06*{\n\x10OutputConstraint\x12!\n\x1dOUTPUT_CONSTRAINT_UNSPECIFIED\x10\x00\x12!\n\x1dOUTPUT_CONSTRAINT_JSON_OBJECT\x10\x01\x12!\n\x1dOUTPUT_CONSTRAINT_JSON_SCHEMA\x10\x02*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03*w\n\tSeedScope\x12\x1a\n\x16SEED_SCOPE_UNSPECIFIED\x10\x00\x12\x16\n\x12SEED_SCOPE_REQUEST\x10\x01\x12\x1a\n\x16SEED_SCOPE_BATCH_SHAPE\x10\x02\x12\x1a\n\x16SEED_SCOPE_BEST_EFFORT\x10\x03*\xa6\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x12\x1d\n\x19TOOL_CHOICE_MODE_FUNCTION\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19millm/v1/generation.proto\x12\x08millm.v1\x1a\x17millm/v1/steering.proto\"\xb4\x01\n\x0b\x43hatMessage\x12\"\n\x04role\x18\x01 \x01(\x0e\x32\x0e.millm.v1.RoleR\x04role\x12\x18\n\x07\x63ontent\x18\x02 \x01(\tR\x07\x63ontent\x12\x12\n\x04name\x18\x03 \x01(\tR\x04name\x12\x31\n\ntool_calls\x18\x04 \x03(\x0b\x32\x12.millm.v1.ToolCallR\ttoolCalls\x12 \n\x0ctool_call_id\x18\x05 \x01(\tR\ntoolCallId\">\n\tChatInput\x12\x31\n\x08messages\x18\x01 \x03(\x0b\x32\x15.millm.v1.ChatMessageR\x08messages\"\x1c\n\x08TokenIds\x12\x10\n\x03ids\x18\x01 \x03(\x03R\x03ids\"Y\n\x06Prompt\x12\x14\n\x04text\x18\x01 \x01(\tH\x00R\x04text\x12\x31\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x12.millm.v1.TokenIdsH\x00R\x08tokenIdsB\x06\n\x04kind\"\xc9\x01\n\x0bPromptInput\x12*\n\x07prompts\x18\x01 \x03(\x0b\x32\x10.millm.v1.PromptR\x07prompts\x12\x30\n\x14parse_special_tokens\x18\x02 \x01(\x08R\x12parseSpecialTokens\x12\x31\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x00R\x10\x61\x64\x64SpecialTokens\x88\x01\x01\x12\x12\n\x04\x65\x63ho\x18\x04 \x01(\x08R\x04\x65\x63hoB\x15\n\x13_add_special_tokens\"\xf3\x06\n\x0eSamplingParams\x12%\n\x0btemperature\x18\x01 \x01(\x01H\x00R\x0btemperature\x88\x01\x01\x12\x18\n\x05top_p\x18\x02 \x01(\x01H\x01R\x04topP\x88\x01\x01\x12\x18\n\x05top_k\x18\x03 \x01(\x03H\x02R\x04topK\x88\x01\x01\x12\x18\n\x05min_p\x18\x04 \x01(\x01H\x03R\x04minP\x88\x01\x01\x12\"\n\nmax_tokens\x18\x05 \x01(\x03H\x04R\tmaxTokens\x88\x01\x01\x12\x37\n\x15max_completion_tokens\x18\x06 \x01(\x03H\x05R\x13maxCompletionTokens\x88\x01\x01\x12\x12\n\x04stop\x18\x07 \x03(\tR\x04stop\x12\x11\n\x01n\x18\x08 \x01(\x03H\x06R\x01n\x88\x01\x01\x12\x17\n\x04seed\x18\t \x01(\x03H\x07R\x04seed\x88\x01\x01\x12\x30\n\x11\x66requency_penalty\x18\n \x01(\x01H\x08R\x10\x66requencyPenalty\x88\x01\x01\x12.\n\x10presence_penalty\x18\x0b \x01(\x01H\tR\x0fpresencePenalty\x88\x01\x01\x12\x32\n\x12repetition_penalty\x18\x0c \x01(\x01H\nR\x11repetitionPenalty\x88\x01\x01\x12\"\n\nignore_eos\x18\r \x01(\x08H\x0bR\tignoreEos\x88\x01\x01\x12\x1f\n\x08logprobs\x18\x0e \x01(\x03H\x0cR\x08logprobs\x88\x01\x01\x12*\n\x11\x61llowed_token_ids\x18\x0f \x03(\x03R\x0f\x61llowedTokenIds\x12\x46\n\nlogit_bias\x18\x32 \x03(\x0b\x32\'.millm.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x1a<\n\x0eLogitBiasEntry\x12\x10\n\x03key\x18\x01 \x01(\x03R\x03key\x12\x14\n\x05value\x18\x02 \x01(\x01R\x05value:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\r\n\x0b_max_tokensB\x18\n\x16_max_completion_tokensB\x04\n\x02_nB\x07\n\x05_seedB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\x15\n\x13_repetition_penaltyB\r\n\x0b_ignore_eosB\x0b\n\t_logprobs\"~\n\x0cTokenLogprob\x12\x19\n\x08token_id\x18\x01 \x01(\x03R\x07tokenId\x12\x12\n\x04text\x18\x02 \x01(\tR\x04text\x12\x14\n\x05\x62ytes\x18\x03 \x01(\x0cR\x05\x62ytes\x12\x1d\n\x07logprob\x18\x04 \x01(\x01H\x00R\x07logprob\x88\x01\x01\x42\n\n\x08_logprob\"d\n\nTokenScore\x12,\n\x05token\x18\x01 \x01(\x0b\x32\x16.millm.v1.TokenLogprobR\x05token\x12(\n\x03top\x18\x02 \x03(\x0b\x32\x16.millm.v1.TokenLogprobR\x03top\"s\n\x0c\x45\x63hoedPrompt\x12!\n\x0cprompt_index\x18\x01 \x01(\x03R\x0bpromptIndex\x12\x12\n\x04text\x18\x02 \x01(\tR\x04text\x12,\n\x06tokens\x18\x03 \x03(\x0b\x32\x14.millm.v1.TokenScoreR\x06tokens\"\xc4\x01\n\x0eResponseFormat\x12*\n\x04text\x18\x01 \x01(\x0b\x32\x14.millm.v1.TextFormatH\x00R\x04text\x12=\n\x0bjson_object\x18\x02 \x01(\x0b\x32\x1a.millm.v1.JsonObjectFormatH\x00R\njsonObject\x12=\n\x0bjson_schema\x18\x03 \x01(\x0b\x32\x1a.millm.v1.JsonSchemaFormatH\x00R\njsonSchemaB\x08\n\x06\x66ormat\"\x0c\n\nTextFormat\"\x12\n\x10JsonObjectFormat\"\x9f\x01\n\x10JsonSchemaFormat\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n\x06strict\x18\x02 \x01(\x08H\x00R\x06strict\x88\x01\x01\x12 \n\x0b\x64\x65scription\x18\x04 \x01(\tR\x0b\x64\x65scription\x12\x1f\n\x0bschema_json\x18\x05 \x01(\tR\nschemaJsonB\t\n\x07_strictJ\x04\x08\x03\x10\x04R\x06schema\"\xe1\x01\n\x11StructuredOutputs\x12\x14\n\x04json\x18\x01 \x01(\tH\x00R\x04json\x12\x16\n\x05regex\x18\x02 \x01(\tH\x00R\x05regex\x12.\n\x06\x63hoice\x18\x03 \x01(\x0b\x32\x14.millm.v1.ChoiceListH\x00R\x06\x63hoice\x12\x1a\n\x07grammar\x18\x04 \x01(\tH\x00R\x07grammar\x12\'\n\x0estructural_tag\x18\x05 \x01(\tH\x00R\rstructuralTag\x12!\n\x0bjson_object\x18\x06 \x01(\x08H\x00R\njsonObjectB\x06\n\x04kind\"&\n\nChoiceList\x12\x18\n\x07\x63hoices\x18\x01 \x03(\tR\x07\x63hoices\"\xab\x04\n\x10ResponseMetadata\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n\x07\x63reated\x18\x02 \x01(\x03R\x07\x63reated\x12\x14\n\x05model\x18\x03 \x01(\tR\x05model\x12-\n\x12system_fingerprint\x18\x04 \x01(\tR\x11systemFingerprint\x12\x17\n\x04seed\x18\x05 \x01(\x03H\x00R\x04seed\x88\x01\x01\x12\x32\n\nseed_scope\x18\x06 \x01(\x0e\x32\x13.millm.v1.SeedScopeR\tseedScope\x12#\n\rprompt_tokens\x18\x07 \x01(\x03R\x0cpromptTokens\x12%\n\x0eignored_fields\x18\x08 \x03(\tR\rignoredFields\x12:\n\nconstraint\x18\t \x01(\x0e\x32\x1a.millm.v1.OutputConstraintR\nconstraint\x12\'\n\x0f\x63onstraint_name\x18\n \x01(\tR\x0e\x63onstraintName\x12\x32\n\x12steering_intensity\x18\x0b \x01(\x01H\x01R\x11steeringIntensity\x88\x01\x01\x12\x38\n\x0c\x63ircuit_rung\x18\x0c \x01(\x0b\x32\x15.millm.v1.CircuitRungR\x0b\x63ircuitRung\x12\x1c\n\tunsteered\x18\r \x01(\x08R\tunsteeredB\x07\n\x05_seedB\x15\n\x13_steering_intensity\"\xa0\x02\n\x0b\x43hoiceDelta\x12\x14\n\x05index\x18\x01 \x01(\x03R\x05index\x12\x12\n\x04text\x18\x02 \x01(\tR\x04text\x12\x1b\n\ttoken_ids\x18\x03 \x03(\x03R\x08tokenIds\x12;\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x16.millm.v1.FinishReasonR\x0c\x66inishReason\x12\x30\n\x08logprobs\x18\x05 \x03(\x0b\x32\x14.millm.v1.TokenScoreR\x08logprobs\x12\x36\n\ntool_calls\x18\x06 \x03(\x0b\x32\x17.millm.v1.ToolCallDeltaR\ttoolCalls\x12#\n\rstop_sequence\x18\x46 \x01(\tR\x0cstopSequence\"\xa1\x01\n\x05Usage\x12#\n\rprompt_tokens\x18\x01 \x01(\x03R\x0cpromptTokens\x12+\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03R\x10\x63ompletionTokens\x12!\n\x0ctotal_tokens\x18\x03 \x01(\x03R\x0btotalTokens\x12#\n\rcached_tokens\x18\x04 \x01(\x03R\x0c\x63\x61\x63hedTokens\"\x95\x01\n\x0c\x46unctionTool\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12\'\n\x0fparameters_json\x18\x03 \x01(\tR\x0eparametersJson\x12\x1b\n\x06strict\x18\x04 \x01(\x08H\x00R\x06strict\x88\x01\x01\x42\t\n\x07_strict\"_\n\nToolChoice\x12,\n\x04mode\x18\x01 \x01(\x0e\x32\x18.millm.v1.ToolChoiceModeR\x04mode\x12#\n\rfunction_name\x18\x02 \x01(\tR\x0c\x66unctionName\"U\n\x08ToolCall\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n\x04name\x18\x02 \x01(\tR\x04name\x12%\n\x0e\x61rguments_json\x18\x03 \x01(\tR\rargumentsJson\"g\n\rToolCallDelta\x12\x14\n\x05index\x18\x01 \x01(\x03R\x05index\x12\x0e\n\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n\x04name\x18\x03 \x01(\tR\x04name\x12\x1c\n\targuments\x18\x04 \x01(\tR\targuments*\x86\x01\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\x12\n\x0eROLE_DEVELOPER\x10\x02\x12\r\n\tROLE_USER\x10\x03\x12\x12\n\x0eROLE_ASSISTANT\x10\x04\x12\r\n\tROLE_TOOL\x10\x05\x12\x11\n\rROLE_FUNCTION\x10\x06*\xfb\x01\n\x10OutputConstraint\x12!\n\x1dOUTPUT_CONSTRAINT_UNSPECIFIED\x10\x00\x12!\n\x1dOUTPUT_CONSTRAINT_JSON_OBJECT\x10\x01\x12!\n\x1dOUTPUT_CONSTRAINT_JSON_SCHEMA\x10\x02\x12\x1b\n\x17OUTPUT_CONSTRAINT_REGEX\x10\x03\x12\x1c\n\x18OUTPUT_CONSTRAINT_CHOICE\x10\x04\x12\x1d\n\x19OUTPUT_CONSTRAINT_GRAMMAR\x10\x05\x12$\n OUTPUT_CONSTRAINT_STRUCTURAL_TAG\x10\x06*}\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x03*w\n\tSeedScope\x12\x1a\n\x16SEED_SCOPE_UNSPECIFIED\x10\x00\x12\x16\n\x12SEED_SCOPE_REQUEST\x10\x01\x12\x1a\n\x16SEED_SCOPE_BATCH_SHAPE\x10\x02\x12\x1a\n\x16SEED_SCOPE_BEST_EFFORT\x10\x03*\xa6\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x12\x1d\n\x19TOOL_CHOICE_MODE_FUNCTION\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'millm.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=3585
-  _globals['_ROLE']._serialized_end=3719
-  _globals['_OUTPUTCONSTRAINT']._serialized_start=3721
-  _globals['_OUTPUTCONSTRAINT']._serialized_end=3844
-  _globals['_FINISHREASON']._serialized_start=3846
-  _globals['_FINISHREASON']._serialized_end=3971
-  _globals['_SEEDSCOPE']._serialized_start=3973
-  _globals['_SEEDSCOPE']._serialized_end=4092
-  _globals['_TOOLCHOICEMODE']._serialized_start=4095
-  _globals['_TOOLCHOICEMODE']._serialized_end=4261
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_ROLE']._serialized_start=3987
+  _globals['_ROLE']._serialized_end=4121
+  _globals['_OUTPUTCONSTRAINT']._serialized_start=4124
+  _globals['_OUTPUTCONSTRAINT']._serialized_end=4375
+  _globals['_FINISHREASON']._serialized_start=4377
+  _globals['_FINISHREASON']._serialized_end=4502
+  _globals['_SEEDSCOPE']._serialized_start=4504
+  _globals['_SEEDSCOPE']._serialized_end=4623
+  _globals['_TOOLCHOICEMODE']._serialized_start=4626
+  _globals['_TOOLCHOICEMODE']._serialized_end=4792
   _globals['_CHATMESSAGE']._serialized_start=65
   _globals['_CHATMESSAGE']._serialized_end=245
   _globals['_CHATINPUT']._serialized_start=247
@@ -53,33 +55,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROMPTINPUT']._serialized_start=433
   _globals['_PROMPTINPUT']._serialized_end=634
   _globals['_SAMPLINGPARAMS']._serialized_start=637
-  _globals['_SAMPLINGPARAMS']._serialized_end=1386
-  _globals['_TOKENLOGPROB']._serialized_start=1388
-  _globals['_TOKENLOGPROB']._serialized_end=1514
-  _globals['_TOKENSCORE']._serialized_start=1516
-  _globals['_TOKENSCORE']._serialized_end=1616
-  _globals['_ECHOEDPROMPT']._serialized_start=1618
-  _globals['_ECHOEDPROMPT']._serialized_end=1733
-  _globals['_RESPONSEFORMAT']._serialized_start=1736
-  _globals['_RESPONSEFORMAT']._serialized_end=1932
-  _globals['_TEXTFORMAT']._serialized_start=1934
-  _globals['_TEXTFORMAT']._serialized_end=1946
-  _globals['_JSONOBJECTFORMAT']._serialized_start=1948
-  _globals['_JSONOBJECTFORMAT']._serialized_end=1966
-  _globals['_JSONSCHEMAFORMAT']._serialized_start=1969
-  _globals['_JSONSCHEMAFORMAT']._serialized_end=2128
-  _globals['_RESPONSEMETADATA']._serialized_start=2131
-  _globals['_RESPONSEMETADATA']._serialized_end=2686
-  _globals['_CHOICEDELTA']._serialized_start=2689
-  _globals['_CHOICEDELTA']._serialized_end=2977
-  _globals['_USAGE']._serialized_start=2980
-  _globals['_USAGE']._serialized_end=3141
-  _globals['_FUNCTIONTOOL']._serialized_start=3144
-  _globals['_FUNCTIONTOOL']._serialized_end=3293
-  _globals['_TOOLCHOICE']._serialized_start=3295
-  _globals['_TOOLCHOICE']._serialized_end=3390
-  _globals['_TOOLCALL']._serialized_start=3392
-  _globals['_TOOLCALL']._serialized_end=3477
-  _globals['_TOOLCALLDELTA']._serialized_start=3479
-  _globals['_TOOLCALLDELTA']._serialized_end=3582
+  _globals['_SAMPLINGPARAMS']._serialized_end=1520
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1264
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1324
+  _globals['_TOKENLOGPROB']._serialized_start=1522
+  _globals['_TOKENLOGPROB']._serialized_end=1648
+  _globals['_TOKENSCORE']._serialized_start=1650
+  _globals['_TOKENSCORE']._serialized_end=1750
+  _globals['_ECHOEDPROMPT']._serialized_start=1752
+  _globals['_ECHOEDPROMPT']._serialized_end=1867
+  _globals['_RESPONSEFORMAT']._serialized_start=1870
+  _globals['_RESPONSEFORMAT']._serialized_end=2066
+  _globals['_TEXTFORMAT']._serialized_start=2068
+  _globals['_TEXTFORMAT']._serialized_end=2080
+  _globals['_JSONOBJECTFORMAT']._serialized_start=2082
+  _globals['_JSONOBJECTFORMAT']._serialized_end=2100
+  _globals['_JSONSCHEMAFORMAT']._serialized_start=2103
+  _globals['_JSONSCHEMAFORMAT']._serialized_end=2262
+  _globals['_STRUCTUREDOUTPUTS']._serialized_start=2265
+  _globals['_STRUCTUREDOUTPUTS']._serialized_end=2490
+  _globals['_CHOICELIST']._serialized_start=2492
+  _globals['_CHOICELIST']._serialized_end=2530
+  _globals['_RESPONSEMETADATA']._serialized_start=2533
+  _globals['_RESPONSEMETADATA']._serialized_end=3088
+  _globals['_CHOICEDELTA']._serialized_start=3091
+  _globals['_CHOICEDELTA']._serialized_end=3379
+  _globals['_USAGE']._serialized_start=3382
+  _globals['_USAGE']._serialized_end=3543
+  _globals['_FUNCTIONTOOL']._serialized_start=3546
+  _globals['_FUNCTIONTOOL']._serialized_end=3695
+  _globals['_TOOLCHOICE']._serialized_start=3697
+  _globals['_TOOLCHOICE']._serialized_end=3792
+  _globals['_TOOLCALL']._serialized_start=3794
+  _globals['_TOOLCALL']._serialized_end=3879
+  _globals['_TOOLCALLDELTA']._serialized_start=3881
+  _globals['_TOOLCALLDELTA']._serialized_end=3984
 # @@protoc_insertion_point(module_scope)

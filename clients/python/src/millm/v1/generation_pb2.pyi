@@ -23,6 +23,10 @@ class OutputConstraint(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTPUT_CONSTRAINT_UNSPECIFIED: _ClassVar[OutputConstraint]
     OUTPUT_CONSTRAINT_JSON_OBJECT: _ClassVar[OutputConstraint]
     OUTPUT_CONSTRAINT_JSON_SCHEMA: _ClassVar[OutputConstraint]
+    OUTPUT_CONSTRAINT_REGEX: _ClassVar[OutputConstraint]
+    OUTPUT_CONSTRAINT_CHOICE: _ClassVar[OutputConstraint]
+    OUTPUT_CONSTRAINT_GRAMMAR: _ClassVar[OutputConstraint]
+    OUTPUT_CONSTRAINT_STRUCTURAL_TAG: _ClassVar[OutputConstraint]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -55,6 +59,10 @@ ROLE_FUNCTION: Role
 OUTPUT_CONSTRAINT_UNSPECIFIED: OutputConstraint
 OUTPUT_CONSTRAINT_JSON_OBJECT: OutputConstraint
 OUTPUT_CONSTRAINT_JSON_SCHEMA: OutputConstraint
+OUTPUT_CONSTRAINT_REGEX: OutputConstraint
+OUTPUT_CONSTRAINT_CHOICE: OutputConstraint
+OUTPUT_CONSTRAINT_GRAMMAR: OutputConstraint
+OUTPUT_CONSTRAINT_STRUCTURAL_TAG: OutputConstraint
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -116,7 +124,14 @@ class PromptInput(_message.Message):
     def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., parse_special_tokens: _Optional[bool] = ..., add_special_tokens: _Optional[bool] = ..., echo: _Optional[bool] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "stop", "n", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "logprobs", "allowed_token_ids")
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "stop", "n", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "logprobs", "allowed_token_ids", "logit_bias")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +147,7 @@ class SamplingParams(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -147,7 +163,8 @@ class SamplingParams(_message.Message):
     ignore_eos: bool
     logprobs: int
     allowed_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    logit_bias: _containers.ScalarMap[int, float]
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "text", "bytes", "logprob")
@@ -208,6 +225,28 @@ class JsonSchemaFormat(_message.Message):
     description: str
     schema_json: str
     def __init__(self, name: _Optional[str] = ..., strict: _Optional[bool] = ..., description: _Optional[str] = ..., schema_json: _Optional[str] = ...) -> None: ...
+
+class StructuredOutputs(_message.Message):
+    __slots__ = ("json", "regex", "choice", "grammar", "structural_tag", "json_object")
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURAL_TAG_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    regex: str
+    choice: ChoiceList
+    grammar: str
+    structural_tag: str
+    json_object: bool
+    def __init__(self, json: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[ChoiceList, _Mapping]] = ..., grammar: _Optional[str] = ..., structural_tag: _Optional[str] = ..., json_object: _Optional[bool] = ...) -> None: ...
+
+class ChoiceList(_message.Message):
+    __slots__ = ("choices",)
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResponseMetadata(_message.Message):
     __slots__ = ("id", "created", "model", "system_fingerprint", "seed", "seed_scope", "prompt_tokens", "ignored_fields", "constraint", "constraint_name", "steering_intensity", "circuit_rung", "unsteered")

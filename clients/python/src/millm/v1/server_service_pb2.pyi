@@ -53,7 +53,7 @@ class GetCapabilitiesResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., context_window: _Optional[int] = ..., vocab_size: _Optional[int] = ..., system_fingerprint: _Optional[str] = ..., versions: _Optional[_Mapping[str, str]] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., fields: _Optional[_Iterable[_Union[FieldSupport, _Mapping]]] = ...) -> None: ...
 
 class Features(_message.Message):
-    __slots__ = ("scoring", "logprobs", "max_logprobs", "structured_output", "embeddings", "steering", "attached_saes", "seed_scope", "max_batch")
+    __slots__ = ("scoring", "logprobs", "max_logprobs", "structured_output", "embeddings", "steering", "attached_saes", "seed_scope", "max_batch", "tokenization")
     SCORING_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     MAX_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class Features(_message.Message):
     ATTACHED_SAES_FIELD_NUMBER: _ClassVar[int]
     SEED_SCOPE_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZATION_FIELD_NUMBER: _ClassVar[int]
     scoring: bool
     logprobs: bool
     max_logprobs: int
@@ -72,7 +73,8 @@ class Features(_message.Message):
     attached_saes: _containers.RepeatedScalarFieldContainer[str]
     seed_scope: _generation_pb2.SeedScope
     max_batch: int
-    def __init__(self, scoring: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., max_logprobs: _Optional[int] = ..., structured_output: _Optional[bool] = ..., embeddings: _Optional[bool] = ..., steering: _Optional[bool] = ..., attached_saes: _Optional[_Iterable[str]] = ..., seed_scope: _Optional[_Union[_generation_pb2.SeedScope, str]] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    tokenization: bool
+    def __init__(self, scoring: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., max_logprobs: _Optional[int] = ..., structured_output: _Optional[bool] = ..., embeddings: _Optional[bool] = ..., steering: _Optional[bool] = ..., attached_saes: _Optional[_Iterable[str]] = ..., seed_scope: _Optional[_Union[_generation_pb2.SeedScope, str]] = ..., max_batch: _Optional[int] = ..., tokenization: _Optional[bool] = ...) -> None: ...
 
 class FieldSupport(_message.Message):
     __slots__ = ("field", "route", "honoured", "refusal_code", "reason", "reported")

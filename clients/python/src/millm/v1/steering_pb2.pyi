@@ -112,13 +112,17 @@ class CircuitRung(_message.Message):
     def __init__(self, rung: _Optional[int] = ..., language: _Optional[str] = ...) -> None: ...
 
 class SteeringEntry(_message.Message):
-    __slots__ = ("layer", "feature", "strength", "sae_id")
+    __slots__ = ("layer", "feature", "strength", "sae_id", "control_vector", "scale")
     LAYER_FIELD_NUMBER: _ClassVar[int]
     FEATURE_FIELD_NUMBER: _ClassVar[int]
     STRENGTH_FIELD_NUMBER: _ClassVar[int]
     SAE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_VECTOR_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
     layer: int
     feature: int
     strength: float
     sae_id: str
-    def __init__(self, layer: _Optional[int] = ..., feature: _Optional[int] = ..., strength: _Optional[float] = ..., sae_id: _Optional[str] = ...) -> None: ...
+    control_vector: str
+    scale: float
+    def __init__(self, layer: _Optional[int] = ..., feature: _Optional[int] = ..., strength: _Optional[float] = ..., sae_id: _Optional[str] = ..., control_vector: _Optional[str] = ..., scale: _Optional[float] = ...) -> None: ...

@@ -527,3 +527,43 @@ class GetActiveCircuitResponse(_message.Message):
     circuit: Circuit
     steering: CircuitSteeringState
     def __init__(self, circuit: _Optional[_Union[Circuit, _Mapping]] = ..., steering: _Optional[_Union[CircuitSteeringState, _Mapping]] = ...) -> None: ...
+
+class ControlVector(_message.Message):
+    __slots__ = ("id", "file", "n_embd", "layers", "model_hint", "layer_count", "size_bytes", "mismatch")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    N_EMBD_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_HINT_FIELD_NUMBER: _ClassVar[int]
+    LAYER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MISMATCH_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    file: str
+    n_embd: int
+    layers: _containers.RepeatedScalarFieldContainer[int]
+    model_hint: str
+    layer_count: int
+    size_bytes: int
+    mismatch: str
+    def __init__(self, id: _Optional[str] = ..., file: _Optional[str] = ..., n_embd: _Optional[int] = ..., layers: _Optional[_Iterable[int]] = ..., model_hint: _Optional[str] = ..., layer_count: _Optional[int] = ..., size_bytes: _Optional[int] = ..., mismatch: _Optional[str] = ...) -> None: ...
+
+class BrokenControlVector(_message.Message):
+    __slots__ = ("id", "problem")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    problem: str
+    def __init__(self, id: _Optional[str] = ..., problem: _Optional[str] = ...) -> None: ...
+
+class ListControlVectorsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListControlVectorsResponse(_message.Message):
+    __slots__ = ("control_vectors", "broken")
+    CONTROL_VECTORS_FIELD_NUMBER: _ClassVar[int]
+    BROKEN_FIELD_NUMBER: _ClassVar[int]
+    control_vectors: _containers.RepeatedCompositeFieldContainer[ControlVector]
+    broken: _containers.RepeatedCompositeFieldContainer[BrokenControlVector]
+    def __init__(self, control_vectors: _Optional[_Iterable[_Union[ControlVector, _Mapping]]] = ..., broken: _Optional[_Iterable[_Union[BrokenControlVector, _Mapping]]] = ...) -> None: ...

@@ -159,6 +159,11 @@ class SteeringServiceStub:
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.GetActiveCircuitRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_steering__service__pb2.GetActiveCircuitResponse.FromString,
                 _registered_method=True)
+        self.ListControlVectors = channel.unary_unary(
+                '/millm.v1.SteeringService/ListControlVectors',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.ListControlVectorsRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.ListControlVectorsResponse.FromString,
+                _registered_method=True)
 
 
 class SteeringServiceServicer:
@@ -339,6 +344,14 @@ class SteeringServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListControlVectors(self, request, context):
+        """llama.cpp control-vector files in the control-vector directory, and
+        whether each fits the loaded model.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SteeringServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -461,6 +474,11 @@ def add_SteeringServiceServicer_to_server(servicer, server):
                     servicer.GetActiveCircuit,
                     request_deserializer=millm_dot_v1_dot_steering__service__pb2.GetActiveCircuitRequest.FromString,
                     response_serializer=millm_dot_v1_dot_steering__service__pb2.GetActiveCircuitResponse.SerializeToString,
+            ),
+            'ListControlVectors': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListControlVectors,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.ListControlVectorsRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.ListControlVectorsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1116,6 +1134,33 @@ class SteeringService:
             '/millm.v1.SteeringService/GetActiveCircuit',
             millm_dot_v1_dot_steering__service__pb2.GetActiveCircuitRequest.SerializeToString,
             millm_dot_v1_dot_steering__service__pb2.GetActiveCircuitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListControlVectors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/ListControlVectors',
+            millm_dot_v1_dot_steering__service__pb2.ListControlVectorsRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.ListControlVectorsResponse.FromString,
             options,
             channel_credentials,
             insecure,

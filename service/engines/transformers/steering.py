@@ -1,5 +1,6 @@
-"""Steering on the model thread: one forward hook per attached SAE's layer,
-and the per-row state each forward pass hands those hooks.
+"""The transformers engine's way of applying a steering plan
+(steering/plan.py): one forward hook per decoder layer, and the per-row state
+each forward pass hands those hooks.
 
 Nothing here is global steering. Before a forward pass the batch code says,
 for that pass only, which delta each row of the batch gets at each layer and
@@ -16,98 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from service.steering.plan import PRE_STEERING, SteeringPlan
 from service.steering.probes import read_layer
-from service.steering.sae import SaeWeights
-
-POST_STEERING, PRE_STEERING, UNSTEERED = "post_steering", "pre_steering", "unsteered"
-LAST, PROMPT, COMPLETION, ALL, RANGE = "last", "prompt", "completion", "all", "range"
-
-
-@dataclass(frozen=True)
-class LayerSteering:
-    layer: int
-    sae: SaeWeights
-    features: tuple[int, ...]
-    strengths: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class SteeringPlan:
-    """A request's resolved steering: features and strengths per layer, each
-    already dialed and clamped. Built when the request is validated; turned
-    into tensors on the model thread."""
-
-    layers: tuple[LayerSteering, ...]
-
-    def deltas(self) -> dict[int, torch.Tensor]:
-        return {s.layer: s.sae.direction(list(s.features), list(s.strengths))
-                for s in self.layers}
-
-
-@dataclass(frozen=True)
-class ActivationSpec:
-    """What return_sae_activations asked for, checked."""
-
-    sae: SaeWeights
-    features: tuple[int, ...] | None
-    top_k: int
-    positions: str  # LAST, PROMPT, COMPLETION, ALL or RANGE
-    start: int = 0
-    end: int = 0
-    read_point: str = POST_STEERING
-
-    @property
-    def layer(self) -> int:
-        return self.sae.info.layer
-
-
-@dataclass
-class ActivationRecorder:
-    """One row's activations at one SAE's layer, kept as they are read."""
-
-    spec: ActivationSpec
-    prompt_len: int
-    # (position, token id, ((feature index, value), ...)) in position order.
-    entries: list = field(default_factory=list)
-
-    def wanted(self, position: int) -> bool:
-        kind = self.spec.positions
-        if kind in (LAST, ALL):
-            return True
-        if kind == PROMPT:
-            return position < self.prompt_len
-        if kind == COMPLETION:
-            return position >= self.prompt_len
-        return self.spec.start <= position < self.spec.end
-
-    def record(self, hidden: torch.Tensor, positions: list[int], token_ids: list[int]) -> None:
-        keep = [i for i, p in enumerate(positions) if self.wanted(p)]
-        if not keep:
-            return
-        if self.spec.positions == LAST:
-            keep = keep[-1:]
-        acts = self.spec.sae.encode(hidden[keep].float())
-        candidates = None
-        if self.spec.features is not None:
-            candidates = torch.tensor(self.spec.features, dtype=torch.long, device=acts.device)
-            acts = acts[:, candidates]
-        k = min(self.spec.top_k, acts.shape[1])
-        best = torch.topk(acts, k, dim=1)
-        rows = []
-        for r, i in enumerate(keep):
-            features = []
-            for value, j in zip(best.values[r].tolist(), best.indices[r].tolist(), strict=True):
-                # Over the whole dictionary an inactive feature says nothing;
-                # features the caller named are reported even at zero.
-                if candidates is None and value <= 0.0:
-                    continue
-                index = int(candidates[j]) if candidates is not None else int(j)
-                features.append((index, float(value)))
-            rows.append((positions[i], token_ids[i], tuple(features)))
-        if self.spec.positions == LAST:
-            self.entries = rows
-        else:
-            self.entries.extend(rows)
+from service.steering.recording import ActivationRecorder
 
 
 @dataclass
@@ -130,6 +42,12 @@ class ForwardSteering:
     deltas: dict[int, torch.Tensor]
     captures: dict[int, list[Capture]]
     monitors: dict[int, list] = field(default_factory=dict)
+
+
+def plan_deltas(plan: SteeringPlan, runtime: SteeringRuntime) -> dict[int, torch.Tensor]:
+    """The plan's vectors as tensors of the model's dtype and device."""
+    return {layer: torch.from_numpy(vector).to(device=runtime.device, dtype=runtime.dtype)
+            for layer, vector in plan.vectors().items()}
 
 
 def stack_deltas(per_row: list[dict[int, torch.Tensor] | None],

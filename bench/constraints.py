@@ -1,0 +1,186 @@
+"""Constraints and n on both engines (issue 30), measured side by side in one run.
+
+1. Decode throughput of constrained vs free generation, for each kind of
+   structured_outputs that is not JSON (regex, choice, grammar; JSON is
+   bench/structured_output.py's): closed-loop gRPC clients against one engine,
+   on the transformers engine (millm-tiny) and on the GGUF engine
+   (millm-tiny-gguf:Q8_0). A free request generates as many tokens as the
+   constrained one did (ignore_eos), so the two differ only in the masks.
+   Goal: constrained throughput at least 0.9 of free, printed per row.
+2. n = 4 on the GGUF engine against four separate requests for the same
+   prompt sent at once: the prompt tokens llama.cpp evaluated (prompt tokens
+   less those reused, from usage) and the decode throughput. Each round's
+   prompt is new, so neither side finds it cached. Goal: fewer prompt tokens
+   evaluated and higher throughput with n = 4.
+
+With two or more cores the engine gets the first and the clients the rest.
+
+Usage: python bench/constraints.py [--clients 8,32] [--requests 64] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+
+from millm.v1 import generation_service_pb2_grpc  # noqa: E402
+from tests import harness  # noqa: E402
+from tests.grpc_helpers import chat_request, prompt_request  # noqa: E402
+
+MODELS = ("millm-tiny", "millm-tiny-gguf:Q8_0")
+GOAL = 0.9
+# Each kind's constraint, long enough that decoding (not the request) dominates.
+KINDS = {
+    "regex": ("regex", "[a-z]{8}( [a-z]{4,8}){7}"),
+    "choice": ("choice", ["the mill by the river", "the market in the morning",
+                          "the lighthouse keeper", "the garden after the rain"]),
+    "grammar": ("grammar", 'root ::= answer (", " answer){11}\nanswer ::= "yes" | "no" | '
+                           '"maybe"'),
+}
+LONG = ("The river ran past the mill, and the miller counted the sacks of grain while the "
+        "cats slept in the sun. In the morning the market opened by the bridge, and the "
+        "lighthouse keeper wrote in his book about the ships that came and went. ") * 3
+
+
+def request(model: str, kind: str | None, tokens: int):
+    if kind is None:
+        return chat_request("Tell me about the town.", model=model, temperature=1.0,
+                            max_tokens=tokens, ignore_eos=True)
+    out = chat_request("Tell me about the town.", model=model, temperature=1.0)
+    field, value = KINDS[kind]
+    if field == "choice":
+        out.structured_outputs.choice.choices.extend(value)
+    else:
+        setattr(out.structured_outputs, field, value)
+    return out
+
+
+async def one(stub, message) -> tuple[int, int, int]:
+    """(completion tokens, prompt tokens, prompt tokens reused) of one request."""
+    async for response in stub.Generate(message, timeout=600):
+        if response.HasField("usage"):
+            usage = response.usage
+            return usage.completion_tokens, usage.prompt_tokens, usage.cached_tokens
+    raise RuntimeError("no usage came")
+
+
+async def load(stub, make, clients: int, requests: int) -> float:
+    produced = 0
+
+    async def client():
+        nonlocal produced
+        for _ in range(max(1, requests // clients)):
+            got, _, _ = await one(stub, make())
+            produced += got
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return produced / (time.perf_counter() - started)
+
+
+async def kinds_vs_free(stub, model: str, clients_list, requests: int, rounds: int):
+    rows = []
+    for kind in KINDS:
+        samples = [(await one(stub, request(model, kind, 0)))[0] for _ in range(4)]
+        tokens = max(1, round(statistics.median(samples)))  # also warms the grammar cache
+        for clients in clients_list:
+            free, constrained = [], []
+            for _ in range(rounds):  # alternate, and report medians
+                free.append(await load(stub, lambda t=tokens: request(model, None, t),
+                                       clients, requests))
+                constrained.append(await load(stub, lambda k=kind, t=tokens: request(model, k, t),
+                                              clients, requests))
+            rows.append((kind, tokens, clients, statistics.median(free),
+                         statistics.median(constrained)))
+    return rows
+
+
+async def n_vs_separate(stub, model: str, rounds: int, n: int = 4, tokens: int = 32):
+    """(evaluated, tok/s) for n choices in one request, then n requests."""
+    together, apart = [], []
+    for r in range(rounds):
+        for shape, out in (("n", together), ("apart", apart)):
+            prompt = f"{r}{shape} {LONG}"  # new at its first token: nothing is cached
+            started = time.perf_counter()
+            if shape == "n":
+                results = [await one(stub, prompt_request(prompt, model=model, n=n,
+                                                          max_tokens=tokens, temperature=1.0,
+                                                          ignore_eos=True))]
+            else:
+                results = await asyncio.gather(*(one(stub, prompt_request(
+                    prompt, model=model, max_tokens=tokens, temperature=1.0, ignore_eos=True))
+                    for _ in range(n)))
+            elapsed = time.perf_counter() - started
+            out.append((sum(p - c for _, p, c in results),
+                        sum(t for t, _, _ in results) / elapsed))
+    return [(statistics.median(e for e, _ in rows), statistics.median(t for _, t in rows))
+            for rows in (together, apart)]
+
+
+async def measure(port: int, model: str, args, clients_list):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        rows = await kinds_vs_free(stub, model, clients_list, args.requests, args.rounds)
+        forks = (await n_vs_separate(stub, model, args.rounds) if "gguf" in model else None)
+        return rows, forks
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--clients", default="8,32")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", default=",".join(MODELS))
+    args = parser.parse_args()
+    clients_list = [int(c) for c in args.clients.split(",")]
+    cpus = sorted(os.sched_getaffinity(0))
+    engine_cpus = {cpus[0]} if len(cpus) > 1 else None
+    if engine_cpus:
+        os.sched_setaffinity(0, set(cpus[1:]))
+    results = {}
+    for model in args.models.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            engine, port = harness.start_engine(pathlib.Path(tmp), engine_cpus,
+                                                MILLM_MODEL=model)
+            try:
+                harness.wait_serving(engine, port)
+                results[model] = asyncio.run(measure(port, model, args, clients_list))
+            finally:
+                engine.stop()
+
+    print(f"\nstructured_outputs vs free text over gRPC, the same tokens per request, medians "
+          f"of {args.rounds} alternating rounds; goal: constrained/free >= {GOAL}\n")
+    print(f"{'model':<22} | {'kind':<7} | {'tokens':>6} | {'clients':>7} | {'free tok/s':>10} | "
+          f"{'constrained':>11} | {'ratio':>5} | goal")
+    for model, (rows, _) in results.items():
+        for kind, tokens, clients, free, constrained in rows:
+            ratio = constrained / free
+            print(f"{model:<22} | {kind:<7} | {tokens:>6} | {clients:>7} | {free:>10.0f} | "
+                  f"{constrained:>11.0f} | {ratio:>5.2f} | "
+                  f"{'met' if ratio >= GOAL else 'MISSED'}")
+    for model, (_, forks) in results.items():
+        if forks is None:
+            continue
+        (n_eval, n_rate), (apart_eval, apart_rate) = forks
+        print(f"\n{model}: n=4 in one request vs four requests at once ({apart_eval / 4:.0f} "
+              f"prompt tokens, 32 generated each), medians of {args.rounds} rounds")
+        print(f"  prompt tokens evaluated: {n_eval:.0f} vs {apart_eval:.0f} "
+              f"({'fewer: met' if n_eval < apart_eval else 'MISSED'})")
+        print(f"  decode throughput: {n_rate:.0f} vs {apart_rate:.0f} tok/s "
+              f"({'higher: met' if n_rate > apart_rate else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,319 @@
+"""The GGUF engine's way of applying a steering plan (steering/plan.py): per
+row of a continuous batch, on llama.cpp's residual stream.
+
+Each llama.cpp context the engine generates in gets an eval callback
+(steer_cb.c, built by engines/gguf/native.py) and one `ContextSteer`: the
+tables that callback reads. Before each llama_decode, `prepare` writes, for
+every layer some row of the batch steers or reads, each batch token's vector
+row and capture rows; the callback adds the vectors to `l_out-<il>` (the
+residual stream after block il, the SAE's blocks.<il>.hook_resid_post) as
+llama.cpp computes it, so the next block reads the steered stream. A row
+without steering is never touched, and a step in which no row steers or
+reads asks llama.cpp for no tensor at all: its graph runs in one piece, as
+without the callback. After the decode, `collect` hands the copied rows to
+the SAE encoder activation readout shares with the transformers engine
+(steering/recording.py) and to the monitoring probes.
+
+llama.cpp computes the last block only for tokens whose logits are kept; a
+row that reads prompt positions at the last block keeps logits for its whole
+chunk (`needs_all_outputs`), so those positions exist.
+
+Whether a model's graph names its residual stream so is found at load
+(`discover`): an architecture whose blocks are not all reachable is served
+unsteerable, and steering fields are refused on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from service.steering.plan import PRE_STEERING, ActivationSpec, SteeringPlan
+from service.steering.probes import LayerProbes, ProbeReader
+from service.steering.recording import ActivationRecorder
+
+log = logging.getLogger(__name__)
+
+IDLE, APPLY, DISCOVER = 0, 1, 2
+_i32p = ctypes.POINTER(ctypes.c_int32)
+_f32p = ctypes.POINTER(ctypes.c_float)
+_u8p = ctypes.POINTER(ctypes.c_uint8)
+
+
+class _State(ctypes.Structure):
+    """steer_cb.c's millm_steer, field for field."""
+
+    _fields_ = [("n_embd", ctypes.c_int32), ("n_layer", ctypes.c_int32),
+                ("mode", ctypes.c_int32), ("n_tokens", ctypes.c_int32),
+                ("n_outputs", ctypes.c_int32), ("cap", ctypes.c_int32),
+                ("errors", ctypes.c_int32), ("applied", ctypes.c_int32),
+                ("out_tokens", _i32p), ("layer_on", _u8p), ("vectors", _f32p),
+                ("token_vector", _i32p), ("token_pre", _i32p), ("token_post", _i32p),
+                ("pre_buf", _f32p), ("post_buf", _f32p), ("seen", _u8p)]
+
+
+def _ptr(array: np.ndarray, kind):
+    return array.ctypes.data_as(kind)
+
+
+@dataclass
+class RowSteering:
+    """One row's steering and reads, for its whole life in a slot."""
+
+    vectors: dict[int, np.ndarray]  # layer -> float32 [n_embd]
+    recorder: ActivationRecorder | None
+    monitor: ProbeReader | None
+    prompt_len: int
+    last_layer: int
+    # Set by prepare for the step: (capture kind, layer, buffer rows) to collect.
+    reads: list = field(default_factory=list)
+
+    @staticmethod
+    def of(plan: SteeringPlan | None, activations: ActivationSpec | None,
+           monitor: ProbeReader | None, prompt_len: int, last_layer: int
+           ) -> RowSteering | None:
+        if plan is None and activations is None and monitor is None:
+            return None
+        recorder = (ActivationRecorder(activations, prompt_len)
+                    if activations is not None else None)
+        return RowSteering(plan.vectors() if plan is not None else {}, recorder, monitor,
+                           prompt_len, last_layer)
+
+    @property
+    def reads_prompt(self) -> bool:
+        """Whether its prompt positions must be computed here (not reused)."""
+        return self.monitor is not None or (
+            self.recorder is not None and self.recorder.spec.reads_prompt(self.prompt_len))
+
+    def needs_all_outputs(self) -> bool:
+        """Whether it reads every token of its chunk at the last block."""
+        if self.monitor is not None and any(
+                layer.layer == self.last_layer for layer in self.monitor.spec.layers):
+            return True
+        return (self.recorder is not None and self.recorder.spec.layer == self.last_layer
+                and self.reads_prompt)
+
+    def read_layers(self) -> list[tuple[str, int, object]]:
+        """(pre or post, layer, what reads there) for each read."""
+        out = []
+        if self.recorder is not None:
+            spec = self.recorder.spec
+            out.append(("pre" if spec.read_point == PRE_STEERING else "post", spec.layer,
+                        self.recorder))
+        if self.monitor is not None:
+            out.extend(("pre", layer.layer, layer) for layer in self.monitor.spec.layers)
+        return out
+
+
+@dataclass
+class BatchPart:
+    """Where one row's tokens sit in this step's batch."""
+
+    steer: RowSteering
+    start: int  # first batch index
+    count: int
+    first_position: int
+    token_ids: list[int]
+
+
+class ContextSteer:
+    """The callback's tables for one llama.cpp context (shared, lane or reader)."""
+
+    def __init__(self, n_embd: int, n_layer: int, capacity: int):
+        self.n_embd, self.n_layer, self.cap = n_embd, n_layer, capacity
+        self.state = _State(n_embd=n_embd, n_layer=n_layer, mode=IDLE, cap=capacity)
+        self.out_tokens = np.zeros(capacity, dtype=np.int32)
+        self.layer_on = np.zeros(n_layer, dtype=np.uint8)
+        self.seen = np.zeros(n_layer, dtype=np.uint8)
+        self.token_vector = np.full((n_layer, capacity), -1, dtype=np.int32)
+        self.token_pre = np.full((n_layer, capacity), -1, dtype=np.int32)
+        self.token_post = np.full((n_layer, capacity), -1, dtype=np.int32)
+        self.vectors = np.zeros((8, n_embd), dtype=np.float32)
+        self.pre_buf = np.zeros((8, n_embd), dtype=np.float32)
+        self.post_buf = np.zeros((8, n_embd), dtype=np.float32)
+        s = self.state
+        s.out_tokens, s.layer_on = _ptr(self.out_tokens, _i32p), _ptr(self.layer_on, _u8p)
+        s.token_vector = _ptr(self.token_vector, _i32p)
+        s.token_pre, s.token_post = _ptr(self.token_pre, _i32p), _ptr(self.token_post, _i32p)
+        s.seen = _ptr(self.seen, _u8p)
+        self._point_buffers()
+        self._parts: list[BatchPart] = []
+        self._touched = 0  # batch tokens whose table entries may be set
+
+    @property
+    def user_data(self) -> ctypes.c_void_p:
+        return ctypes.c_void_p(ctypes.addressof(self.state))
+
+    def _point_buffers(self) -> None:
+        s = self.state
+        s.vectors = _ptr(self.vectors, _f32p)
+        s.pre_buf, s.post_buf = _ptr(self.pre_buf, _f32p), _ptr(self.post_buf, _f32p)
+
+    def _room(self, vectors: int, pre: int, post: int) -> None:
+        grown = False
+        for name, rows in (("vectors", vectors), ("pre_buf", pre), ("post_buf", post)):
+            current = getattr(self, name)
+            if rows > current.shape[0]:
+                setattr(self, name, np.zeros((max(rows, 2 * current.shape[0]), self.n_embd),
+                                             dtype=np.float32))
+                grown = True
+        if grown:
+            self._point_buffers()
+
+    # -- one decode -------------------------------------------------------------------
+
+    def prepare(self, parts: list[BatchPart], n_tokens: int, logits) -> None:
+        """Fill the tables for this decode; `logits` is the batch's output flags."""
+        self._clear()
+        self._parts = parts
+        if not parts:
+            return
+        vectors = sum(len(p.steer.vectors) for p in parts)
+        pre = sum(p.count for p in parts for kind, _, _ in p.steer.read_layers()
+                  if kind == "pre")
+        post = sum(p.count for p in parts for kind, _, _ in p.steer.read_layers()
+                   if kind == "post")
+        self._room(vectors, pre, post)
+        v = pre_row = post_row = 0
+        for part in parts:
+            span = slice(part.start, part.start + part.count)
+            for layer, vector in part.steer.vectors.items():
+                self.vectors[v] = vector
+                self.token_vector[layer, span] = v
+                self.layer_on[layer] = 1
+                v += 1
+            part.steer.reads = []
+            for kind, layer, reader in part.steer.read_layers():
+                if kind == "pre":
+                    rows = np.arange(pre_row, pre_row + part.count, dtype=np.int32)
+                    self.token_pre[layer, span] = rows
+                    pre_row += part.count
+                else:
+                    rows = np.arange(post_row, post_row + part.count, dtype=np.int32)
+                    self.token_post[layer, span] = rows
+                    post_row += part.count
+                self.layer_on[layer] = 1
+                part.steer.reads.append((kind, reader, int(rows[0])))
+        outputs = [i for i in range(n_tokens) if logits[i]]
+        self.out_tokens[:len(outputs)] = outputs
+        s = self.state
+        s.n_tokens, s.n_outputs, s.errors, s.applied = n_tokens, len(outputs), 0, 0
+        s.mode = APPLY
+        self._touched = n_tokens
+
+    def _clear(self) -> None:
+        if self._touched:
+            on = np.nonzero(self.layer_on)[0]
+            self.token_vector[on, :self._touched] = -1
+            self.token_pre[on, :self._touched] = -1
+            self.token_post[on, :self._touched] = -1
+            self.layer_on[:] = 0
+            self._touched = 0
+        self.state.mode = IDLE
+
+    def collect(self) -> int:
+        """After the decode: hand each read its rows; returns the tensors the
+        callback found laid out unexpectedly (0 when all went as planned)."""
+        errors = int(self.state.errors)
+        if self._parts and self.state.applied != int(self.layer_on.sum()):
+            errors += 1  # a layer planned for was never handed over
+        by_layer: dict[int, list] = {}  # id(LayerProbes) -> [(layer, reader, rows, part)]
+        for part in self._parts:
+            positions = list(range(part.first_position, part.first_position + part.count))
+            for kind, reader, first in part.steer.reads:
+                buffer = self.pre_buf if kind == "pre" else self.post_buf
+                rows = buffer[first:first + part.count]
+                if isinstance(reader, ActivationRecorder):
+                    reader.record(torch.from_numpy(rows), positions, part.token_ids)
+                else:
+                    by_layer.setdefault(id(reader), []).append((reader, rows, part, positions))
+        for group in by_layer.values():
+            layer: LayerProbes = group[0][0]
+            hidden = np.concatenate([rows for _, rows, _, _ in group])
+            scores = layer.read(torch.from_numpy(hidden))
+            at = 0
+            for _, rows, part, positions in group:
+                part.steer.monitor.read(layer, positions, scores[at:at + len(rows)])
+                at += len(rows)
+        self._parts = []
+        self._clear()
+        return errors
+
+    # -- load -------------------------------------------------------------------------
+
+    def discover(self) -> None:
+        self.seen[:] = 0
+        self.state.mode = DISCOVER
+
+    def reachable(self) -> bool:
+        self.state.mode = IDLE
+        return bool(self.seen.all())
+
+
+class Steerer:
+    """The model's steering facts (engines/base.py ModelSteering) and the
+    callback every generating context of the engine is opened with."""
+
+    def __init__(self, n_embd: int, n_layer: int):
+        from llama_cpp import llama_cpp as lib
+
+        from service.engines.gguf import native
+
+        self.hidden_size, self.num_layers = n_embd, n_layer
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+        self.callback = lib.ggml_backend_sched_eval_callback(("millm_steer_eval", native.load()))
+
+    def hook(self, params, capacity: int) -> ContextSteer:
+        """Give context parameters `params` the callback over a new set of tables."""
+        steer = ContextSteer(self.hidden_size, self.num_layers, capacity)
+        params.cb_eval = self.callback
+        params.cb_eval_user_data = steer.user_data
+        return steer
+
+    def row(self, spec, monitor, prompt_len: int) -> RowSteering | None:
+        return RowSteering.of(spec.steering, spec.activations, monitor, prompt_len,
+                              self.num_layers - 1)
+
+
+def new_steerer(model, model_id: str) -> Steerer | None:
+    """The Steerer of a loaded llama_model, or None where the callback cannot
+    be built (no C compiler, no ggml headers)."""
+    from llama_cpp import llama_cpp as lib
+
+    from service.engines.gguf.native import NativeUnavailable
+
+    try:
+        return Steerer(lib.llama_model_n_embd(model), lib.llama_model_n_layer(model))
+    except NativeUnavailable as exc:
+        log.warning("steering unavailable for %s: %s", model_id, exc)
+        return None
+
+
+def reachable(ctx, batch, steer: ContextSteer, bos: int, model_id: str) -> bool:
+    """Decode one token in sequence 0 of `ctx` with the callback listening:
+    does the graph hand over every block's residual stream, laid out as the
+    callback reads it? The token's cells are dropped again."""
+    from llama_cpp import llama_cpp as lib
+
+    raw = batch.batch
+    raw.n_tokens = 1
+    raw.token[0] = max(0, bos)
+    raw.pos[0], raw.n_seq_id[0], raw.seq_id[0][0], raw.logits[0] = 0, 1, 0, True
+    steer.discover()
+    try:
+        ctx.decode(batch)
+    finally:
+        found = steer.reachable()
+        lib.llama_memory_seq_rm(ctx.memory, 0, 0, -1)
+        raw.n_tokens = 0
+    if found:
+        log.info("%s: steering on llama.cpp's residual stream (%d layers)", model_id,
+                 steer.n_layer)
+    else:
+        log.warning("steering unavailable for %s: its graph does not name every block's "
+                    "residual stream (l_out-<layer>)", model_id)
+    return found
