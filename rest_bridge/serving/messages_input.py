@@ -127,12 +127,8 @@ def conversation(request: MessagesInput) -> tuple[generation_pb2.ChatInput, Orig
             _user_turns(blocks, where, turn, origins)
         else:
             _assistant_turn(blocks, where, turn, origins)
-    if request.messages and request.messages[-1].role == "assistant":
-        # The contract's chat template always opens a new assistant turn.
-        last = f"messages[{len(request.messages) - 1}]"
-        raise OpenAIError(400, f"A final assistant message ('{last}') is not honoured: the "
-                          "server cannot continue a partly written answer (prefill); end "
-                          "with a user message.", param=last, code="field_not_honoured")
+    # A final assistant message (Anthropic's prefill) is continued by the
+    # engine, as it continues any conversation that ends with one.
     return chat, origins
 
 
