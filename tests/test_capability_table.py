@@ -122,6 +122,8 @@ VALUES: dict[str, dict[str, dict]] = {
 
 
 def _texts(body: dict) -> list[str]:
+    if body.get("type") == "message":  # Anthropic's Message: its text blocks
+        return ["".join(b["text"] for b in body["content"] if b["type"] == "text")]
     return [c["message"]["content"] if "message" in c else c["text"] for c in body["choices"]]
 
 

@@ -41,8 +41,10 @@ MESSAGES = "messages"
 ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)
 # The table's fields that a Messages body maps into the contract (miLLM's
 # extensions seed, profile and steering_intensity under their own names;
-# tools and tool_choice in Anthropic's shapes).
-MESSAGES_PLACES = frozenset({"seed", "profile", "steering_intensity", "tools", "tool_choice"})
+# tools and tool_choice in Anthropic's shapes; llama.cpp's top-level grammar,
+# which every route's extra fields carry to the engine by name).
+MESSAGES_PLACES = frozenset({"seed", "profile", "steering_intensity", "tools", "tool_choice",
+                             "grammar"})
 NO_PLACE = "this endpoint's request has no place for it"
 ALWAYS = ""  # a cell honoured on every engine
 
