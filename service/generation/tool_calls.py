@@ -212,5 +212,5 @@ class ToolCalls:
                 held, reason = parser.finish(reason)
                 content += held
             deltas.append(ChoiceDelta(d.index, content, d.token_ids, reason, d.logprobs,
-                                      tuple(fragments)))
+                                      tuple(fragments), d.stop_sequence))
         return StepOutput(tuple(deltas))

@@ -156,10 +156,12 @@ def take_token(row: Row, token: int, eog: frozenset[int], ignore_eos: bool
     if token in eog and not ignore_eos:
         text, hit = row.stopper.push(row.detokenizer.flush())
         text = text if hit else text + row.stopper.flush()
-        return ChoiceDelta(index, text, (token,), FinishReason.STOP), True
+        return ChoiceDelta(index, text, (token,), FinishReason.STOP,
+                           stop_sequence=row.stopper.matched), True
     text, hit = row.stopper.push(row.detokenizer.push(token))
     if hit:
-        return ChoiceDelta(index, text, (token,), FinishReason.STOP), True
+        return ChoiceDelta(index, text, (token,), FinishReason.STOP,
+                           stop_sequence=row.stopper.matched), True
     if row.generated >= row.group.max_tokens:
         tail, hit = row.stopper.push(row.detokenizer.flush())
         text += tail if hit else tail + row.stopper.flush()

@@ -159,11 +159,14 @@ class Row:
             # and the document check after the row ends will refuse the output.
             log.error("grammar refused a token its own mask allowed")
         if token in eos:
-            return (ChoiceDelta(self.index, self._final_text(), (token,), FinishReason.STOP,
-                                scores), True)
+            # The end's flush can still complete a held-back stop sequence.
+            text = self._final_text()
+            return (ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores,
+                                stop_sequence=self.stopper.matched), True)
         text, hit = self.stopper.push(self.detokenizer.push(token))
         if hit:
-            return ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores), True
+            return ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores,
+                               stop_sequence=self.stopper.matched), True
         if self.generated >= self.max_tokens:
             text += self._final_text()
             return ChoiceDelta(self.index, text, (token,), FinishReason.LENGTH, scores), True

@@ -279,20 +279,22 @@ class ResponseMetadata(_message.Message):
     def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., system_fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., seed_scope: _Optional[_Union[SeedScope, str]] = ..., prompt_tokens: _Optional[int] = ..., ignored_fields: _Optional[_Iterable[str]] = ..., constraint: _Optional[_Union[OutputConstraint, str]] = ..., constraint_name: _Optional[str] = ..., steering_intensity: _Optional[float] = ..., circuit_rung: _Optional[_Union[_steering_pb2.CircuitRung, _Mapping]] = ..., unsteered: _Optional[bool] = ...) -> None: ...
 
 class ChoiceDelta(_message.Message):
-    __slots__ = ("index", "text", "token_ids", "finish_reason", "logprobs", "tool_calls")
+    __slots__ = ("index", "text", "token_ids", "finish_reason", "logprobs", "tool_calls", "stop_sequence")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     index: int
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenScore]
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCallDelta]
-    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenScore, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ...) -> None: ...
+    stop_sequence: str
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenScore, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., stop_sequence: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens")
