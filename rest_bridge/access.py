@@ -18,7 +18,7 @@ import uuid
 
 from common import api_keys
 from common.log_text import clipped
-from rest_bridge.errors import SERVER_ERROR, OpenAIError
+from rest_bridge.errors import SERVER_ERROR, OpenAIError, anthropic_dialect
 from rest_bridge.metrics import BridgeMetrics, method_label, route_label
 
 log = logging.getLogger("millm.access")
@@ -27,6 +27,7 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # What a key can be: the engine gets it as gRPC metadata, which must be
 # printable ASCII and fit gRPC's metadata limit.
 FORWARDABLE_KEY = re.compile(r"[\x21-\x7e]{1,1024}")
+MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API and its sub-routes
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
 QUIET_WHEN_OK = frozenset({"/healthz", "/readyz", "/health", "/metrics"})
 # The console's static files carry no secret; its API calls carry the key.
@@ -110,6 +111,10 @@ class AccessMiddleware:
         sent_id = _header(headers, b"x-request-id")
         rid = sent_id if sent_id and REQUEST_ID.fullmatch(sent_id) else uuid.uuid4().hex
         path, method = scope["path"], scope["method"]
+        # Anthropic's clients get Anthropic's error envelope, from here on.
+        dialect = anthropic_dialect.set(
+            path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+            or _header(headers, b"anthropic-version") is not None)
         presented = (api_keys.bearer(_header(headers, b"authorization"))
                      or _header(headers, b"x-api-key"))
         started = time.perf_counter()
@@ -151,6 +156,7 @@ class AccessMiddleware:
                 request_id.reset(tokens[1])
             code = state.get("error_code")
         seen["failed"] = state.get("stream_failed", False)
+        anthropic_dialect.reset(dialect)
         self._record(scope, path, method, seen, started, code, rid, who)
 
     def _record(self, scope, path, method, seen, started, code, rid, who) -> None:

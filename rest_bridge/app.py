@@ -23,6 +23,7 @@ from rest_bridge.serving.chat import ChatCompletionHandler
 from rest_bridge.serving.completions import CompletionHandler
 from rest_bridge.serving.disconnect import ClientDisconnected
 from rest_bridge.serving.embeddings import EmbeddingsHandler
+from rest_bridge.serving.messages import MessagesHandler
 from rest_bridge.serving.models import ModelsHandler
 from rest_bridge.serving.responses import ResponsesHandler
 from rest_bridge.serving.tokenize import TokenizeHandler
@@ -46,6 +47,7 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
         app.state.embeddings = EmbeddingsHandler(engine)
         app.state.tokenize = TokenizeHandler(engine)
         app.state.responses = ResponsesHandler(engine)
+        app.state.messages = MessagesHandler(engine)
         log.info("bridge forwarding to %s", engine.target)
         yield
         await engine.close()

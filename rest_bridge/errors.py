@@ -8,9 +8,17 @@ status only when an ErrorInfo lacks `http_status`. A status with no ErrorInfo
 at all (the engine unreachable, a deadline passed, gRPC's own size limits, a
 failure below the engine's handlers) becomes engine_unavailable (503),
 engine_timeout (504), request_too_large (413) or internal_error (500).
+
+The same errors take Anthropic's envelope on the Messages API (and on any
+request that carries `anthropic-version`): `anthropic_dialect` is set per
+request by the access middleware, and `OpenAIError.response()` reads it, so
+every refusal (a key, a body, the engine) reaches an Anthropic client in
+the shape its SDK parses, with Anthropic's error type for the status.
 """
 
 from __future__ import annotations
+
+import contextvars
 
 import grpc
 from fastapi.responses import JSONResponse
@@ -48,6 +56,17 @@ def bounded(text: str, limit: int) -> str:
         return encoded.decode("utf-8")
     room = limit - len(_TRUNCATED.encode())
     return encoded[:room].decode("utf-8", "ignore") + _TRUNCATED
+
+
+# Whether this request's errors take Anthropic's envelope (rest_bridge/access.py).
+anthropic_dialect: contextvars.ContextVar[bool] = contextvars.ContextVar("anthropic_dialect",
+                                                                        default=False)
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
+# Anthropic's status for an engine whose queue is full (its SDKs retry it).
+OVERLOADED_STATUS = 529
+OVERLOADED_CODES = frozenset({"queue_full"})
 
 
 # A 503 is temporary by definition: tell clients (the OpenAI SDKs honour it) when to retry.
@@ -97,7 +116,22 @@ class OpenAIError(Exception):
             }
         }
 
+    def anthropic_status(self) -> int:
+        return OVERLOADED_STATUS if self.code in OVERLOADED_CODES else self.status
+
+    def anthropic_body(self) -> dict:
+        """Anthropic's envelope: its error type for the status; the message
+        names the field, as in the OpenAI one."""
+        status = self.anthropic_status()
+        kind = ANTHROPIC_TYPES.get(status)
+        if kind is None:
+            kind = "api_error" if status >= 500 else "invalid_request_error"
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
     def response(self) -> JSONResponse:
+        if anthropic_dialect.get():
+            return JSONResponse(self.anthropic_body(), status_code=self.anthropic_status(),
+                                headers=self.headers)
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 

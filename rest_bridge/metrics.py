@@ -14,7 +14,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
-          "/v1/responses", "/tokenize", "/detokenize",
+          "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/tokenize",
+          "/detokenize",
           "/healthz", "/readyz", "/health", "/metrics", "/api/health/inference",
           "/api/prefix-cache/clear",
           "/api/capabilities")

@@ -16,6 +16,7 @@ from rest_bridge.protocol.base import parse_body
 from rest_bridge.protocol.chat import ChatCompletionRequest
 from rest_bridge.protocol.completions import CompletionRequest
 from rest_bridge.protocol.embeddings import EmbeddingRequest
+from rest_bridge.protocol.messages import CountTokensRequest, MessagesRequest
 from rest_bridge.protocol.responses import ResponsesRequest
 from rest_bridge.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from rest_bridge.unserved import is_openai_endpoint
@@ -93,13 +94,35 @@ async def list_input_items(response_id: str, request: Request):
     return await request.app.state.responses.input_items(response_id, request.query_params)
 
 
+@router.post("/v1/messages")
+async def create_message(request: Request):
+    """Anthropic's Messages API (serving/messages.py)."""
+    body = parse_body(await read_body(request), MessagesRequest)
+    return await request.app.state.messages.create(body, request)
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_message_tokens(request: Request):
+    body = parse_body(await read_body(request), CountTokensRequest)
+    return await request.app.state.messages.count_tokens(body, request)
+
+
+def anthropic_client(request: Request) -> bool:
+    """Anthropic's SDKs send anthropic-version; they get its shapes of /v1/models."""
+    return "anthropic-version" in request.headers
+
+
 @router.get("/v1/models")
 async def list_models(request: Request):
+    if anthropic_client(request):
+        return await request.app.state.models.anthropic_list()
     return await request.app.state.models.list()
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request):
+    if anthropic_client(request):
+        return await request.app.state.models.anthropic_get(model_id)
     return await request.app.state.models.get(model_id)
 
 

@@ -55,16 +55,18 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...]):
         self._stops = stops
         self._pending = ""
+        # The sequence that matched (Anthropic's stop_sequence), once one has.
+        self.matched = ""
 
     def push(self, text: str) -> tuple[str, bool]:
         """Add text; return (text safe to emit, whether a stop matched)."""
         if not self._stops:
             return text, False
         self._pending += text
-        hit = min(
-            (i for i in (self._pending.find(s) for s in self._stops) if i >= 0), default=-1
-        )
-        if hit >= 0:
+        found = [(i, s) for s in self._stops if (i := self._pending.find(s)) >= 0]
+        if found:
+            hit = min(i for i, _ in found)
+            self.matched = next(s for i, s in found if i == hit)
             out, self._pending = self._pending[:hit], ""
             return out, True
         keep = self._held_back_length()

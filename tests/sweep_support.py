@@ -29,6 +29,7 @@ from millm.v1 import monitoring_service_pb2, steering_service_pb2
 from rest_bridge.protocol.chat import ChatCompletionRequest
 from rest_bridge.protocol.completions import CompletionRequest
 from rest_bridge.protocol.embeddings import EmbeddingRequest
+from rest_bridge.protocol.messages import CountTokensRequest, MessagesRequest
 from rest_bridge.protocol.responses import ResponsesRequest
 from rest_bridge.serving import monitoring_api
 from rest_bridge.serving.steering_api import ROUTES as STEERING_ROUTES
@@ -52,10 +53,17 @@ BASES = {
     "/v1/completions": {"model": MODEL, "max_tokens": 1, "prompt": "Hi"},
     "/v1/embeddings": {"model": MODEL, "input": "Hi"},
     "/v1/responses": {"model": MODEL, "max_output_tokens": 1, "input": "Hi", "store": False},
+    "/v1/messages": {"model": MODEL, "max_tokens": 1,
+                     "messages": [{"role": "user", "content": "Hi"}]},
+    "/v1/messages/count_tokens": {"model": MODEL,
+                                  "messages": [{"role": "user", "content": "Hi"}]},
 }
-STREAMED = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+STREAMED = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 SCHEMAS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
-           "/v1/embeddings": EmbeddingRequest, "/v1/responses": ResponsesRequest}
+           "/v1/embeddings": EmbeddingRequest, "/v1/responses": ResponsesRequest,
+           "/v1/messages": MessagesRequest, "/v1/messages/count_tokens": CountTokensRequest}
+# Anthropic's Messages API answers in Anthropic's envelope and events.
+ANTHROPIC = ("/v1/messages", "/v1/messages/count_tokens")
 # A swept length limit falls back on the other one, so that a null there
 # never asks for a whole default-length generation.
 _FALLBACK_LIMIT = {"max_tokens": ("max_completion_tokens", 1),
@@ -75,7 +83,8 @@ def generation_cases() -> list[tuple[str, str, dict]]:
         for name in route_fields(path):
             for value in VALUES:
                 body = {k: v for k, v in base.items() if k != name}
-                if name in _FALLBACK_LIMIT and path != "/v1/responses":
+                if name in _FALLBACK_LIMIT and path in ("/v1/chat/completions",
+                                                        "/v1/completions"):
                     body.pop("max_tokens", None)
                     other, limit = _FALLBACK_LIMIT[name]
                     body[other] = limit
@@ -204,6 +213,35 @@ FULL_BODIES = (
         "model": MODEL, "max_output_tokens": 1, "stream": True, "input": "Hi",
         "text": {"format": {"type": "json_schema", "name": "s", "schema": _PARAMETERS,
                             "strict": True}}, "include": [], "reasoning": {"effort": None}}),
+    ("POST", "/v1/messages", {
+        "model": MODEL, "max_tokens": 1, "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "t", "signature": "s"},
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": "x"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": False,
+                 "content": [{"type": "text", "text": "ok"}]},
+                {"type": "text", "text": "And now?"}]}],
+        "tools": [{"name": "f", "description": "d", "input_schema": _PARAMETERS}],
+        "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": True},
+        "metadata": {"user_id": "u"}, "temperature": 0.5,
+        "top_p": 0.9, "top_k": 5, "thinking": {"type": "disabled"}}),
+    ("POST", "/v1/messages", {
+        "model": MODEL, "max_tokens": 1, "stream": True, "seed": 1, "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "any"}}),
+    ("POST", "/v1/messages", {
+        "model": MODEL, "max_tokens": 1, "stop_sequences": ["a", "b"],
+        "messages": [{"role": "user", "content": "Hi"}]}),
+    ("POST", "/v1/messages/count_tokens", {
+        "model": MODEL, "system": "Be brief.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "tools": [{"name": "f", "input_schema": _PARAMETERS}],
+        "tool_choice": {"type": "auto"}}),
     ("POST", "/api/profiles", {"name": "sweep-profile", "description": "d", "entries": [
         {"layer": 1, "feature": 3, "strength": 2.0, "sae_id": "sae_millm-tiny-res-l1"}]}),
     ("POST", "/api/clusters", {"format": "millm.cluster.v1", "name": "sweep-cluster",
@@ -312,6 +350,24 @@ def stream_problem(content: bytes) -> str | None:
     return None
 
 
+def anthropic_stream_problem(content: bytes) -> str | None:
+    """A Messages stream read to its end: it ends with message_stop, or with
+    an error event for a fault of the request, never of the server."""
+    payloads = [json.loads(line[len(b"data: "):]) for line in content.split(b"\n")
+                if line.startswith(b"data: ")]
+    if not payloads or payloads[0].get("type") != "message_start":
+        return f"a Messages stream that does not start with message_start: {content[:300]!r}"
+    last = payloads[-1]
+    if last.get("type") == "error":
+        error = last.get("error")
+        if not isinstance(error, dict) or error.get("type") in (None, "api_error",
+                                                               "overloaded_error"):
+            return f"a server fault inside the stream: {json.dumps(last)[:300]}"
+    elif last.get("type") != "message_stop":
+        return f"a Messages stream that ends with {last.get('type')!r}"
+    return None
+
+
 def problem(method: str, path: str, body, status: int | None, content: bytes,
             no_answer: str | None) -> str | None:
     """Why this answer fails the fuzzers' bar, or None."""
@@ -319,6 +375,14 @@ def problem(method: str, path: str, body, status: int | None, content: bytes,
         return no_answer
     if status >= 500:
         return f"{status}: {content[:300]!r}"
+    if status >= 400 and path.split("?")[0] in ANTHROPIC:
+        try:
+            envelope = json.loads(content)
+            assert envelope["type"] == "error"
+            assert set(envelope["error"]) == {"type", "message"}
+        except (ValueError, KeyError, TypeError, AssertionError):
+            return f"{status} without Anthropic's envelope: {content[:300]!r}"
+        return None
     if status >= 400:
         try:
             error = json.loads(content)["error"]
@@ -327,7 +391,8 @@ def problem(method: str, path: str, body, status: int | None, content: bytes,
             return f"{status} without the OpenAI envelope: {content[:300]!r}"
         return None
     if isinstance(body, dict) and body.get("stream") is True and method == "POST":
-        return stream_problem(content)
+        return (anthropic_stream_problem(content) if path in ANTHROPIC
+                else stream_problem(content))
     return None
 
 

@@ -198,6 +198,27 @@ def test_x_api_key_header(keyed):
 # -- rate limits -------------------------------------------------------------------------------
 
 
+def test_anthropic_clients_keys_and_envelope(keyed):
+    """Anthropic's SDKs send the key as x-api-key: the same keys and scopes
+    hold, and refusals come in Anthropic's envelope with its error types."""
+    message = {"model": MODEL, "max_tokens": 2,
+               "messages": [{"role": "user", "content": "Hello!"}]}
+    for headers in ({"x-api-key": INFERENCE_KEY, "anthropic-version": "2023-06-01"},
+                    {"Authorization": f"Bearer {INFERENCE_KEY}"}):
+        reply, content = post(keyed.http_port, "/v1/messages", message, headers)
+        assert reply.status == 200, content
+    for headers in ({}, {"x-api-key": WRONG_KEY}):
+        reply, content = post(keyed.http_port, "/v1/messages", message, headers)
+        assert reply.status == 401
+        assert json.loads(content)["error"]["type"] == "authentication_error", content
+    # An inference key on a management route, asked by an Anthropic client.
+    status, content = http(keyed.http_port, "GET", "/api/models", None,
+                           {"x-api-key": INFERENCE_KEY, "anthropic-version": "2023-06-01"})
+    body = json.loads(content)
+    assert status == 403 and body["type"] == "error"
+    assert body["error"]["type"] == "permission_error"
+
+
 def test_rate_limit_answers_429_then_recovers(keyed):
     statuses, last = [], None
     for _ in range(130):

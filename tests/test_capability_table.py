@@ -17,7 +17,13 @@ small, greedy request to its route:
   logprobs: true; return_tokens_as_token_ids needs log-probabilities to act on).
 - reported: the field means nothing on that route: 200, and the field is
   named in X-miLLM-Ignored-Fields;
-- refused: 400 with error.code == the row's refusal_code and error.param == field.
+- refused: 400 with error.code == the row's refusal_code and error.param == field
+  (on the messages route, Anthropic's envelope carries neither: 400
+  invalid_request_error whose message names the field as not honoured).
+
+The messages route (Anthropic's /v1/messages) gets Anthropic-shaped values
+where its body has its own shape (tools, tool_choice) and keeps max_tokens,
+which it requires.
 
 `profile` is sent with a profile that exists: the transformers stack attaches
 the demo SAE and saves one, so an honoured profile must answer 200 (a 404
@@ -46,20 +52,22 @@ from tests.http_helpers import call
 
 TRANSFORMERS, GGUF = "millm-tiny", "millm-tiny-gguf:F32"
 ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
-          "embeddings": "/v1/embeddings"}
+          "embeddings": "/v1/embeddings", "messages": "/v1/messages"}
 IGNORED_HEADER = "x-millm-ignored-fields"
 SAE = "sae_millm-tiny-res-l1"
 PROFILE = "captable"
 DROP = object()  # a fragment value that removes the key from the base body
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+ANTHROPIC_TOOL = {"name": "f", "input_schema": {"type": "object"}}
 
 # field -> {route, or "*" for every route: keys added to (or DROPped from) the
 # base body}. Each value asks for a change; companions make it servable.
 VALUES: dict[str, dict[str, dict]] = {
     "n": {"*": {"n": 2}},
     "seed": {"*": {"seed": 7}},
-    "max_completion_tokens": {"*": {"max_completion_tokens": 2, "max_tokens": DROP}},
+    "max_completion_tokens": {"messages": {"max_completion_tokens": 2},
+                              "*": {"max_completion_tokens": 2, "max_tokens": DROP}},
     "logprobs": {"chat": {"logprobs": True, "max_tokens": 1},
                  "*": {"logprobs": 2, "max_tokens": 1}},
     "allowed_token_ids": {"*": {"allowed_token_ids": [5, 6], "max_tokens": 1}},
@@ -82,9 +90,10 @@ VALUES: dict[str, dict[str, dict]] = {
     "add_special_tokens": {"*": {"add_special_tokens": False}},
     "steering": {"*": {"steering": [{"layer": 1, "feature": 3, "strength": 6}]}},
     "dimensions": {"*": {"dimensions": 8}},
-    "tools": {"*": {"tools": [TOOL]}},
+    "tools": {"messages": {"tools": [ANTHROPIC_TOOL]}, "*": {"tools": [TOOL]}},
     # tool_choice and parallel_tool_calls act on tools (alone they are reported).
     "tool_choice": {"chat": {"tool_choice": "auto", "tools": [TOOL]},
+                    "messages": {"tool_choice": {"type": "auto"}, "tools": [ANTHROPIC_TOOL]},
                     "*": {"tool_choice": "auto"}},
     "parallel_tool_calls": {"chat": {"parallel_tool_calls": False, "tools": [TOOL]},
                             "*": {"parallel_tool_calls": False}},
@@ -100,6 +109,15 @@ VALUES: dict[str, dict[str, dict]] = {
     "conversation": {"*": {"conversation": "conv_1"}},
     "max_tool_calls": {"*": {"max_tool_calls": 2}},
     "include": {"*": {"include": ["message.output_text.logprobs"]}},
+    "thinking": {"*": {"thinking": {"type": "enabled", "budget_tokens": 1024}}},
+    "output_config": {"*": {"output_config": {"effort": "low"}}},
+    "output_format": {"*": {"output_format": {"type": "json_schema", "schema": {
+        "type": "object"}}}},
+    "mcp_servers": {"*": {"mcp_servers": [{"type": "url", "url": "http://127.0.0.1:9/",
+                                           "name": "x"}]}},
+    "container": {"*": {"container": "container_1"}},
+    "context_management": {"*": {"context_management": {"edits": [
+        {"type": "clear_tool_uses_20250919"}]}}},
     # The demo model has no reasoning format: reported on chat too
     # (tests/test_model_formats.py serves models that have one).
     "reasoning_effort": {"*": {"reasoning_effort": "low"}},
@@ -109,6 +127,8 @@ VALUES: dict[str, dict[str, dict]] = {
 
 
 def _texts(body: dict) -> list[str]:
+    if body.get("type") == "message":  # Anthropic's Message: its text blocks
+        return ["".join(b["text"] for b in body["content"] if b["type"] == "text")]
     return [c["message"]["content"] if "message" in c else c["text"] for c in body["choices"]]
 
 
@@ -129,6 +149,9 @@ def base_body(route: str, model: str) -> dict:
     if route == "completions":
         return {"model": model, "prompt": "Once upon a time", "max_tokens": 4,
                 "temperature": 0}
+    if route == "messages":
+        return {"model": model, "messages": [{"role": "user", "content": "Hello!"}],
+                "max_tokens": 4, "temperature": 0}
     return {"model": model, "input": "a river"}
 
 
@@ -230,6 +253,12 @@ def test_capability_row_matches_behaviour(stacks, tables, model, field, route):
     assert row is not None, f"GetCapabilities has no row ({field}, {route}): drop it from VALUES?"
     reply = call(stacks[model].http_port, "POST", ROUTES[route], body_for(field, route, model))
     error = reply.json().get("error", {}) if reply.status_code != 200 else {}
+    if route == "messages" and not row.honoured and not row.reported:
+        # Anthropic's envelope has no code or param: its message names the field.
+        assert (reply.status_code, error.get("type")) == (400, "invalid_request_error"), (
+            f"table: refused; server: {reply.status_code} {reply.text[:300]}")
+        assert error["message"].startswith(f"'{field}' is not honoured"), error
+        return
     observed = (f"status {reply.status_code}, code {error.get('code')}, param "
                 f"{error.get('param')}, ignored {ignored(reply.headers)}: "
                 f"{error.get('message', '')}")

@@ -15,7 +15,9 @@ The OpenAI SDK itself (in the main venv) is called in process; the OpenAI
 Node SDK runs tests/ecosystem/node/responses.mjs (its package pinned by
 tests/ecosystem/node/package-lock.json, installed by `make eco-venvs`). The
 Agents SDK's default model and pydantic-ai's "openai:<model>" shorthand
-both speak the Responses API (POST /v1/responses).
+both speak the Responses API (POST /v1/responses). Anthropic's Python SDK
+and LangChain's ChatAnthropic (tests/ecosystem/anthropic_paths.py) speak the
+Messages API (POST /v1/messages).
 
 The demo model is tiny and random-ish, so only what the schema guarantees is
 asserted (city is a string of at most 24 characters, when a datetime, ...),
@@ -45,7 +47,8 @@ HERE = harness.ROOT / "tests" / "ecosystem"
 ECO = harness.ROOT / ".venv-eco" / "bin" / "python"
 LEGACY = harness.ROOT / ".venv-eco-legacy" / "bin" / "python"
 NODE_SDK = HERE / "node"
-VENV_OF = {"langchain": ECO, "pydantic_ai": ECO, "agents": ECO, "reasoning": ECO,
+VENV_OF = {"langchain": ECO, "pydantic_ai": ECO, "agents": ECO, "anthropic": ECO,
+           "reasoning": ECO,
            "instructor": LEGACY, "llamaindex": LEGACY}
 WEATHER_TYPES = {"city": "str", "when": "datetime", "id": "UUID", "celsius": "int"}
 
@@ -322,6 +325,65 @@ def test_the_default_responses_models_are_used(eco_stack, model):
     shorthand = run_path(eco_stack, model, "pydantic_ai", "responses_tool")
     assert shorthand["model_class"] == "OpenAIResponsesModel"
     assert all(i.startswith("resp_") for i in shorthand["response_ids"]), shorthand
+
+
+# -- Anthropic's Messages API: the anthropic SDK and langchain-anthropic --------------------
+
+
+def test_anthropic_create_usage_matches_count_tokens(eco_stack, model):
+    report = run_path(eco_stack, model, "anthropic", "create")
+    assert report["cls"] == "Message" and report["id"].startswith("msg_")
+    assert report["role"] == "assistant" and report["text"].strip(), report
+    assert report["stop_reason"] in ("end_turn", "max_tokens")
+    usage = report["usage"]
+    # input_tokens leaves out what the prefix cache held (Anthropic's rule).
+    assert report["count"] == usage["input_tokens"] + usage["cache_read_input_tokens"]
+    assert report["count"] == usage["input_tokens"] or usage["cache_read_input_tokens"] > 0
+    assert 0 < usage["output_tokens"] <= 64
+    assert report["request_id"]
+
+
+def test_anthropic_stream_is_the_seeded_message(eco_stack, model):
+    report = run_path(eco_stack, model, "anthropic", "stream")
+    assert report["whole"].strip(), report
+    assert report["streamed"] == report["final"] == report["whole"]
+    assert report["final_stop"] == report["whole_stop"]
+    assert report["final_usage"]["output_tokens"] == report["whole_usage"]["output_tokens"]
+
+
+def test_anthropic_forced_tool_then_its_result(eco_stack, model):
+    report = run_path(eco_stack, model, "anthropic", "tools")
+    assert report["stop_reason"] == "tool_use" and report["blocks"] == ["tool_use"], report
+    tool = report["tool"]
+    assert tool["id"].startswith("toolu_")
+    check_get_weather({"name": tool["name"], "arguments": tool["input"]})
+    assert report["answer_stop"] in ("end_turn", "max_tokens", "tool_use"), report
+    assert report["answer_blocks"], report
+
+
+def test_anthropic_errors_are_the_sdk_classes(eco_stack, model):
+    report = run_path(eco_stack, model, "anthropic", "errors")
+    expected = {"no_max_tokens": ("BadRequestError", 400, "invalid_request_error", "max_tokens"),
+                "unknown_model": ("NotFoundError", 404, "not_found_error", "no-such-model"),
+                "thinking": ("BadRequestError", 400, "invalid_request_error", "'thinking'"),
+                "bad_role": ("BadRequestError", 400, "invalid_request_error",
+                             "messages[0].role")}
+    for name, (cls, status, kind, named) in expected.items():
+        got = report[name]
+        assert got is not None, f"{name} was answered"
+        assert (got["class"], got["status"], got["type"]) == (cls, status, kind), got
+        assert named in got["message"], got
+
+
+def test_langchain_anthropic_bind_tools(eco_stack, model):
+    report = run_path(eco_stack, model, "anthropic", "langchain_bind_tools")
+    assert len(report["tool_calls"]) == 1, report
+    check_get_weather(report["tool_calls"][0])
+    assert report["stop_reason"] == "tool_use"
+
+
+def test_langchain_anthropic_structured_output(eco_stack, model):
+    check_weather(run_path(eco_stack, model, "anthropic", "langchain_structured")["output"])
 
 
 # -- reasoning_content: LangChain (ChatDeepSeek) and LiteLLM --------------------------------

@@ -227,3 +227,25 @@ def test_saes_that_do_not_fit_the_gguf_model_are_refused_at_attach(stack):
         assert why in error["message"]
     caps = stack.ok("GET", "/api/capabilities")
     assert caps["model"] == F32 and caps["features"]["steering"] is True
+
+
+def test_a_prompt_with_nothing_to_reuse_evicts_a_duplicate_prefix_first():
+    """Steered and unsteered prompts cannot share cells, so a plan that finds
+    none of its own takes an empty slot, else one whose prefix another slot
+    holds too, and only then the least recently used: the other plans'
+    prefixes survive (bench/steering.py's half-steered traffic)."""
+    from service.engines.gguf.slots import Slot, Slots
+
+    system = list(range(10, 50))
+    slots = Slots(3, 512)
+    slots.slots[0] = Slot(0, tokens=[*system, 1], used=1, key=("plan-a",))
+    slots.slots[1] = Slot(1, tokens=[*system, 2], used=3)
+    slots.slots[2] = Slot(2, tokens=[*system, 3], used=2)
+    # Plan b has nothing cached: slot 0 (plan a's, least recently used) survives.
+    slot, kept = slots.pick((*system, 7), key=("plan-b",))
+    assert kept == 0 and slot.seq in (1, 2)
+    # Plan a finds its own prefix.
+    assert slots.pick((*system, 1, 5), key=("plan-a",)) == (slots.slots[0], 41)
+    # An empty slot goes first of all.
+    slots.slots[1] = Slot(1)
+    assert slots.pick((*system, 7), key=("plan-b",)) == (slots.slots[1], 0)

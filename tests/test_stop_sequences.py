@@ -41,6 +41,12 @@ def test_stop_split_across_tokens_grpc(generation_stub):
     assert finish[0] == generation_pb2.FINISH_REASON_STOP
     # Generation ended on the token that completed the stop, not at max_tokens.
     assert usage.completion_tokens == tokens_before + 1
+    # The last delta says which stop sequence ended the choice (Anthropic's
+    # stop_sequence); the other stop, never written, is not it.
+    responses = list(generation_stub.Generate(prompt_request(
+        PROMPT, max_tokens=40, temperature=0, ignore_eos=True, stop=["\x01", stop]), timeout=60))
+    last = [d for r in responses for d in r.choices][-1]
+    assert (last.finish_reason, last.stop_sequence) == (generation_pb2.FINISH_REASON_STOP, stop)
 
 
 def test_stop_streaming_and_not_agree(client, generation_stub):

@@ -67,6 +67,21 @@ def test_stop_matcher(pieces, stops, expected):
     assert feed(StopMatcher(stops), pieces) == expected
 
 
+@pytest.mark.parametrize(
+    ("pieces", "stops", "matched"),
+    [
+        (["one END two"], ("END", "one"), "one"),  # the earliest in the text
+        (["a stop"], ("stop", "st"), "stop"),  # same place: the first listed
+        (["xx</", "s", ">"], ("</s>",), "</s>"),  # split across pieces
+        (["abc"], ("x",), ""),  # none matched
+    ],
+)
+def test_stop_matcher_says_which_stop_matched(pieces, stops, matched):
+    matcher = StopMatcher(stops)
+    feed(matcher, pieces)
+    assert matcher.matched == matched
+
+
 def test_stop_matcher_holds_back_only_possible_prefixes():
     matcher = StopMatcher(("STOP",))
     assert matcher.push("abcST") == ("abc", False)

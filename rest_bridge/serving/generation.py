@@ -125,7 +125,8 @@ def forward_unmapped(request, pb) -> None:
             raise OpenAIError(400, f"'{name}' holds a number out of range.", param=name,
                               code="invalid_parameter") from None
     pb.unused_fields.extend(request.nested_unused())
-    if request.user is not None:
+    # (A schema without `user`, as Anthropic's, has any sent one among the extras.)
+    if "user" in type(request).model_fields and request.user is not None:
         pb.user = request.user
 
 
@@ -136,7 +137,8 @@ def common_fields(request, pb: generation_service_pb2.GenerateRequest,
     check), whether it streams (the engine's stream rules), the request id, the
     steering fields and what the schema does not map."""
     pb.strict = strict
-    pb.stream = bool(request.stream)
+    # (A token count declares no `stream`: one sent there is an extra field.)
+    pb.stream = "stream" in type(request).model_fields and bool(request.stream)
     pb.request_id = request_id.get()
     steering_fields.add_to_request(request, pb)
     structured_outputs.add_to_request(request, pb)

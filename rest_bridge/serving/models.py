@@ -1,7 +1,10 @@
-"""GET /v1/models and GET /v1/models/{id} (OpenAI's view), and the management
-view /api/models: every model on disk with its state, and load/unload."""
+"""GET /v1/models and GET /v1/models/{id} (OpenAI's view, or Anthropic's for
+a request that carries anthropic-version), and the management view
+/api/models: every model on disk with its state, and load/unload."""
 
 from __future__ import annotations
+
+import datetime
 
 import grpc
 from google.protobuf import json_format
@@ -21,6 +24,13 @@ READ_TIMEOUT_S = 30
 
 def model_json(model: model_pb2.Model) -> dict:
     return {"id": model.id, "object": "model", "created": model.created, "owned_by": model.owned_by}
+
+
+def anthropic_model_json(model: model_pb2.Model) -> dict:
+    """Anthropic's ModelInfo: the id doubles as the display name."""
+    created = datetime.datetime.fromtimestamp(model.created, datetime.UTC)
+    return {"type": "model", "id": model.id, "display_name": model.id,
+            "created_at": created.isoformat().replace("+00:00", "Z")}
 
 
 def listed(model: model_pb2.Model) -> bool:
@@ -73,6 +83,18 @@ class ModelsHandler:
         if model.locked_out:
             raise _not_found(model_id)
         return model_json(model)
+
+    async def anthropic_list(self) -> dict:
+        """Anthropic's page shape; every model fits one page."""
+        data = [anthropic_model_json(m) for m in await self._all() if listed(m)]
+        return {"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None}
+
+    async def anthropic_get(self, model_id: str) -> dict:
+        model = await self._one(model_id)
+        if model.locked_out:
+            raise _not_found(model_id)
+        return anthropic_model_json(model)
 
     # -- /api/models -------------------------------------------------------------------
 

@@ -47,7 +47,9 @@ def add_to_request(request, pb) -> None:
         pb.steering_intensity.symbol = dial
     elif dial is not None:
         pb.steering_intensity.level = dial
-    spec = request.return_sae_activations
+    # (The Messages API's schema declares no activations field: one sent
+    # there is an extra field, for the engine to judge, not a spec.)
+    spec = getattr(request, PARAM) if PARAM in type(request).model_fields else None
     if spec is None or PARAM in request.UNMAPPED:
         return
     out = pb.return_sae_activations

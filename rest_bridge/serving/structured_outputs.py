@@ -27,7 +27,10 @@ _HEADER_KINDS = {
 
 
 def add_to_request(request, pb) -> None:
-    spec = getattr(request, "structured_outputs", None)
+    # Only a schema that declares it has a spec; on one that does not (the
+    # Messages API's) a sent one is an extra field, for the engine to judge.
+    spec = (request.structured_outputs if "structured_outputs" in type(request).model_fields
+            else None)
     if spec is None:
         return
     sent = [name for name in _KINDS if getattr(spec, name) is not None]

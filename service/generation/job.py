@@ -62,6 +62,8 @@ class ChoiceDelta:
     # engines.scores.TokenScore per text-bearing token, when logprobs were asked for.
     logprobs: tuple = ()
     tool_calls: tuple[ToolCallFragment, ...] = ()
+    # The stop sequence that ended the choice (finish_reason STOP), if one did.
+    stop_sequence: str = ""
     # Reasoning text, split out of `text` (generation/reasoning.py).
     reasoning: str = ""
 
@@ -93,7 +95,8 @@ def merge_steps(first: StepOutput, second: StepOutput) -> StepOutput:
         merged[d.index] = d if before is None else ChoiceDelta(
             d.index, before.text + d.text, before.token_ids + d.token_ids,
             d.finish_reason or before.finish_reason, before.logprobs + d.logprobs,
-            before.tool_calls + d.tool_calls, before.reasoning + d.reasoning,
+            before.tool_calls + d.tool_calls, d.stop_sequence or before.stop_sequence,
+            before.reasoning + d.reasoning,
         )
     return StepOutput(tuple(merged.values()))
 

@@ -147,7 +147,8 @@ class Reasoning:
                 more, rest = choice.finish()
                 reasoning, text = reasoning + more, text + rest
             deltas.append(ChoiceDelta(d.index, text, d.token_ids, d.finish_reason, d.logprobs,
-                                      d.tool_calls, d.reasoning + reasoning))
+                                      d.tool_calls, stop_sequence=d.stop_sequence,
+                                      reasoning=d.reasoning + reasoning))
         return StepOutput(tuple(deltas))
 
 

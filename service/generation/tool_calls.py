@@ -275,5 +275,6 @@ class ToolCalls:
                 held, reason = parser.finish(reason)
                 content += held
             deltas.append(ChoiceDelta(d.index, content, d.token_ids, reason, d.logprobs,
-                                      tuple(fragments), d.reasoning))
+                                      tuple(fragments), stop_sequence=d.stop_sequence,
+                                      reasoning=d.reasoning))
         return StepOutput(tuple(deltas))

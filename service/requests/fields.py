@@ -11,6 +11,15 @@ Every cell (field x route) is one of three treatments:
 - refused: it would change the output and cannot be honoured here: 400 with
   the rule's code (field_not_honoured, ...) naming the field.
 
+Anthropic's Messages API (route `messages`, POST /v1/messages on the bridge)
+is a chat generation: the bridge translates its body into the contract and
+forwards every field it has no place for under its own name, as an extra
+field. The engine never learns which API a request came in by; it judges a
+Messages request as the chat request it is, so that route's column is derived
+from chat's (`messages_cell`): a field the Messages body carries into the
+contract (MESSAGES_PLACES) is treated as on chat, and one chat honours but
+the Messages body has no place for is refused like any unmapped extra field.
+
 Nothing is dropped silently. A value that means "no change" (null, `n: 1`,
 `logprobs: false`, `tools: []`, ...) is accepted everywhere. Fields the table
 does not know are reported. When a request sends several refused fields, the
@@ -28,7 +37,15 @@ from service.engines.capabilities import EngineCapabilities
 from service.errors import EngineError
 
 CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"
-ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS)
+MESSAGES = "messages"
+ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)
+# The table's fields that a Messages body maps into the contract (miLLM's
+# extensions seed, profile and steering_intensity under their own names;
+# tools and tool_choice in Anthropic's shapes; llama.cpp's top-level grammar,
+# which every route's extra fields carry to the engine by name).
+MESSAGES_PLACES = frozenset({"seed", "profile", "steering_intensity", "tools", "tool_choice",
+                             "grammar"})
+NO_PLACE = "this endpoint's request has no place for it"
 ALWAYS = ""  # a cell honoured on every engine
 
 
@@ -62,6 +79,8 @@ class FieldRule:
     note: str = ""
 
     def cell(self, route: str, kind: EngineCapabilities, model: EngineCapabilities) -> Cell:
+        if route == MESSAGES:
+            raise ValueError("the messages column is derived: use messages_cell")
         if route in self.reported:
             return Cell(Treatment.REPORTED)
         if route not in self.honoured:
@@ -188,6 +207,19 @@ RULES: dict[str, FieldRule] = {
     "include": FieldRule(no_change=([], ["reasoning.encrypted_content"]),
                          why="no extra output (log-probabilities, sources) is included in "
                          "responses"),
+    # Anthropic's Messages fields that would change the output. `thinking`
+    # waits for the model families' reasoning output; once the contract
+    # carries a reasoning budget, the bridge maps it and it joins
+    # MESSAGES_PLACES under that field's name.
+    "thinking": FieldRule(no_change=({"type": "disabled"},), why="reasoning output (thinking "
+                          "blocks) is " + NOT_YET),
+    "output_config": FieldRule(no_change=({},), why="output formats and effort levels are "
+                               + NOT_YET + "; force a tool for structured output"),
+    "output_format": FieldRule(why="output formats are " + NOT_YET + "; force a tool for "
+                               "structured output"),
+    "mcp_servers": FieldRule(no_change=([],), why="the server calls no MCP servers"),
+    "container": FieldRule(why="code-execution containers are not served"),
+    "context_management": FieldRule(why="the server never edits the context it is sent"),
 }
 
 
@@ -198,6 +230,28 @@ def _same(a, b) -> bool:
     if isinstance(a, int | float) and isinstance(b, int | float):
         return a == b
     return type(a) is type(b) and a == b
+
+
+def messages_cell(name: str, rule: FieldRule, kind: EngineCapabilities,
+                  model: EngineCapabilities) -> Cell:
+    """The Messages route's cell: chat's, except that a field chat honours
+    but a Messages body cannot place is refused, as check() refuses an
+    unmapped extra field."""
+    # check() runs first with the engine kind's capabilities: a field the kind
+    # honours but the body could not place is refused there, whatever the
+    # loaded model would make of it.
+    if (name not in MESSAGES_PLACES
+            and rule.cell(CHAT, kind, kind).treatment is Treatment.HONOURED):
+        return Cell(Treatment.REFUSED, "field_not_honoured", NO_PLACE)
+    return rule.cell(CHAT, kind, model)
+
+
+def cell_for(name: str, route: str, kind: EngineCapabilities,
+             model: EngineCapabilities) -> Cell:
+    rule = RULES[name]
+    if route == MESSAGES:
+        return messages_cell(name, rule, kind, model)
+    return rule.cell(route, kind, model)
 
 
 def asks_for_change(name: str, value) -> bool:
@@ -227,8 +281,8 @@ def check(sent: dict, route: str, kind: EngineCapabilities,
         elif cell.treatment is Treatment.REFUSED and asks_for_change(name, sent[name]):
             raise EngineError(cell.code, f"'{name}' is not honoured: {cell.reason}.", name)
         elif name in unmapped and asks_for_change(name, sent[name]):
-            raise EngineError("field_not_honoured", f"'{name}' is not honoured: this endpoint's "
-                              "request has no place for it.", name)
+            raise EngineError("field_not_honoured", f"'{name}' is not honoured: {NO_PLACE}.",
+                              name)
     reported.extend(sorted(name for name in sent if name not in RULES))
     return reported
 
@@ -237,5 +291,5 @@ def support_table(kind: EngineCapabilities,
                   model: EngineCapabilities) -> list[tuple[str, str, Cell]]:
     """(field, route, cell) for every field and route, as GetCapabilities
     reports them."""
-    return [(name, route, rule.cell(route, kind, model))
-            for name, rule in RULES.items() for route in ROUTES]
+    return [(name, route, cell_for(name, route, kind, model))
+            for name in RULES for route in ROUTES]

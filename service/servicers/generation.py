@@ -327,6 +327,7 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
                     tool_calls=[generation_pb2.ToolCallDelta(
                         index=f.index, id=f.id, name=f.name, arguments=f.arguments)
                         for f in d.tool_calls],
+                    stop_sequence=d.stop_sequence,
                     reasoning=d.reasoning,
                 )
                 for d in event.deltas

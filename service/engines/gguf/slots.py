@@ -56,6 +56,10 @@ class Row:
         return len(self.pending) + self.group.max_tokens - self.generated
 
 
+# Tokens two cached prompts must share at their start to count as one prefix.
+REDUNDANT_HEAD = 32
+
+
 def common_prefix(a: list[int], b: tuple[int, ...], limit: int) -> int:
     same = 0
     while same < limit and a[same] == b[same]:
@@ -102,8 +106,22 @@ class Slots:
             same = common_prefix(s.tokens, prompt, min(len(s.tokens), len(prompt) - 1))
             return 0 if self.whole_only and same < len(s.tokens) else same
 
-        best = max(free, key=lambda s: (keeps(s), -s.used))
-        return best, keeps(best)
+        def redundant(s: Slot) -> bool:
+            """Another slot holds the same start under the same plan (a shared
+            system prompt cached twice): evicting this one loses nothing."""
+            head = min(len(s.tokens), REDUNDANT_HEAD)
+            return any(o is not s and o.key == s.key and len(o.tokens) >= head
+                       and o.tokens[:head] == s.tokens[:head] for o in self.slots)
+
+        scored = [(keeps(s), s) for s in free]
+        most = max(kept for kept, _ in scored)
+        if most > 0:
+            best = max((s for kept, s in scored if kept == most), key=lambda s: -s.used)
+            return best, most
+        # Nothing to keep: take an empty slot, else a redundant one, else the
+        # least recently used, so the prefixes other plans may reuse survive.
+        best = max(free, key=lambda s: (not s.tokens, redundant(s), -s.used))
+        return best, 0
 
     def fits(self, need: int, keep: Slot, same: int) -> bool:
         """Whether a row keeping `same` cells of `keep` and filling `need` more
@@ -156,10 +174,12 @@ def take_token(row: Row, token: int, eog: frozenset[int], ignore_eos: bool
     if token in eog and not ignore_eos:
         text, hit = row.stopper.push(row.detokenizer.flush())
         text = text if hit else text + row.stopper.flush()
-        return ChoiceDelta(index, text, (token,), FinishReason.STOP), True
+        return ChoiceDelta(index, text, (token,), FinishReason.STOP,
+                           stop_sequence=row.stopper.matched), True
     text, hit = row.stopper.push(row.detokenizer.push(token))
     if hit:
-        return ChoiceDelta(index, text, (token,), FinishReason.STOP), True
+        return ChoiceDelta(index, text, (token,), FinishReason.STOP,
+                           stop_sequence=row.stopper.matched), True
     if row.generated >= row.group.max_tokens:
         tail, hit = row.stopper.push(row.detokenizer.flush())
         text += tail if hit else tail + row.stopper.flush()

@@ -167,14 +167,17 @@ class Row:
             # and the document check after the row ends will refuse the output.
             log.error("grammar refused a token its own mask allowed")
         if token in eos:
-            return (ChoiceDelta(self.index, self._final_text(), (token,), FinishReason.STOP,
-                                scores), True)
+            # The end's flush can still complete a held-back stop sequence.
+            text = self._final_text()
+            return (ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores,
+                                stop_sequence=self.stopper.matched), True)
         piece = self.detokenizer.push(token)
         if self.reasoning_watch is not None and self.reasoning_watch.push(piece):
             self.bans_controls, self.reasoning_watch = True, None
         text, hit = self.stopper.push(piece)
         if hit:
-            return ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores), True
+            return ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores,
+                               stop_sequence=self.stopper.matched), True
         if self.generated >= self.max_tokens:
             text += self._final_text()
             return ChoiceDelta(self.index, text, (token,), FinishReason.LENGTH, scores), True

@@ -281,13 +281,14 @@ class ResponseMetadata(_message.Message):
     def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., system_fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., seed_scope: _Optional[_Union[SeedScope, str]] = ..., prompt_tokens: _Optional[int] = ..., ignored_fields: _Optional[_Iterable[str]] = ..., constraint: _Optional[_Union[OutputConstraint, str]] = ..., constraint_name: _Optional[str] = ..., steering_intensity: _Optional[float] = ..., circuit_rung: _Optional[_Union[_steering_pb2.CircuitRung, _Mapping]] = ..., unsteered: _Optional[bool] = ...) -> None: ...
 
 class ChoiceDelta(_message.Message):
-    __slots__ = ("index", "text", "token_ids", "finish_reason", "logprobs", "tool_calls", "reasoning")
+    __slots__ = ("index", "text", "token_ids", "finish_reason", "logprobs", "tool_calls", "stop_sequence", "reasoning")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     REASONING_FIELD_NUMBER: _ClassVar[int]
     index: int
     text: str
@@ -295,8 +296,9 @@ class ChoiceDelta(_message.Message):
     finish_reason: FinishReason
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenScore]
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCallDelta]
+    stop_sequence: str
     reasoning: str
-    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenScore, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., reasoning: _Optional[str] = ...) -> None: ...
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenScore, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., stop_sequence: _Optional[str] = ..., reasoning: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
