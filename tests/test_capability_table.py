@@ -109,7 +109,7 @@ VALUES: dict[str, dict[str, dict]] = {
     "conversation": {"*": {"conversation": "conv_1"}},
     "max_tool_calls": {"*": {"max_tool_calls": 2}},
     "include": {"*": {"include": ["message.output_text.logprobs"]}},
-    "thinking": {"*": {"thinking": {"type": "enabled", "budget_tokens": 1024}}},
+    "thinking": {"*": {"thinking": {"type": "enabled", "budget_tokens": 2}}},
     "output_config": {"*": {"output_config": {"effort": "low"}}},
     "output_format": {"*": {"output_format": {"type": "json_schema", "schema": {
         "type": "object"}}}},

@@ -365,7 +365,10 @@ def test_anthropic_errors_are_the_sdk_classes(eco_stack, model):
     report = run_path(eco_stack, model, "anthropic", "errors")
     expected = {"no_max_tokens": ("BadRequestError", 400, "invalid_request_error", "max_tokens"),
                 "unknown_model": ("NotFoundError", 404, "not_found_error", "no-such-model"),
-                "thinking": ("BadRequestError", 400, "invalid_request_error", "'thinking'"),
+                # A budget past max_tokens (the demo model has no reasoning
+                # format, but the budget is checked all the same).
+                "thinking": ("BadRequestError", 400, "invalid_request_error",
+                             "'thinking.budget_tokens'"),
                 "bad_role": ("BadRequestError", 400, "invalid_request_error",
                              "messages[0].role")}
     for name, (cls, status, kind, named) in expected.items():
@@ -411,3 +414,12 @@ def test_libraries_read_reasoning_content(reasoning_stack, path):
     assert "</think>" not in report["reasoning"]
     if "reasoning_tokens" in report:
         assert report["reasoning_tokens"] >= 8
+
+
+def test_anthropic_thinking_blocks_of_a_reasoning_model(reasoning_stack):
+    report = run_path(reasoning_stack, "tiny-r1", "anthropic", "thinking")
+    assert report["blocks"][0] == "ThinkingBlock", report
+    assert report["final_kinds"] == report["kinds"]
+    assert report["thinking"] and report["streamed_thinking"] == report["thinking"]
+    assert "</think>" not in report["thinking"] + report["text"]
+    assert report["final_text"] == report["text"]

@@ -4,7 +4,7 @@
 Only the JSON shape is checked here (types, the required fields), with the
 same strict base as the OpenAI routes: keys the schema does not declare are
 kept, so the engine's field table judges the top-level ones by name (say
-`thinking`) and nested ones are reported as unused (say a block's
+`output_config`) and nested ones are reported as unused (say a block's
 `cache_control`: the prefix cache needs no marker).
 """
 
@@ -55,6 +55,11 @@ class ToolChoice(OpenAIBaseModel):
     disable_parallel_tool_use: bool | None = None
 
 
+class Thinking(OpenAIBaseModel):
+    type: str  # enabled (with budget_tokens), adaptive, disabled
+    budget_tokens: Int64 | None = None
+
+
 class Metadata(OpenAIBaseModel):
     user_id: str | None = None
 
@@ -67,6 +72,8 @@ class MessagesInput(OpenAIBaseModel):
     system: str | list[ContentBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    # A reasoning model's thinking (what the prompt renders can depend on it).
+    thinking: Thinking | None = None
     # miLLM's steering extensions (extra fields to the Anthropic SDKs): a
     # steered prompt renders the same, so a count takes them too.
     profile: str | None = None

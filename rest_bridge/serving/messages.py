@@ -47,7 +47,16 @@ def _frame(events: list[Event]) -> bytes:
     return b"".join(event(name, payload) for name, payload in events)
 
 
-def _headers(meta) -> dict[str, str]:
+def _headers(meta, origins: messages_input.Origins) -> dict[str, str]:
+    """Chat's headers, the ignored fields named as the Messages body names
+    them ("thinking.budget_tokens", not the contract's thinking_token_budget)."""
+    if any(messages_input.field_name(n) != n for n in meta.ignored_fields):
+        renamed = [n if n in origins.extras else messages_input.field_name(n)
+                   for n in meta.ignored_fields]
+        original, meta = meta, type(meta)()
+        meta.CopyFrom(original)
+        del meta.ignored_fields[:]
+        meta.ignored_fields.extend(renamed)
     # Anthropic's SDKs read `request-id` (Message._request_id).
     return {**GenerationHandler.response_headers(meta), "request-id": request_id.get()}
 
@@ -91,7 +100,7 @@ class MessagesHandler:
             call.pin_seed()
             body = self._stream(call, fold, origins.relabel, http_request)
             return StreamingResponse(body, media_type="text/event-stream",
-                                     headers={**sse.SSE_HEADERS, **_headers(meta)})
+                                     headers={**sse.SSE_HEADERS, **_headers(meta, origins)})
 
         async def collect() -> MessageFold:
             folded = fold
@@ -110,7 +119,7 @@ class MessagesHandler:
             return folded
 
         done = await unless_disconnected(http_request, collect())
-        return JSONResponse(done.message(), headers=_headers(call.metadata))
+        return JSONResponse(done.message(), headers=_headers(call.metadata, origins))
 
     async def _stream(self, call: GenerateCall, fold: MessageFold, relabel,
                       http_request: Request) -> AsyncIterator[bytes]:
@@ -138,9 +147,10 @@ class MessagesHandler:
     async def count_tokens(self, request: CountTokensRequest, http_request: Request):
         strict = strict_mode(http_request)
         pb, origins = messages_input.generate_request(request)
-        pb.sampling.max_tokens = 1
+        # As short as the request allows: a thinking budget needs room for itself.
+        pb.sampling.max_tokens = max(1, pb.thinking_token_budget)
         pb = common_fields(request, pb, strict)
         call, meta = await failover.start(self.engine, pb, http_request.app.state, False,
                                           origins.relabel)
         call.cancel()
-        return JSONResponse({"input_tokens": meta.prompt_tokens}, headers=_headers(meta))
+        return JSONResponse({"input_tokens": meta.prompt_tokens}, headers=_headers(meta, origins))

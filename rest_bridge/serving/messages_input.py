@@ -2,8 +2,9 @@
 
 A Messages body is a chat conversation in other clothes: `system` becomes a
 system turn, each message a turn, an assistant's tool_use blocks its tool
-calls, and a user's tool_result blocks tool turns (before the user's text,
-where Anthropic puts them). `tool_choice` any/tool are the contract's
+calls and its thinking blocks its reasoning_content, and a user's
+tool_result blocks tool turns (before the user's text, where Anthropic puts
+them); `thinking` is the contract's reasoning budget. `tool_choice` any/tool are the contract's
 required/named choices, so forced calls are grammar-constrained exactly as
 on chat completions. The engine judges everything else and names the field;
 `Origins.relabel` turns its chat-shaped names back into the client's
@@ -27,9 +28,10 @@ _CHOICES = {
     "tool": generation_pb2.TOOL_CHOICE_MODE_FUNCTION,
     "none": generation_pb2.TOOL_CHOICE_MODE_NONE,
 }
-# Blocks a request may carry that the model never reads: earlier turns'
-# reasoning (Anthropic drops it from the context too).
-_NOT_RENDERED = frozenset({"thinking", "redacted_thinking"})
+# Blocks a request may carry that the model never reads: encrypted reasoning.
+# (Readable `thinking` blocks go to the chat template as the turn's
+# reasoning_content, which keeps or drops them as its family does.)
+_NOT_RENDERED = frozenset({"redacted_thinking"})
 
 
 def _invalid(param: str, message: str, code: str = "invalid_parameter") -> OpenAIError:
@@ -99,7 +101,19 @@ class Origins:
 
 _PLAIN = {"stop": "stop_sequences", "tool_choice.function.name": "tool_choice.name",
           "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
-          "max_completion_tokens": "max_tokens"}
+          "max_completion_tokens": "max_tokens",
+          "thinking_token_budget": "thinking.budget_tokens", "reasoning_effort": "thinking"}
+
+
+# Contract fields that a Messages body's field became, for the ignored-fields
+# report: both reasoning fields come from `thinking`.
+_REPORTED_AS = {"thinking_token_budget": "thinking", "reasoning_effort": "thinking"}
+
+
+def field_name(name: str) -> str:
+    """A contract field's name as a Messages body spells it (for the
+    ignored-fields report)."""
+    return _REPORTED_AS.get(name, name)
 _TURN = re.compile(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\].*|(\.tool_call_id)"
                    r"|\.(role|content|name)(?:.*))?")
 
@@ -158,13 +172,19 @@ def _user_turns(blocks: list[ContentBlock], where: str, turn, origins: Origins) 
 
 
 def _assistant_turn(blocks: list[ContentBlock], where: str, turn, origins: Origins) -> None:
-    texts, calls, call_origins = [], [], []
+    texts, calls, call_origins, thoughts = [], [], [], []
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
         if block.type == "text":
             if block.text is None:
                 raise _missing(f"{at}.text")
             texts.append(block.text)
+        elif block.type == "thinking":
+            if block.thinking is None:
+                raise _missing(f"{at}.thinking")
+            thoughts.append(block.thinking)
+            if block.signature is not None:
+                origins.unused.append(f"{at}.signature")  # nothing is signed here
         elif block.type == "tool_use":
             for key in ("id", "name", "input"):
                 if getattr(block, key) is None:
@@ -177,7 +197,8 @@ def _assistant_turn(blocks: list[ContentBlock], where: str, turn, origins: Origi
             origins.unused.append(at)
         else:
             raise _unsupported_block(f"{at}.type", block.type)
-    turn(where, role=generation_pb2.ROLE_ASSISTANT, content="".join(texts), tool_calls=calls)
+    turn(where, role=generation_pb2.ROLE_ASSISTANT, content="".join(texts), tool_calls=calls,
+         reasoning_content="".join(thoughts))
     origins.calls[-1] = call_origins
 
 
@@ -205,6 +226,25 @@ def add_tools(request: MessagesInput, pb: generation_service_pb2.GenerateRequest
         pb.parallel_tool_calls = not choice.disable_parallel_tool_use
 
 
+def add_thinking(request: MessagesInput, pb: generation_service_pb2.GenerateRequest) -> None:
+    """Anthropic's thinking in the contract's reasoning fields: a budget caps
+    the reasoning block (the engine closes it there), `disabled` switches a
+    reasoning model's thinking off, `adaptive` leaves it to the model. A
+    model with no reasoning format reports them as ignored."""
+    thinking = request.thinking
+    if thinking is None:
+        return
+    if thinking.type == "enabled":
+        if thinking.budget_tokens is None:
+            raise _missing("thinking.budget_tokens")
+        pb.thinking_token_budget = thinking.budget_tokens
+    elif thinking.type == "disabled":
+        pb.reasoning_effort = "none"
+    elif thinking.type != "adaptive":
+        raise _invalid("thinking.type", "'thinking.type' must be enabled, adaptive or "
+                       f"disabled; got '{thinking.type[:64]}'.")
+
+
 def generate_request(request: MessagesInput) -> tuple[generation_service_pb2.GenerateRequest,
                                                       Origins]:
     """The contract's request for a Messages body (a count's too: it has no
@@ -213,6 +253,7 @@ def generate_request(request: MessagesInput) -> tuple[generation_service_pb2.Gen
     origins.extras = frozenset(request.model_extra or ())
     pb = generation_service_pb2.GenerateRequest(model=request.model, chat=chat)
     add_tools(request, pb)
+    add_thinking(request, pb)
     pb.unused_fields.extend(origins.unused)
     if isinstance(request, MessagesRequest):
         _sampling(request, pb.sampling)

@@ -4,7 +4,8 @@ One fold serves both answers: `feed` turns each GenerateResponse into the
 stream's events (content_block_start / _delta / _stop) while it builds the
 content blocks, and `finish` closes the message; a non-streamed request
 keeps only the built message, so the streamed and the whole answer cannot
-drift apart. Text is one text block; each tool call a tool_use block whose
+drift apart. A reasoning model's reasoning is a thinking block (thinking_delta events),
+before the text. Text is one text block; each tool call a tool_use block whose
 `input` is the call's arguments parsed (the engine has checked them against
 the tool's schema), streamed as input_json_delta pieces. A call that
 max_tokens cut inside its arguments has no input, and the whole message
@@ -88,6 +89,13 @@ class MessageFold:
     def feed(self, message) -> list[Event]:
         events: list[Event] = []
         for delta in message.choices:  # a Messages request has one choice
+            if delta.reasoning:
+                if self._open is None or self._open["type"] != "thinking":
+                    # Nothing is signed here: the signature stays empty.
+                    self._begin({"type": "thinking", "thinking": "", "signature": ""}, events)
+                self._open["thinking"] += delta.reasoning
+                self._delta(len(self.blocks) - 1, {"type": "thinking_delta",
+                                                   "thinking": delta.reasoning}, events)
             if delta.text:
                 if self._open is None or self._open["type"] != "text":
                     self._begin({"type": "text", "text": ""}, events)

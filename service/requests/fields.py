@@ -45,6 +45,10 @@ ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)
 # which every route's extra fields carry to the engine by name).
 MESSAGES_PLACES = frozenset({"seed", "profile", "steering_intensity", "tools", "tool_choice",
                              "grammar"})
+# Messages fields of the table that the bridge maps onto another field of the
+# contract: their cell is that field's on chat (`thinking` is the reasoning
+# budget; its `disabled` is reasoning_effort "none").
+MESSAGES_ALIASES = {"thinking": "thinking_token_budget"}
 NO_PLACE = "this endpoint's request has no place for it"
 ALWAYS = ""  # a cell honoured on every engine
 
@@ -207,12 +211,11 @@ RULES: dict[str, FieldRule] = {
     "include": FieldRule(no_change=([], ["reasoning.encrypted_content"]),
                          why="no extra output (log-probabilities, sources) is included in "
                          "responses"),
-    # Anthropic's Messages fields that would change the output. `thinking`
-    # waits for the model families' reasoning output; once the contract
-    # carries a reasoning budget, the bridge maps it and it joins
-    # MESSAGES_PLACES under that field's name.
-    "thinking": FieldRule(no_change=({"type": "disabled"},), why="reasoning output (thinking "
-                          "blocks) is " + NOT_YET),
+    # Anthropic's Messages fields that would change the output. `thinking` is
+    # the Messages body's reasoning budget (MESSAGES_ALIASES); anywhere else
+    # it is an unknown request to think, refused.
+    "thinking": FieldRule(no_change=({"type": "disabled"},), why="thinking is Anthropic's "
+                          "Messages API field; use thinking_token_budget or reasoning_effort"),
     "output_config": FieldRule(no_change=({},), why="output formats and effort levels are "
                                + NOT_YET + "; force a tool for structured output"),
     "output_format": FieldRule(why="output formats are " + NOT_YET + "; force a tool for "
@@ -237,6 +240,8 @@ def messages_cell(name: str, rule: FieldRule, kind: EngineCapabilities,
     """The Messages route's cell: chat's, except that a field chat honours
     but a Messages body cannot place is refused, as check() refuses an
     unmapped extra field."""
+    if name in MESSAGES_ALIASES:
+        return RULES[MESSAGES_ALIASES[name]].cell(CHAT, kind, model)
     # check() runs first with the engine kind's capabilities: a field the kind
     # honours but the body could not place is refused there, whatever the
     # loaded model would make of it.

@@ -4,7 +4,8 @@ Messages API, one path per run (.venv-eco).
 Paths of the SDK: create (a message and its count_tokens), stream (a seeded
 request whole and through messages.stream), tools (a forced get_weather, then
 the turn that carries its tool_result), errors (each refusal the SDK raises
-as its own class). LangChain: bind_tools (a forced tool) and
+as its own class), thinking (a reasoning model's thinking block, whole and
+streamed). LangChain: bind_tools (a forced tool) and
 with_structured_output(Weather) (its default method, a forced tool).
 Nothing is changed from the libraries' defaults but the base URL, the model,
 max_tokens, and miLLM's `seed` as an extra body field.
@@ -68,12 +69,27 @@ elif path == "tools":
     emit(stop_reason=first.stop_reason, blocks=[b.type for b in first.content],
          tool={"id": use.id, "name": use.name, "input": use.input},
          answer_stop=second.stop_reason, answer_blocks=[b.type for b in second.content])
+elif path == "thinking":
+    # A reasoning model (tests/format_models.py's tiny-r1): its reasoning is
+    # a thinking block, capped by the budget.
+    ask = {"model": model, "max_tokens": 48, "messages": HELLO,
+           "thinking": {"type": "enabled", "budget_tokens": 8},
+           "extra_body": {"seed": SEED, "temperature": 0.9}}
+    whole = client.messages.create(**ask)
+    with client.messages.stream(**ask) as stream:
+        thought = "".join(e.thinking for e in stream if e.type == "thinking")
+        final = stream.get_final_message()
+    emit(blocks=[type(b).__name__ for b in whole.content],
+         kinds=[b.type for b in whole.content], final_kinds=[b.type for b in final.content],
+         thinking=next((b.thinking for b in whole.content if b.type == "thinking"), None),
+         streamed_thinking=thought,
+         text=text_of(whole), final_text=text_of(final))
 elif path == "errors":
     raised = {}
     attempts = {
         "no_max_tokens": dict(model=model, messages=HELLO, max_tokens=anthropic.omit),
         "unknown_model": dict(model="no-such-model", messages=HELLO, max_tokens=8),
-        "thinking": dict(model=model, messages=HELLO, max_tokens=2048,
+        "thinking": dict(model=model, messages=HELLO, max_tokens=512,
                          thinking={"type": "enabled", "budget_tokens": 1024}),
         "bad_role": dict(model=model, max_tokens=8,
                          messages=[{"role": "system", "content": "x"}]),
