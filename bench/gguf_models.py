@@ -18,6 +18,7 @@ import os
 import pathlib
 import shutil
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -112,3 +113,21 @@ async def step_ms(stub, request) -> float:
 
 def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
+
+
+def run_models(args, title: str, each) -> int:
+    """The GGUF benches' driver: the demo model, then (unless --no-100m) the
+    100M one, each served on the engine's CPUs with the clients on the rest;
+    `each(tmp, index, model, engine_cpus)` measures one."""
+    engine_cpus, client_cpus = split_cpus()
+    print(title, flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        models = [demo()]
+        if args.big:
+            models.append(hundred_million(tmp / "hl"))
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)
+        for i, model in enumerate(models):
+            each(tmp, i, model, engine_cpus)
+    return 0

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import pathlib
 import statistics
 import sys
@@ -178,19 +177,10 @@ def gguf_model(tmp: pathlib.Path, index: int, model: gguf_models.BenchModel, arg
 
 
 def gguf_main(args) -> int:
-    engine_cpus, client_cpus = gguf_models.split_cpus()
-    print("monitoring benchmark, GGUF engine (llama.cpp, one thread): probes read "
-          "l_out-<layer> through an eval callback", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = pathlib.Path(tmp)
-        models = [gguf_models.demo()]
-        if args.big:
-            models.append(gguf_models.hundred_million(tmp / "hl"))
-        if client_cpus:
-            os.sched_setaffinity(0, client_cpus)
-        for i, model in enumerate(models):
-            gguf_model(tmp, i, model, args, engine_cpus)
-    return 0
+    return gguf_models.run_models(
+        args, "monitoring benchmark, GGUF engine (llama.cpp, one thread): probes read "
+        "l_out-<layer> through an eval callback",
+        lambda tmp, i, model, cpus: gguf_model(tmp, i, model, args, cpus))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import pathlib
 import sys
 import tempfile
@@ -210,31 +209,25 @@ def gguf_report(model: gguf_models.BenchModel, runs: dict, args) -> None:
           f"(+{on - off:.3f} ms, {on / off - 1:+.1%}; median of {len(runs[('step', True)])})")
 
 
-def gguf_main(args) -> int:
-    engine_cpus, client_cpus = gguf_models.split_cpus()
-    print("steering benchmark, GGUF engine (llama.cpp, one thread): steered rows add their "
-          "profile's vector to l_out-<layer> in an eval callback", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = pathlib.Path(tmp)
-        models = [gguf_models.demo()]
-        if args.big:
-            models.append(gguf_models.hundred_million(tmp / "hl"))
-        if client_cpus:
-            os.sched_setaffinity(0, client_cpus)
-        for i, model in enumerate(models):
-            (tmp / f"engine-{i}").mkdir()
-            process, port = model.engine(tmp / f"engine-{i}", engine_cpus)
-            target, runs = f"127.0.0.1:{port}", {}
-            try:
-                harness.wait_serving(process, port, timeout=600)
-                asyncio.run(gguf_setup(target, model, max(GGUF_CLIENTS)))
-                for _ in range(args.rounds):
-                    gguf_round(target, model, args, runs)
-            finally:
-                process.stop()
-            gguf_report(model, runs, args)
-    return 0
+def gguf_model(tmp: pathlib.Path, index: int, model, args, cpus) -> None:
+    (tmp / f"engine-{index}").mkdir()
+    process, port = model.engine(tmp / f"engine-{index}", cpus)
+    target, runs = f"127.0.0.1:{port}", {}
+    try:
+        harness.wait_serving(process, port, timeout=600)
+        asyncio.run(gguf_setup(target, model, max(GGUF_CLIENTS)))
+        for _ in range(args.rounds):
+            gguf_round(target, model, args, runs)
+    finally:
+        process.stop()
+    gguf_report(model, runs, args)
 
+
+def gguf_main(args) -> int:
+    return gguf_models.run_models(
+        args, "steering benchmark, GGUF engine (llama.cpp, one thread): steered rows add "
+        "their profile's vector to l_out-<layer> in an eval callback",
+        lambda tmp, i, model, cpus: gguf_model(tmp, i, model, args, cpus))
 
 if __name__ == "__main__":
     raise SystemExit(main())

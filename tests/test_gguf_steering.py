@@ -217,6 +217,29 @@ def test_concurrent_monitored_requests_on_gguf_each_get_their_own_verdicts(stack
         stack.api("DELETE", "/api/probes/late")
 
 
+def test_a_monitored_prompt_reusing_cached_cells_gets_the_same_verdicts(stack, profiles):
+    """A slot keeps its probe scores beside its cells: a monitored prompt that
+    reuses them replays the scores, so the verdict counts every position."""
+    layer, feature, _ = profiles["late"][0]
+    stack.ok("POST", "/api/probes", {"name": "late", "sae_id": L1, "feature": feature,
+                                     "threshold": 1.0})
+    messages = [{"role": "system", "content": "You answer briefly. " * 8},
+                {"role": "user", "content": "Tell me about the sea."}]
+    try:
+        stack.ok("PUT", "/api/monitoring", {"model": F32, "enabled": True})
+        first = chat(stack, F32, messages=messages)
+        again = chat(stack, F32, messages=messages)
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        a, b = first["millm"]["probe_verdicts"][0], again["millm"]["probe_verdicts"][0]
+        assert (a["fired"], a["first_position"], a["positions_read"]) == (
+            b["fired"], b["first_position"], b["positions_read"])
+        assert abs(a["peak"] - b["peak"]) <= 1e-3 * max(1.0, abs(a["peak"]))
+        assert a["positions_read"] >= first["usage"]["prompt_tokens"]
+    finally:
+        stack.ok("PUT", "/api/monitoring", {"model": F32, "enabled": False})
+        stack.api("DELETE", "/api/probes/late")
+
+
 def test_saes_that_do_not_fit_the_gguf_model_are_refused_at_attach(stack):
     chat(stack, F32)
     for sae, why in (("sae_wrong-width", "d_in"), ("sae_past-last-layer", "layer")):

@@ -36,7 +36,7 @@ from service.engines import faults
 from service.engines.gguf import forks
 from service.engines.gguf.lanes import Lanes
 from service.engines.gguf.slots import Row, Slot, Slots, step_batch, take_token
-from service.engines.gguf.steering import BatchPart
+from service.engines.gguf.steering import BatchPart, monitor_key, replay_scores
 from service.engines.model_thread import out_of_memory
 from service.errors import batch_reset, internal_error
 from service.generation.job import ChoiceDelta, GenerationJob, GroupDone, StepOutput
@@ -88,6 +88,8 @@ class Runner:
 
         lib.llama_memory_seq_rm(self.ctx.memory, slot.seq, keep, -1)
         del slot.tokens[keep:]
+        for table in slot.scores.values():
+            del table[keep:]
 
     def leave(self, row: Row, keep_cells: bool) -> None:
         """The row leaves its slot; a shared slot's cells stay (a prefix a later
@@ -146,6 +148,8 @@ class Runner:
             steer = (self.steerer.row(job.spec, job.monitor, len(group.prompt_ids))
                      if self.steerer is not None else None)
             key = plan_key(job.spec.steering)
+            if job.monitor is not None:  # its prefix must come with its probes' scores
+                key = (key, monitor_key(job.monitor))
             # A row that reads its prompt's activations evaluates the prompt itself.
             leader = (None if seeded or (steer is not None and steer.reads_prompt)
                       else self.forks.leader_for(job, group, self.slots.rows))
@@ -157,6 +161,10 @@ class Runner:
                 slot, same = picked
                 if leader is not None:
                     same = 0  # its cells will be the leader's: it keeps none of its own
+                if same and job.monitor is not None:
+                    self.steer.flush()  # the slot's last scores may still be unscored
+                    if not replay_scores(slot.scores, job.monitor, same):
+                        same = 0
                 need = len(group.prompt_ids) - same + group.max_tokens
                 running = self.slots.rows
                 if not self.slots.fits(need, slot, same):
@@ -334,5 +342,6 @@ def steering_parts(rows: list[Row], batch) -> list[BatchPart]:
         if row.steer.needs_all_outputs():
             for j in range(start, start + count):
                 batch.logits[j] = True
-        parts.append(BatchPart(row.steer, start, count, position, ids))
+        parts.append(BatchPart(row.steer, start, count, position, ids,
+                               row.slot.scores if row.steer.monitor is not None else None))
     return parts

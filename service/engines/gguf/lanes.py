@@ -44,6 +44,7 @@ class Lane:
 
         lib.llama_memory_clear(self.ctx.memory, True)
         self.slot.tokens.clear()
+        self.slot.scores.clear()
         self.slot.row = None
 
     def close(self) -> None:

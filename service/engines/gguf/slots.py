@@ -28,6 +28,9 @@ class Slot:
     # The steering plan its cells were computed under (steering/plan.py
     # plan_key; None: unsteered): a prefix is reused only under the same one.
     key: tuple | None = None
+    # Monitoring's probe scores of its positions, per probe layer of the
+    # monitor spec its key names (engines/gguf/steering.py keep_scores).
+    scores: dict = field(default_factory=dict)
 
 
 @dataclass

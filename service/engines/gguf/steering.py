@@ -100,9 +100,12 @@ class RowSteering:
         self.layer_reads: tuple = tuple(out)
         self.pre_reads = sum(1 for kind, _, _ in out if kind == "pre")
         self.post_reads = len(out) - self.pre_reads
-        # Whether its prompt positions must be computed here (not reused).
-        self.reads_prompt = self.monitor is not None or (
-            self.recorder is not None and self.recorder.spec.reads_prompt(self.prompt_len))
+        # Whether its prompt positions must be computed here (not reused): a
+        # readout of them must. Probes need not: a slot keeps the scores its
+        # monitored rows' positions got, and a prompt reusing its cells under
+        # the same probes replays them (replay_scores).
+        self.reads_prompt = (self.recorder is not None
+                             and self.recorder.spec.reads_prompt(self.prompt_len))
         # Whether it reads every token of its chunk at the last block.
         self.all_outputs = any(layer == self.last_layer for _, layer, reader in out
                                if reader is not self.recorder) or (
@@ -122,6 +125,8 @@ class BatchPart:
     count: int
     first_position: int
     token_ids: list[int]
+    # The slot's probe scores (Slot.scores), which this step's reads extend.
+    scores: dict | None = None
 
 
 class ContextSteer:
@@ -242,7 +247,8 @@ class ContextSteer:
                 if isinstance(reader, ActivationRecorder):
                     reader.record(torch.from_numpy(rows), positions, part.token_ids)
                 else:  # scored later, many steps' rows in one encode (flush)
-                    self._probe_rows.append((reader, rows.copy(), part.steer.monitor, positions))
+                    self._probe_rows.append((reader, rows.copy(), part.steer.monitor, positions,
+                                             part.scores))
                     self._probe_count += part.count
         self._parts = []
         self._clear()
@@ -260,11 +266,14 @@ class ContextSteer:
         self._probe_rows, self._probe_count = [], 0
         for group in by_layer.values():
             layer: LayerProbes = group[0][0]
-            hidden = np.concatenate([rows for _, rows, _, _ in group])
+            hidden = np.concatenate([read[1] for read in group])
             scores = layer.read(torch.from_numpy(hidden))
             at = 0
-            for _, rows, monitor, positions in group:
-                monitor.read(layer, positions, scores[at:at + len(rows)])
+            for _, rows, monitor, positions, kept in group:
+                mine = scores[at:at + len(rows)]
+                monitor.read(layer, positions, mine)
+                if kept is not None:
+                    keep_scores(kept, monitor.spec.layers.index(layer), positions, mine)
                 at += len(rows)
 
     # -- load -------------------------------------------------------------------------
@@ -341,3 +350,34 @@ def reachable(ctx, batch, steer: ContextSteer, bos: int, model_id: str) -> bool:
         log.warning("steering unavailable for %s: its graph does not name every block's "
                     "residual stream (l_out-<layer>)", model_id)
     return found
+
+
+def monitor_key(monitor: ProbeReader | None) -> tuple | None:
+    """What a slot's kept probe scores were computed for: every probe of the
+    spec, in order (None: not monitored)."""
+    if monitor is None:
+        return None
+    return tuple((layer.layer, p.sae_id, p.features, p.threshold)
+                 for layer in monitor.spec.layers for p in layer.probes)
+
+
+def keep_scores(kept: dict, layer: int, positions: list[int], scores: list) -> None:
+    """Record a slot's scores at spec layer `layer` for `positions` (its
+    positions arrive in order; a gap makes the table unusable past it)."""
+    table = kept.setdefault(layer, [])
+    for position, row in zip(positions, scores, strict=True):
+        if position < len(table):
+            table[position] = row
+        elif position == len(table):
+            table.append(row)
+
+
+def replay_scores(kept: dict, monitor: ProbeReader, same: int) -> bool:
+    """Hand `monitor` the kept scores of positions below `same`; False (and
+    nothing read) when the slot does not hold them all."""
+    tables = [kept.get(i, []) for i in range(len(monitor.spec.layers))]
+    if any(len(t) < same for t in tables):
+        return False
+    for layer, table in zip(monitor.spec.layers, tables, strict=True):
+        monitor.read(layer, list(range(same)), table[:same])
+    return True
