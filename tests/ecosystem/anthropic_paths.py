@@ -59,13 +59,17 @@ elif path == "tools":
     ask = [{"role": "user", "content": TOOL_PROMPT}]
     first = client.messages.create(model=model, max_tokens=MAX_TOKENS, messages=ask,
                                    tools=[GET_WEATHER],
-                                   tool_choice={"type": "tool", "name": "get_weather"})
+                                   tool_choice={"type": "tool", "name": "get_weather"},
+                                   extra_body={"seed": 1})
     use = next(b for b in first.content if b.type == "tool_use")
     follow = [*ask, {"role": "assistant", "content": first.content},
               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                             "content": f"Sunny in {use.input.get('city')}."}]}]
+    # Seeded, as the first: unseeded, a sampled call could be followed by an
+    # answer that ends at once (an empty message is a valid answer, not the
+    # one this path checks).
     second = client.messages.create(model=model, max_tokens=48, messages=follow,
-                                    tools=[GET_WEATHER])
+                                    tools=[GET_WEATHER], extra_body={"seed": 1})
     emit(stop_reason=first.stop_reason, blocks=[b.type for b in first.content],
          tool={"id": use.id, "name": use.name, "input": use.input},
          answer_stop=second.stop_reason, answer_blocks=[b.type for b in second.content])
