@@ -190,7 +190,7 @@ class SteeringManager(ProfileWrites):
     def _check_fits(self, info: SaeInfo) -> None:
         if self._model is None:
             raise steering_unavailable("The loaded model cannot be steered (no model is "
-                                       "loaded, or its engine has no steering hooks).")
+                                       "loaded, or its engine cannot reach its residual stream).")
         hidden, layers = self._model
         if info.d_in != hidden:
             raise EngineError("sae_mismatch", f"{info.id} reads d_in={info.d_in}, but the "

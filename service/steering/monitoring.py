@@ -205,7 +205,7 @@ class MonitoringManager:
         elif loaded != model:
             reason = "this model is not the one loaded"
         elif not self.steering.hookable:
-            reason = "the loaded model has no steering hooks, so nothing can be read"
+            reason = "the loaded model's residual stream cannot be reached, so nothing can be read"
         elif not self.probes:
             reason = "no probes are defined: monitoring reads nothing (a no-op)"
         elif self.spec_for(model) is None:
