@@ -1,30 +1,45 @@
-"""GGUF peer benchmark: miLLM (bridge + GGUF engine) against llama.cpp's own
-C++ server (llama-server, 8 parallel slots with continuous batching) and
-llama-cpp-python's OpenAI server (llama_cpp.server), serving the same GGUF
-file side by side.
+"""GGUF peer benchmark: miLLM's whole stack against llama.cpp's own server, on equal cores.
 
-Each server gets the same streamed chat requests at temperature 0 (so all
-generate the same tokens: tests/test_gguf_peer.py checks the text is equal
-for llama_cpp.server), with 1, 8 and 32 concurrent closed-loop clients, and
-the script prints tokens/s and time to first token (p50/p95) for each, and
-miLLM's throughput as a share of each peer's. All run llama.cpp with one
-thread; with two or more cores the servers get the first core and the
-clients the rest. Only one server is busy at a time. llama-server is built
-once by tools/build_llama_server.sh (`make llama-server`); without it, its
-rows are left out and the script says so.
+What a user comparing the two would run: the same GGUF file, the same
+OpenAI chat requests, each server's whole stack (miLLM: its engine *and* its
+REST bridge; llama-server: its one process, HTTP threads included) confined
+to the same CPU set, and the clients on the other cores. Only one server is
+busy at a time; the rounds alternate which goes first.
 
-Usage: python bench/gguf_peer.py [--model millm-tiny-gguf:Q8_0] [--requests 24]
-       [--clients 1,8,32]
+Every knob that could differ is pinned on both sides and printed: llama.cpp
+threads (decode and batch), batch and ubatch sizes, slots (8), the context per
+slot, flash attention, the KV cache's layout and type, llama-server's HTTP
+threads and sampler chain (reduced to greedy: top-k 1, as miLLM's temperature
+0). Both ban the same tokens: miLLM never generates a control token other than
+end-of-generation, and `ignore_eos` bans those too, so llama-server gets the
+same ban as a logit bias. Before timing, each prompt's non-streamed greedy
+answer is fetched from both and compared; a difference is printed with where
+it starts.
+
+Each cell is closed-loop clients (each sends its next request when its last
+ends), greedy, `ignore_eos`, a fixed number of completion tokens, streamed
+(with usage in the last chunk) and not; tokens are counted from each
+response's `usage` on both sides. Cells run --rounds times, alternating; the
+table gives the median tokens/s, the spread (max/min over rounds), streamed
+time to first token, and miLLM / llama-server from the medians.
+
+Models: the ~100M Llama of bench/hardware_limit.py exported as Q8_0 and F16
+(built here, a minute or two), and the demo model's Q8_0 export.
+
+Usage: python bench/gguf_peer.py [--models 100m-Q8_0,100m-F16,demo-Q8_0]
+       [--clients 1,8,32] [--rounds 3] [--tokens 64] [--stack-cpus 1] [--json]
+       [--models-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
-import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -33,141 +48,292 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests import harness, http_helpers  # noqa: E402
+from bench import peer_http  # noqa: E402
+from tests import harness  # noqa: E402
 
 PROMPTS = ["Tell me a story about the river.", "What does the miller do in the morning?",
            "Hello!", "Where is the lighthouse?", "Tell me about the market.",
-           "What is in the garden?"]
-# llama_cpp.server's own defaults are not OpenAI's; neutral values for it.
-PEER_NEUTRAL = {"repeat_penalty": 1.0, "top_k": 0, "min_p": 0.0}
+           "What is in the garden?", "Who keeps the lighthouse?", "Describe the train."]
+MODELS = ("100m-Q8_0", "100m-F16", "demo-Q8_0")
+SLOTS, WINDOW, BATCH = 8, 1024, 512
+FLASH_ATTN = "off"  # llama-cpp-python's default for a context; pinned on both sides
+SERVERS = ("miLLM", "llama-server")
 
 
-_CONTENT = re.compile(rb'"content":\s?"[^"]')
-_FINISHED = re.compile(rb'"finish_reason":\s?"')
+def cpu_sets(stack_cpus: int) -> dict[str, list[int]]:
+    """The same cores for each server's stack, the rest for the clients."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) <= stack_cpus:
+        raise SystemExit(f"needs more than {stack_cpus} CPUs (has {len(cpus)}): the clients "
+                         "must not share the servers' cores")
+    stack = cpus[:stack_cpus]
+    return {"millm": stack, "llama-server": stack, "clients": cpus[stack_cpus:]}
 
 
-async def one(port: int, body: dict) -> float:
-    """Seconds to the first non-empty content of one streamed chat, over a bare
-    connection read to its [DONE]."""
-    payload = json.dumps(body).encode()
-    started = time.perf_counter()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: "
-                 + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-    await writer.drain()
-    first, buffer = None, b""
-    while True:
-        piece = await reader.read(65536)
-        if not piece:
-            break
-        buffer += piece
-        if first is None and _CONTENT.search(buffer):
-            first = time.perf_counter() - started
-        if b"data: [DONE]" in buffer:
-            break
-    writer.close()
-    if b" 200 " not in buffer.split(b"\r\n", 1)[0] or not _FINISHED.search(buffer):
-        raise RuntimeError(f"request failed or ended early: {buffer[:300]!r}")
-    return first or 0.0
+def model_files(tmp: pathlib.Path, names: list[str],
+                kept: pathlib.Path | None) -> dict[str, tuple[pathlib.Path, str]]:
+    """name -> (models dir, model id) for miLLM; the file is the same for both.
+    The 100M exports are built under `kept` (reused when already there) or tmp."""
+    out = {}
+    if any(n.startswith("100m-") for n in names):
+        from bench import hardware_limit
+
+        models = kept or tmp / "models"
+        quants = tuple(n.split("-", 1)[1] for n in names if n.startswith("100m-"))
+        if not all(gguf_path(models, f"{hardware_limit.GGUF_REPO}:{q}").is_file()
+                   for q in quants):
+            shutil.rmtree(models, ignore_errors=True)
+            models.mkdir(parents=True)
+            started = time.perf_counter()
+            hardware_limit.build(models, "float32", True, quants=quants)
+            shutil.rmtree(models / hardware_limit.MODEL)  # only the export's source
+            print(f"built {hardware_limit.GGUF_REPO} {', '.join(quants)} in "
+                  f"{time.perf_counter() - started:.0f}s", flush=True)
+        for quant in quants:
+            out[f"100m-{quant}"] = (models, f"{hardware_limit.GGUF_REPO}:{quant}")
+    if "demo-Q8_0" in names:
+        out["demo-Q8_0"] = (harness.models_dir(), "millm-tiny-gguf:Q8_0")
+    return out
 
 
-async def drive(port: int, model: str, extra: dict, clients: int, requests: int,
-                tokens: dict[str, int], max_tokens: int) -> dict:
+def gguf_path(models: pathlib.Path, model_id: str) -> pathlib.Path:
+    repo, quant = model_id.split(":")
+    return models / repo / f"{repo}-{quant}.gguf"
+
+
+def banned_tokens(path: pathlib.Path) -> dict[str, float]:
+    """The file's control tokens (llama.cpp's token type 3): miLLM never
+    generates one (end-of-generation ones only end a turn, and ignore_eos
+    bans those too), so llama-server gets the same ban as a logit bias."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    field = reader.fields["tokenizer.ggml.token_type"]
+    types = [int(field.parts[i][0]) for i in field.data]
+    return {str(i): -100 for i, kind in enumerate(types) if kind == 3}
+
+
+def llama_server_flags(threads: int) -> list[str]:
+    """Every knob of llama-server that could differ from miLLM's, pinned."""
+    return ["--threads", str(threads), "--threads-batch", str(threads),
+            "--threads-http", str(SLOTS + 2),  # its default for --parallel 8
+            "--parallel", str(SLOTS), "--ctx-size", str(SLOTS * WINDOW),
+            "--batch-size", str(BATCH), "--ubatch-size", str(BATCH),
+            "--flash-attn", FLASH_ATTN, "--kv-unified", "--cache-type-k", "f16",
+            "--cache-type-v", "f16", "--cont-batching", "--no-webui",
+            "--samplers", "top_k", "--top-k", "1", "--temp", "0",
+            "--cache-ram", "0", "--no-warmup", "--log-disable"]
+
+
+def millm_settings(threads: int) -> dict[str, str]:
+    return {"MILLM_GGUF_THREADS": str(threads), "MILLM_GGUF_SLOTS": str(SLOTS),
+            "MILLM_GGUF_CONTEXT": str(WINDOW),
+            "MILLM_LOG_LEVEL": "WARNING"}
+
+
+class Stacks:
+    """Both servers on one model, started together, stopped together."""
+
+    def __init__(self, tmp: pathlib.Path, models: pathlib.Path, model_id: str,
+                 cpus: dict[str, list[int]]):
+        stack = set(cpus["millm"])
+        threads = len(stack)
+        self.path = gguf_path(models, model_id)
+        self.model_id = model_id
+        self.processes = []
+        engine, grpc_port = harness.start_engine(
+            tmp, stack, MILLM_MODELS_DIR=str(models), MILLM_MODEL=model_id,
+            MILLM_LOCK_MODEL=model_id, **millm_settings(threads))
+        self.processes.append(engine)
+        port = harness.free_port()
+        self.flags = llama_server_flags(threads)
+        native = harness.Process([str(harness.llama_server_binary()), "--model", str(self.path),
+                                  "--host", "127.0.0.1", "--port", str(port), *self.flags],
+                                 dict(os.environ), tmp / f"llama-server-{port}.log",
+                                 set(cpus["llama-server"]))
+        self.processes.append(native)
+        harness.wait_serving(engine, grpc_port, timeout=300)
+        bridge, http_port = harness.start_bridge(tmp, grpc_port, stack)
+        self.processes.append(bridge)
+        harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
+        harness.wait_http(native, f"http://127.0.0.1:{port}/health", timeout=300)
+        self.ports = {"miLLM": http_port, "llama-server": port}
+        self.extra = {"miLLM": {}, "llama-server": {"logit_bias": banned_tokens(self.path)}}
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+
+
+def body(server: str, stacks: Stacks, prompt: str, tokens: int, stream: bool) -> dict:
+    out = {"model": stacks.model_id, "messages": [{"role": "user", "content": prompt}],
+           "temperature": 0, "max_tokens": tokens, "ignore_eos": True, "stream": stream,
+           **stacks.extra[server]}
+    if stream:
+        out["stream_options"] = {"include_usage": True}
+    return out
+
+
+def compare_texts(stacks: Stacks, tokens: int) -> tuple[bool, list[str]]:
+    """Each prompt's greedy answer from both servers; (all equal, differences)."""
+    differences = []
+    for prompt in PROMPTS:
+        answers = {}
+        for server in SERVERS:
+            reply = peer_http.post_json(stacks.ports[server],
+                                        body(server, stacks, prompt, tokens, False))
+            answers[server] = (reply["choices"][0]["message"]["content"],
+                               reply["usage"]["completion_tokens"])
+        ours, theirs = answers["miLLM"], answers["llama-server"]
+        if ours != theirs:
+            (a, n), (b, m) = ours, theirs
+            pairs = enumerate(zip(a, b, strict=False))
+            at = next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+            differences.append(f"{prompt!r}: {n} vs {m} tokens, first difference at "
+                               f"character {at}: miLLM {a[at:at + 30]!r}, llama-server "
+                               f"{b[at:at + 30]!r}")
+    return not differences, differences
+
+
+async def cell(server: str, stacks: Stacks, clients: int, per_client: int, tokens: int,
+               stream: bool) -> dict:
+    """Closed-loop clients; tokens/s from the responses' usage, and TTFTs."""
+    port = stacks.ports[server]
     ttfts: list[float] = []
     generated = 0
 
-    async def worker(c: int):
+    async def client(c: int):
         nonlocal generated
-        for r in range(c, requests, clients):
-            prompt = PROMPTS[r % len(PROMPTS)]
-            ttfts.append(await one(port, {
-                "model": model, "messages": [{"role": "user", "content": prompt}],
-                "temperature": 0, "max_tokens": max_tokens, "stream": True, **extra}))
-            generated += tokens[prompt]
+        for r in range(per_client):
+            prompt = PROMPTS[(c + r) % len(PROMPTS)]
+            request = body(server, stacks, prompt, tokens, stream)
+            if stream:
+                first, usage = await peer_http.stream(port, request)
+                ttfts.append(first)
+            else:
+                usage = (await peer_http.post(port, request))["usage"]
+            generated += usage["completion_tokens"]
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker(c) for c in range(clients)))
+    await asyncio.gather(*(client(c) for c in range(clients)))
     elapsed = time.perf_counter() - started
-    ttfts.sort()
-    return {"tokens_per_s": generated / elapsed,
-            "ttft_p50_ms": 1000 * statistics.median(ttfts),
-            "ttft_p95_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))]}
+    return {"tokens_per_s": generated / elapsed, "tokens": generated,
+            "ttft_ms": 1000 * statistics.median(ttfts) if ttfts else None}
 
 
-def completion_tokens(port: int, model: str, extra: dict, max_tokens: int,
-                      counts_end_token: bool) -> dict[str, int]:
-    """Text tokens of each prompt's greedy answer (the same on both servers).
-    miLLM's usage counts the end-of-turn token it generated, llama_cpp.server's
-    does not; it is left out here so both are measured on the same tokens."""
-    counts = {}
-    for prompt in PROMPTS:
-        reply, content = http_helpers.post(port, "/v1/chat/completions", {
-            "model": model, "messages": [{"role": "user", "content": prompt}],
-            "temperature": 0, "max_tokens": max_tokens, **extra})
-        assert reply.status == 200, content
-        answer = json.loads(content)
-        ended = answer["choices"][0]["finish_reason"] == "stop"
-        counts[prompt] = answer["usage"]["completion_tokens"] - (counts_end_token and ended)
-    return counts
+def per_client_requests(clients: int) -> int:
+    return 4 if clients == 1 else 2
+
+
+def measure_model(stacks: Stacks, levels: list[int], rounds: int, tokens: int) -> dict:
+    """rounds x (each server, alternating which first) x streamed/not x levels."""
+    runs: dict = {}
+    for server in SERVERS:  # warm-up: the first requests load pages, JIT nothing
+        asyncio.run(cell(server, stacks, 2, 1, 8, True))
+    for r in range(rounds):
+        order = SERVERS if r % 2 == 0 else SERVERS[::-1]
+        for server in order:
+            for mode in ("streamed", "non_streamed"):
+                for clients in levels:
+                    result = asyncio.run(cell(server, stacks, clients,
+                                              per_client_requests(clients), tokens,
+                                              mode == "streamed"))
+                    runs.setdefault((server, mode, clients), []).append(result)
+        print(f"  round {r + 1}/{rounds} done", flush=True)
+    return runs
+
+
+def summarise(runs: dict) -> dict:
+    out: dict = {}
+    for (server, mode, clients), results in runs.items():
+        rates = [r["tokens_per_s"] for r in results]
+        ttfts = [r["ttft_ms"] for r in results if r["ttft_ms"] is not None]
+        out[(server, mode, clients)] = {
+            "tokens_per_s": statistics.median(rates), "spread": max(rates) / min(rates),
+            "ttft_ms": statistics.median(ttfts) if ttfts else None, "rounds": len(rates)}
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="millm-tiny-gguf:Q8_0")
-    parser.add_argument("--requests", type=int, default=24)
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--stack-cpus", type=int, default=1,
+                        help="cores for each server's whole stack (the clients get the rest)")
+    parser.add_argument("--models-dir", type=pathlib.Path,
+                        help="keep the built 100M exports here and reuse them")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args()
+    if harness.llama_server_binary() is None:
+        raise SystemExit("llama-server is not built: run `make llama-server` first")
+    names = [m for m in args.models.split(",") if m]
+    unknown = set(names) - set(MODELS)
+    if unknown:
+        raise SystemExit(f"unknown models {sorted(unknown)}; known: {', '.join(MODELS)}")
     levels = [int(c) for c in args.clients.split(",")]
-    cpus = sorted(os.sched_getaffinity(0))
-    server_cpus, client_cpus = ({cpus[0]}, set(cpus[1:])) if len(cpus) > 1 else (None, None)
-    if client_cpus:
-        os.sched_setaffinity(0, client_cpus)
-    results, lengths = {}, {}
+    cpus = cpu_sets(args.stack_cpus)
+    os.sched_setaffinity(0, set(cpus["clients"]))
+    log = sys.stderr if args.json else sys.stdout
+    figures: dict = {"cpus": cpus, "llama_server_flags": None, "millm_settings": None,
+                     "greedy_text_equal": {}, "differences": {}, "ratio": {}, "cells": {}}
+    print(f"CPU sets: miLLM stack (engine + bridge) {cpus['millm']}, llama-server "
+          f"{cpus['llama-server']}, clients {cpus['clients']}", file=log, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        engine, grpc_port = harness.start_engine(tmp, server_cpus, MILLM_MODEL=args.model)
-        peer, peer_port = harness.start_llama_cpp_server(tmp, harness.gguf_file(args.model),
-                                                         cpus=server_cpus)
-        native = native_port = None
-        if harness.llama_server_binary() is not None:
-            native, native_port = harness.start_llama_server(
-                tmp, harness.gguf_file(args.model), parallel=8, cpus=server_cpus)
-        bridge = None
-        try:
-            harness.wait_serving(engine, grpc_port)
-            bridge, http_port = harness.start_bridge(tmp, grpc_port, client_cpus)
-            harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
-            harness.wait_http(peer, f"http://127.0.0.1:{peer_port}/v1/models")
-            servers = {"miLLM": (http_port, {}, True),
-                       "llama_cpp.server": (peer_port, PEER_NEUTRAL, False)}
-            if native is not None:
-                harness.wait_http(native, f"http://127.0.0.1:{native_port}/health")
-                servers["llama-server -np 8"] = (native_port, PEER_NEUTRAL, True)
-            for name, (port, extra, counts_end) in servers.items():
-                tokens = completion_tokens(port, args.model, extra, args.max_tokens, counts_end)
-                lengths[name] = statistics.mean(tokens.values())
-                for clients in levels:
-                    results[(name, clients)] = asyncio.run(drive(
-                        port, args.model, extra, clients, max(args.requests, clients),
-                        tokens, args.max_tokens))
-        finally:
-            for process in (bridge, native, peer, engine):
-                if process is not None:
-                    process.stop()
-    print(f"GGUF peer benchmark: {args.model}, {args.requests} streamed greedy chats per "
-          f"cell, max_tokens {args.max_tokens}, llama.cpp with 1 thread; answers average "
-          + ", ".join(f"{n:.1f} tokens on {name}" for name, n in lengths.items()))
-    if harness.llama_server_binary() is None:
-        print("llama-server not built (make llama-server): its rows are left out")
-    print(f"{'server':<20} {'clients':>7} {'tokens/s':>9} {'TTFT p50':>10} {'TTFT p95':>10} "
-          f"{'miLLM / it':>11}")
-    for (name, clients), r in results.items():
-        ours = results[("miLLM", clients)]["tokens_per_s"]
-        print(f"{name:<20} {clients:>7} {r['tokens_per_s']:>9.0f} {r['ttft_p50_ms']:>8.1f}ms "
-              f"{r['ttft_p95_ms']:>8.1f}ms {ours / r['tokens_per_s']:>10.2f}x")
+        with contextlib.redirect_stdout(log):
+            files = model_files(tmp, names, args.models_dir)
+        for name in names:
+            models, model_id = files[name]
+            print(f"{name}: starting both servers", file=log, flush=True)
+            stacks = Stacks(tmp, models, model_id, cpus)
+            try:
+                figures["llama_server_flags"] = stacks.flags
+                figures["millm_settings"] = millm_settings(args.stack_cpus)
+                equal, differences = compare_texts(stacks, args.tokens)
+                figures["greedy_text_equal"][name] = equal
+                figures["differences"][name] = differences
+                with contextlib.redirect_stdout(log):
+                    runs = measure_model(stacks, levels, args.rounds, args.tokens)
+            finally:
+                stacks.stop()
+            table = summarise(runs)
+            figures["cells"][name] = {f"{s}/{m}/{c}": v for (s, m, c), v in table.items()}
+            figures["ratio"][name] = {
+                mode: {str(c): table[("miLLM", mode, c)]["tokens_per_s"]
+                       / table[("llama-server", mode, c)]["tokens_per_s"] for c in levels}
+                for mode in ("streamed", "non_streamed")}
+    if args.json:
+        print(json.dumps(figures, indent=1))
+    else:
+        report(figures, args, levels)
     return 0
+
+
+def report(figures: dict, args, levels: list[int]) -> None:
+    print(f"\nboth stacks on CPUs {figures['cpus']['millm']}, clients on "
+          f"{figures['cpus']['clients']}; greedy, ignore_eos, {args.tokens} tokens a request, "
+          f"{args.rounds} alternating rounds (median; spread = max/min over rounds)")
+    print("llama-server " + " ".join(figures["llama_server_flags"]))
+    print("miLLM " + " ".join(f"{k}={v}" for k, v in figures["millm_settings"].items()))
+    for name, cells in figures["cells"].items():
+        equal = figures["greedy_text_equal"][name]
+        print(f"\n{name}: greedy texts {'equal' if equal else 'DIFFER'}")
+        for line in figures["differences"][name]:
+            print("  " + line)
+        print(f"{'mode':<13}{'clients':>8}{'miLLM tok/s':>13}{'spread':>8}{'TTFT':>9}"
+              f"{'llama-server':>14}{'spread':>8}{'TTFT':>9}{'miLLM/it':>10}")
+        for mode in ("streamed", "non_streamed"):
+            for c in levels:
+                ours, theirs = cells[f"miLLM/{mode}/{c}"], cells[f"llama-server/{mode}/{c}"]
+
+                def ttft(x):
+                    return f"{x['ttft_ms']:>7.0f}ms" if x["ttft_ms"] is not None else f"{'-':>9}"
+
+                print(f"{mode:<13}{c:>8}{ours['tokens_per_s']:>13.1f}{ours['spread']:>8.2f}"
+                      f"{ttft(ours)}{theirs['tokens_per_s']:>14.1f}{theirs['spread']:>8.2f}"
+                      f"{ttft(theirs)}{figures['ratio'][name][mode][str(c)]:>9.2f}x")
 
 
 if __name__ == "__main__":

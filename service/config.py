@@ -58,6 +58,8 @@ class EngineConfig:
     gguf_threads: int = 1
     gguf_context: int = 0
     gguf_slots: int = 8
+    # llama.cpp's flash attention for GGUF contexts (off: the exact default).
+    gguf_flash_attn: bool = False
     # MiB the GGUF engine's KV cells may take (0: what is free beyond the weights).
     gguf_kv_memory_mib: int = 0
     # Stored Responses API responses: most kept, and how long (docs/responses.md).
@@ -197,6 +199,11 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                         default=int(_env("MILLM_GGUF_KV_MEMORY_MIB", "0")),
                         help="MILLM_GGUF_KV_MEMORY_MIB: memory the GGUF KV cache and attention "
                              "buffers may take (0: what is free beyond weights and headroom)")
+    parser.add_argument("--gguf-flash-attn", choices=("on", "off"),
+                        default=_env("MILLM_GGUF_FLASH_ATTN", "off"),
+                        help="MILLM_GGUF_FLASH_ATTN: llama.cpp's flash attention for GGUF "
+                             "models (on: faster with many slots; logits move in the last "
+                             "bits, so greedy text may differ from the transformers engine)")
     parser.add_argument("--gguf-slots", type=int, default=int(_env("MILLM_GGUF_SLOTS", "8")),
                         help="MILLM_GGUF_SLOTS: GGUF sequences decoded together (each with "
                              "its own context window of KV cache)")
@@ -297,6 +304,7 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         gguf_threads=args.gguf_threads,
         gguf_context=args.gguf_context,
         gguf_slots=args.gguf_slots,
+        gguf_flash_attn=args.gguf_flash_attn == "on",
         gguf_kv_memory_mib=args.gguf_kv_memory_mib,
         responses_max_count=args.responses_max_count,
         responses_max_age_days=args.responses_max_age_days,

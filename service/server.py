@@ -122,6 +122,7 @@ class EngineServer:
                 gguf_threads=config.gguf_threads,
                 gguf_context=config.gguf_context,
                 gguf_slots=config.gguf_slots,
+                gguf_flash_attn=config.gguf_flash_attn,
                 gguf_kv_memory_bytes=config.gguf_kv_memory_mib * 1024 * 1024,
             ),
             steering=self.steering,

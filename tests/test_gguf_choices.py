@@ -71,6 +71,9 @@ class Job:
     def post(self, event) -> None:
         self.events.append(event)
 
+    def stage(self, event) -> None:  # generation/job.py post_all: kept, nothing to wake
+        self.events.append(event)
+
     def stalled(self, stall_s: float) -> bool:
         return False
 

@@ -94,6 +94,24 @@ def test_stream_shape_metadata_deltas_usage(generation_stub):
     assert finish[0] in (generation_pb2.FINISH_REASON_STOP, generation_pb2.FINISH_REASON_LENGTH)
 
 
+def test_coalesce_sends_the_whole_output_in_one_message(generation_stub):
+    request = prompt_request("The river", "The market", n=2, max_tokens=24, seed=3,
+                             ignore_eos=True)
+    stepwise = run(generation_stub, request)
+    request.coalesce = True
+    whole = run(generation_stub, request)
+    # Metadata, one message holding every choice's whole output, usage.
+    assert len(stepwise[5]) > 3
+    assert [bool(r.choices) for r in whole[5]] == [False, True, False]
+    assert whole[5][0].HasField("metadata") and whole[5][2].HasField("usage")
+    assert whole[1] == stepwise[1] and whole[2] == stepwise[2]  # texts and token ids
+    assert whole[3] == stepwise[3] and whole[4].completion_tokens == 4 * 24
+    # With stream set, coalesce has no effect: a message a step (steps that
+    # piled up while the reader was busy may still share one).
+    request.stream = True
+    assert len(run(generation_stub, request)[5]) > 3
+
+
 def test_deltas_are_the_decoded_tokens(generation_stub, stack):
     from transformers import AutoTokenizer
 

@@ -139,6 +139,8 @@ def common_fields(request, pb: generation_service_pb2.GenerateRequest,
     pb.strict = strict
     # (A token count declares no `stream`: one sent there is an extra field.)
     pb.stream = "stream" in type(request).model_fields and bool(request.stream)
+    # A reply given whole needs the engine's output in one message, not a step's each.
+    pb.coalesce = not pb.stream
     pb.request_id = request_id.get()
     steering_fields.add_to_request(request, pb)
     structured_outputs.add_to_request(request, pb)

@@ -25,6 +25,7 @@ def make_engine(entry: ModelEntry, config: LifecycleConfig,
         if kv is None:  # not planned by a load check: plan with the memory free now
             kv = gguf_plan(entry, config, max(f for _, f in available_memory_bytes("cpu")))
         return GgufEngine(entry, kv, threads=config.gguf_threads,
+                          flash_attn=config.gguf_flash_attn,
                           max_queued=config.limits.max_queued, stall_s=config.limits.stall_s)
     from service.engines.transformers.engine import TransformersEngine
 

@@ -101,6 +101,44 @@ def merge_steps(first: StepOutput, second: StepOutput) -> StepOutput:
     return StepOutput(tuple(merged.values()))
 
 
+def post_all(posts: list[tuple[GenerationJob, object]]) -> None:
+    """Model thread: GenerationJob.post for many jobs' events (in order), with
+    one wake of each event loop instead of one a job."""
+    by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list]] = {}
+    for job, event in posts:
+        staged = job.stage(event)
+        if staged is not None:
+            loop, item = staged
+            by_loop.setdefault(id(loop), (loop, []))[1].append(item)
+    for loop, items in by_loop.values():
+        loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
+def join_steps(steps: list[StepOutput]) -> StepOutput:
+    """merge_steps over many steps in one pass (no quadratic re-concatenation)."""
+    if len(steps) == 1:
+        return steps[0]
+    parts: dict[int, list[ChoiceDelta]] = {}
+    for step in steps:
+        for d in step.deltas:
+            parts.setdefault(d.index, []).append(d)
+    joined = []
+    for index, ds in parts.items():
+        finish = next((d.finish_reason for d in reversed(ds) if d.finish_reason), None)
+        stop = next((d.stop_sequence for d in reversed(ds) if d.stop_sequence), "")
+        joined.append(ChoiceDelta(
+            index, "".join(d.text for d in ds), tuple(t for d in ds for t in d.token_ids),
+            finish, tuple(x for d in ds for x in d.logprobs),
+            tuple(c for d in ds for c in d.tool_calls), stop,
+            "".join(d.reasoning for d in ds)))
+    return StepOutput(tuple(joined))
+
+
 @dataclass
 class GenerationJob:
     spec: ValidatedGeneration
@@ -137,10 +175,16 @@ class GenerationJob:
 
     def post(self, event) -> None:
         """Called from the model thread."""
+        loop, (queue, event) = self.stage(event)
+        loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    def stage(self, event):
+        """Model thread: count `event` as posted; (its loop, what to put where)
+        for the caller to deliver (post, or post_all for many jobs at once)."""
         if not self.posted:
             self.first_posted = time.monotonic()
         self.posted += 1
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        return self.loop, (self.queue, event)
 
     def stalled(self, stall_s: float) -> bool:
         """Model thread: has the caller left events untaken too long, or too many?"""

@@ -21,7 +21,7 @@ from service.generation.events import (
     GenerationStarted,
     ProbesRead,
 )
-from service.generation.job import FinishReason, StepOutput
+from service.generation.job import FinishReason, StepOutput, join_steps
 from service.inference import InferenceService
 from service.requests import tools
 from service.requests.params import ChatTurn, GenerateParams, ResponseFormat, StructuredOutputs
@@ -362,5 +362,20 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
             # aclosing: a cancelled call closes the generator at once, which
             # cancels the job in the model thread.
             async with contextlib.aclosing(events):
+                if not request.coalesce or request.stream:
+                    async for event in events:
+                        yield event_to_pb(event)
+                    return
+                # A caller that reads the answer whole gets the steps in one
+                # message: no per-token encoding, writes or reads on either side.
+                held: list[StepOutput] = []
                 async for event in events:
+                    if isinstance(event, StepOutput):
+                        held.append(event)
+                        continue
+                    if held:
+                        yield event_to_pb(join_steps(held))
+                        held = []
                     yield event_to_pb(event)
+                if held:
+                    yield event_to_pb(join_steps(held))

@@ -39,7 +39,7 @@ from service.engines.gguf.slots import Row, Slot, Slots, step_batch, take_token
 from service.engines.gguf.steering import BatchPart, monitor_key, replay_scores
 from service.engines.model_thread import out_of_memory
 from service.errors import batch_reset, internal_error
-from service.generation.job import ChoiceDelta, GenerationJob, GroupDone, StepOutput
+from service.generation.job import ChoiceDelta, GenerationJob, GroupDone, StepOutput, post_all
 from service.steering.plan import plan_key
 from service.text_output import ByteLevelDetokenizer, StopMatcher
 
@@ -262,26 +262,30 @@ class Runner:
         for job in failed.values():
             self.fail_job(job, internal_error())
         self.counts("generated", sum(len(deltas) for _, deltas in per_job.values()))
-        for key, (job, deltas) in per_job.items():
-            if key in failed:
-                continue
-            job.post(StepOutput(tuple(deltas)))
-            if job.stalled(self.stall_s):
-                job.abandon()  # its rows leave at the next turn
+        # Every job's events of this step leave together: one wake of the loop.
+        stepped = [job for key, (job, _) in per_job.items() if key not in failed]
+        posts = [(job, StepOutput(tuple(per_job[id(job)][1]))) for job in stepped]
         if steer is not None and any(r.steer is not None and r.steer.monitor is not None
                                      for r in finished):
             steer.flush()  # its probes' verdicts must be whole before it reports done
+        ended = []
         for row in finished:
             if id(row.job) in failed:
                 continue
             self.leave(row, keep_cells=True)
-            row.job.post(GroupDone(row.generated, row.cached,
-                                   row.steer.recorder if row.steer is not None else None))
+            recorder = row.steer.recorder if row.steer is not None else None
+            posts.append((row.job, GroupDone(row.generated, row.cached, recorder)))
             key = id(row.job)
             if key in self.groups_left:
                 self.groups_left[key] -= 1
                 if self.groups_left[key] == 0:
-                    self._end(row.job, "done")
+                    ended.append(row.job)
+        post_all(posts)
+        for job in stepped:
+            if job.stalled(self.stall_s):
+                job.abandon()  # its rows leave at the next turn
+        for job in ended:
+            self._end(job, "done")
 
     def _take(self, ctx, row: Row) -> tuple[ChoiceDelta, bool]:
         """Sample the row's token (under its grammar mask) and take it."""

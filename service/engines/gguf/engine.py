@@ -80,9 +80,10 @@ class GgufEngine(Engine):
     kind = GGUF
 
     def __init__(self, entry, kv: KvPlan, threads: int = 1, max_queued: int = 256,
-                 stall_s: float = 30.0):
+                 stall_s: float = 30.0, flash_attn: bool = False):
         super().__init__(entry)
         self.threads = threads
+        self.flash_attn = flash_attn  # every context of the model: generation, lanes, reads
         self.kv = kv  # the slots and window, sized to memory (engines/gguf/kv_plan.py)
         self.slots = kv.slots
         self.max_queued = max_queued
@@ -121,7 +122,8 @@ class GgufEngine(Engine):
         from llama_cpp import Llama
 
         return Llama(model_path=str(self.entry.path), n_threads=self.threads,
-                     n_threads_batch=self.threads, verbose=False, **kwargs)
+                     n_threads_batch=self.threads, flash_attn=self.flash_attn, verbose=False,
+                     **kwargs)
 
     def load(self) -> LoadedModel:
         from llama_cpp import llama_cpp as lib

@@ -1,0 +1,96 @@
+"""The peer benchmark's HTTP client: the same bare HTTP/1.1 on both servers.
+
+One connection per request (`Connection: close`), so neither server gains
+from keeping connections; bodies are read to the end (chunked or not).
+Streamed replies are read to `data: [DONE]`, timing the first non-empty
+content; usage comes from the chunk that carries it (stream_options).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import re
+import time
+
+_CONTENT = re.compile(rb'"content":\s?"[^"]')
+
+
+def _request(port: int, body: dict) -> bytes:
+    payload = json.dumps(body).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: "
+            + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+
+
+def _split(raw: bytes) -> tuple[bytes, bytes]:
+    """(status line and headers, body dechunked where it is chunked)."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"request failed: {raw[:400]!r}")
+    if b"transfer-encoding: chunked" not in head.lower():
+        return head, body
+    out, rest = bytearray(), body
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        try:
+            size = int(size_line.split(b";")[0], 16)
+        except ValueError:
+            break
+        if size == 0:
+            break
+        out += rest[:size]
+        rest = rest[size + 2:]
+    return head, bytes(out)
+
+
+async def _exchange(port: int, body: dict, stream: bool) -> tuple[bytes, float | None]:
+    started = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(_request(port, body))
+    await writer.drain()
+    raw, first = b"", None
+    while True:
+        piece = await reader.read(65536)
+        if not piece:
+            break
+        raw += piece
+        if stream:
+            if first is None and _CONTENT.search(raw):
+                first = time.perf_counter() - started
+            if b"data: [DONE]" in raw:
+                break
+    writer.close()
+    return raw, first
+
+
+async def post(port: int, body: dict) -> dict:
+    """A non-streamed chat completion's JSON."""
+    raw, _ = await _exchange(port, body, False)
+    return json.loads(_split(raw)[1])
+
+
+async def stream(port: int, body: dict) -> tuple[float, dict]:
+    """A streamed chat completion: (seconds to first content, its usage)."""
+    raw, first = await _exchange(port, body, True)
+    usage = None
+    for line in _split(raw)[1].split(b"\n"):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+    if usage is None or first is None:
+        raise RuntimeError(f"stream ended without content or usage: {raw[-400:]!r}")
+    return first, usage
+
+
+def post_json(port: int, body: dict) -> dict:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                 headers={"Content-Type": "application/json"})
+    reply = conn.getresponse()
+    content = reply.read()
+    conn.close()
+    if reply.status != 200:
+        raise RuntimeError(f"request failed ({reply.status}): {content[:400]!r}")
+    return json.loads(content)
