@@ -28,7 +28,7 @@ Models: the ~100M Llama of bench/hardware_limit.py exported as Q8_0 and F16
 
 Usage: python bench/gguf_peer.py [--models 100m-Q8_0,100m-F16,demo-Q8_0]
        [--clients 1,8,32] [--rounds 3] [--tokens 64] [--stack-cpus 1] [--json]
-       [--models-dir DIR]
+       [--models-dir DIR] [--flash-attn off|on]
 """
 
 from __future__ import annotations
@@ -56,7 +56,13 @@ PROMPTS = ["Tell me a story about the river.", "What does the miller do in the m
            "What is in the garden?", "Who keeps the lighthouse?", "Describe the train."]
 MODELS = ("100m-Q8_0", "100m-F16", "demo-Q8_0")
 SLOTS, WINDOW, BATCH = 8, 1024, 512
-FLASH_ATTN = "off"  # llama-cpp-python's default for a context; pinned on both sides
+# Flash attention: off on both by default, as miLLM ships (its text then
+# equals the transformers engine's, and a request's text is the same alone or
+# batched); --flash-attn on runs both with it (llama-server's `auto` picks it
+# on a CPU; miLLM's MILLM_GGUF_FLASH_ATTN=on): with 8 sequences in one KV
+# cache it skips the other sequences' cells, where the plain path multiplies
+# them all.
+FLASH_ATTN = "off"
 SERVERS = ("miLLM", "llama-server")
 
 
@@ -113,21 +119,21 @@ def banned_tokens(path: pathlib.Path) -> dict[str, float]:
     return {str(i): -100 for i, kind in enumerate(types) if kind == 3}
 
 
-def llama_server_flags(threads: int) -> list[str]:
+def llama_server_flags(threads: int, flash_attn: str = FLASH_ATTN) -> list[str]:
     """Every knob of llama-server that could differ from miLLM's, pinned."""
     return ["--threads", str(threads), "--threads-batch", str(threads),
             "--threads-http", str(SLOTS + 2),  # its default for --parallel 8
             "--parallel", str(SLOTS), "--ctx-size", str(SLOTS * WINDOW),
             "--batch-size", str(BATCH), "--ubatch-size", str(BATCH),
-            "--flash-attn", FLASH_ATTN, "--kv-unified", "--cache-type-k", "f16",
+            "--flash-attn", flash_attn, "--kv-unified", "--cache-type-k", "f16",
             "--cache-type-v", "f16", "--cont-batching", "--no-webui",
             "--samplers", "top_k", "--top-k", "1", "--temp", "0",
             "--cache-ram", "0", "--no-warmup", "--log-disable"]
 
 
-def millm_settings(threads: int) -> dict[str, str]:
+def millm_settings(threads: int, flash_attn: str = FLASH_ATTN) -> dict[str, str]:
     return {"MILLM_GGUF_THREADS": str(threads), "MILLM_GGUF_SLOTS": str(SLOTS),
-            "MILLM_GGUF_CONTEXT": str(WINDOW),
+            "MILLM_GGUF_CONTEXT": str(WINDOW), "MILLM_GGUF_FLASH_ATTN": flash_attn,
             "MILLM_LOG_LEVEL": "WARNING"}
 
 
@@ -135,7 +141,7 @@ class Stacks:
     """Both servers on one model, started together, stopped together."""
 
     def __init__(self, tmp: pathlib.Path, models: pathlib.Path, model_id: str,
-                 cpus: dict[str, list[int]]):
+                 cpus: dict[str, list[int]], flash_attn: str):
         stack = set(cpus["millm"])
         threads = len(stack)
         self.path = gguf_path(models, model_id)
@@ -143,10 +149,10 @@ class Stacks:
         self.processes = []
         engine, grpc_port = harness.start_engine(
             tmp, stack, MILLM_MODELS_DIR=str(models), MILLM_MODEL=model_id,
-            MILLM_LOCK_MODEL=model_id, **millm_settings(threads))
+            MILLM_LOCK_MODEL=model_id, **millm_settings(threads, flash_attn))
         self.processes.append(engine)
         port = harness.free_port()
-        self.flags = llama_server_flags(threads)
+        self.flags = llama_server_flags(threads, flash_attn)
         native = harness.Process([str(harness.llama_server_binary()), "--model", str(self.path),
                                   "--host", "127.0.0.1", "--port", str(port), *self.flags],
                                  dict(os.environ), tmp / f"llama-server-{port}.log",
@@ -262,6 +268,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--stack-cpus", type=int, default=1,
                         help="cores for each server's whole stack (the clients get the rest)")
+    parser.add_argument("--flash-attn", choices=("off", "on"), default=FLASH_ATTN,
+                        help="llama.cpp's flash attention, on both servers")
     parser.add_argument("--models-dir", type=pathlib.Path,
                         help="keep the built 100M exports here and reuse them")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
@@ -287,10 +295,10 @@ def main() -> int:
         for name in names:
             models, model_id = files[name]
             print(f"{name}: starting both servers", file=log, flush=True)
-            stacks = Stacks(tmp, models, model_id, cpus)
+            stacks = Stacks(tmp, models, model_id, cpus, args.flash_attn)
             try:
                 figures["llama_server_flags"] = stacks.flags
-                figures["millm_settings"] = millm_settings(args.stack_cpus)
+                figures["millm_settings"] = millm_settings(args.stack_cpus, args.flash_attn)
                 equal, differences = compare_texts(stacks, args.tokens)
                 figures["greedy_text_equal"][name] = equal
                 figures["differences"][name] = differences

@@ -1,7 +1,7 @@
 """The peer check: llama-cpp-python's own OpenAI server and miLLM serve the same
 GGUF file, and greedy text is the same for the same prompts, on each export.
 
-(bench/gguf_peer.py compares their speed.) llama_cpp.server's defaults are
+(bench/gguf_peer.py compares speed against llama.cpp's C++ llama-server.) llama_cpp.server's defaults are
 not OpenAI's: its sampling keeps repeat_penalty 1.1, top_k 40 and min_p 0.05
 even at temperature 0, so the requests to it set them to neutral values. And
 miLLM never generates a control token other than end-of-generation (a forged
