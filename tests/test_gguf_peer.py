@@ -1,14 +1,15 @@
 """The peer check: llama-cpp-python's own OpenAI server and miLLM serve the same
 GGUF file, and greedy text is the same for the same prompts, on each export.
 
-(bench/gguf_peer.py compares speed against llama.cpp's C++ llama-server.) llama_cpp.server's defaults are
-not OpenAI's: its sampling keeps repeat_penalty 1.1, top_k 40 and min_p 0.05
-even at temperature 0, so the requests to it set them to neutral values. And
-miLLM never generates a control token other than end-of-generation (a forged
-<|im_start|> would open a new turn), where llama_cpp.server does: after "Tell
-me a story about the river." the demo model's likeliest first token is
-<|im_start|>. The peer gets the same ban, as a logit bias, so that the two
-compare greedy decoding under the same rule.
+(bench/gguf_peer.py compares speed, against llama.cpp's C++ llama-server.)
+llama_cpp.server's defaults are not OpenAI's: its sampling keeps
+repeat_penalty 1.1, top_k 40 and min_p 0.05 even at temperature 0, so the
+requests to it set them to neutral values. And miLLM never generates a
+control token other than end-of-generation (a forged <|im_start|> would open
+a new turn), where llama_cpp.server does: after "Tell me a story about the
+river." the demo model's likeliest first token is <|im_start|>. The peer gets
+the same ban, as a logit bias, so that the two compare greedy decoding under
+the same rule.
 """
 
 from __future__ import annotations
