@@ -164,6 +164,9 @@ class Stacks:
         harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
         harness.wait_http(native, f"http://127.0.0.1:{port}/health", timeout=300)
         self.ports = {"miLLM": http_port, "llama-server": port}
+        # Whose CPU time each side spends (every thread of each process).
+        self.pids = {"miLLM": {"engine": engine.proc.pid, "bridge": bridge.proc.pid},
+                     "llama-server": {"llama-server": native.proc.pid}}
         self.extra = {"miLLM": {}, "llama-server": {"logit_bias": banned_tokens(self.path)}}
 
     def stop(self) -> None:
@@ -220,11 +223,21 @@ async def cell(server: str, stacks: Stacks, clients: int, per_client: int, token
                 usage = (await peer_http.post(port, request))["usage"]
             generated += usage["completion_tokens"]
 
+    pids = stacks.pids[server]
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     started = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(clients)))
     elapsed = time.perf_counter() - started
+    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
     return {"tokens_per_s": generated / elapsed, "tokens": generated,
-            "ttft_ms": 1000 * statistics.median(ttfts) if ttfts else None}
+            "ttft_ms": 1000 * statistics.median(ttfts) if ttfts else None,
+            "cpu_ms_per_token": {name: 1000 * s / generated for name, s in cpu.items()}}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def per_client_requests(clients: int) -> int:
@@ -249,6 +262,10 @@ def measure_model(stacks: Stacks, levels: list[int], rounds: int, tokens: int) -
     return runs
 
 
+def cpu_total(summary: dict) -> float:
+    return sum(summary["cpu_ms_per_token"].values())
+
+
 def summarise(runs: dict) -> dict:
     out: dict = {}
     for (server, mode, clients), results in runs.items():
@@ -256,7 +273,10 @@ def summarise(runs: dict) -> dict:
         ttfts = [r["ttft_ms"] for r in results if r["ttft_ms"] is not None]
         out[(server, mode, clients)] = {
             "tokens_per_s": statistics.median(rates), "spread": max(rates) / min(rates),
-            "ttft_ms": statistics.median(ttfts) if ttfts else None, "rounds": len(rates)}
+            "ttft_ms": statistics.median(ttfts) if ttfts else None, "rounds": len(rates),
+            "cpu_ms_per_token": {name: statistics.median(r["cpu_ms_per_token"][name]
+                                                         for r in results)
+                                 for name in results[0]["cpu_ms_per_token"]}}
     return out
 
 
@@ -285,7 +305,8 @@ def main() -> int:
     os.sched_setaffinity(0, set(cpus["clients"]))
     log = sys.stderr if args.json else sys.stdout
     figures: dict = {"cpus": cpus, "llama_server_flags": None, "millm_settings": None,
-                     "greedy_text_equal": {}, "differences": {}, "ratio": {}, "cells": {}}
+                     "greedy_text_equal": {}, "differences": {}, "ratio": {}, "cpu_ratio": {},
+               "cells": {}}
     print(f"CPU sets: miLLM stack (engine + bridge) {cpus['millm']}, llama-server "
           f"{cpus['llama-server']}, clients {cpus['clients']}", file=log, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -312,6 +333,12 @@ def main() -> int:
                 mode: {str(c): table[("miLLM", mode, c)]["tokens_per_s"]
                        / table[("llama-server", mode, c)]["tokens_per_s"] for c in levels}
                 for mode in ("streamed", "non_streamed")}
+            # CPU per token, llama-server's over miLLM's whole stack's: what the
+            # ratio would be on a core nothing else uses (above 1: miLLM spends less).
+            figures["cpu_ratio"][name] = {
+                mode: {str(c): cpu_total(table[("llama-server", mode, c)])
+                       / cpu_total(table[("miLLM", mode, c)]) for c in levels}
+                for mode in ("streamed", "non_streamed")}
     if args.json:
         print(json.dumps(figures, indent=1))
     else:
@@ -331,7 +358,9 @@ def report(figures: dict, args, levels: list[int]) -> None:
         for line in figures["differences"][name]:
             print("  " + line)
         print(f"{'mode':<13}{'clients':>8}{'miLLM tok/s':>13}{'spread':>8}{'TTFT':>9}"
-              f"{'llama-server':>14}{'spread':>8}{'TTFT':>9}{'miLLM/it':>10}")
+              f"{'llama-server':>14}{'spread':>8}{'TTFT':>9}{'miLLM/it':>10}"
+              f"{'CPU ms/token: miLLM (engine+bridge)':>38}{'llama-server':>14}"
+              f"{'CPU it/miLLM':>14}")
         for mode in ("streamed", "non_streamed"):
             for c in levels:
                 ours, theirs = cells[f"miLLM/{mode}/{c}"], cells[f"llama-server/{mode}/{c}"]
@@ -339,9 +368,13 @@ def report(figures: dict, args, levels: list[int]) -> None:
                 def ttft(x):
                     return f"{x['ttft_ms']:>7.0f}ms" if x["ttft_ms"] is not None else f"{'-':>9}"
 
+                split = ours["cpu_ms_per_token"]
+                mine = f"{cpu_total(ours):.2f} ({split['engine']:.2f}+{split['bridge']:.2f})"
                 print(f"{mode:<13}{c:>8}{ours['tokens_per_s']:>13.1f}{ours['spread']:>8.2f}"
                       f"{ttft(ours)}{theirs['tokens_per_s']:>14.1f}{theirs['spread']:>8.2f}"
-                      f"{ttft(theirs)}{figures['ratio'][name][mode][str(c)]:>9.2f}x")
+                      f"{ttft(theirs)}{figures['ratio'][name][mode][str(c)]:>9.2f}x"
+                      f"{mine:>38}{cpu_total(theirs):>14.2f}"
+                      f"{figures['cpu_ratio'][name][mode][str(c)]:>13.2f}x")
 
 
 if __name__ == "__main__":
