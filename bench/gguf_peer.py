@@ -241,7 +241,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def per_client_requests(clients: int) -> int:
-    return 4 if clients == 1 else 2
+    """Requests each client sends in a cell: about 256 to 2048 tokens a cell."""
+    return 4 if clients == 1 else 2 if clients <= 8 else 1
 
 
 def measure_model(stacks: Stacks, levels: list[int], rounds: int, tokens: int) -> dict:
