@@ -1,7 +1,8 @@
 """The peer benchmark's HTTP client: the same bare HTTP/1.1 on both servers.
 
 One connection per request (`Connection: close`), so neither server gains
-from keeping connections; bodies are read to the end (chunked or not).
+from keeping connections; a body is read to its declared length or its last
+chunk (not to the server's close, which may come later).
 Streamed replies are read to `data: [DONE]`, timing the first non-empty
 content; usage comes from the chunk that carries it (stream_options).
 """
@@ -61,8 +62,21 @@ async def _exchange(port: int, body: dict, stream: bool) -> tuple[bytes, float |
                 first = time.perf_counter() - started
             if b"data: [DONE]" in raw:
                 break
+        elif _complete(raw):
+            break
     writer.close()
     return raw, first
+
+
+def _complete(raw: bytes) -> bool:
+    """Whether a non-streamed reply is all here."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    match = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    if match:
+        return len(body) >= int(match.group(1))
+    return body.endswith(b"0\r\n\r\n")  # chunked: its last chunk
 
 
 async def post(port: int, body: dict) -> dict:
