@@ -101,6 +101,28 @@ def merge_steps(first: StepOutput, second: StepOutput) -> StepOutput:
     return StepOutput(tuple(merged.values()))
 
 
+def post_all(posts: list[tuple[GenerationJob, object]]) -> None:
+    """Model thread: hand each (job, event) to its job's queue, in order, with
+    one wake-up of each event loop. A decode step posts an event to every
+    running job; a call_soon_threadsafe per job would write the loop's wake-up
+    socket once per row, and each write lets the event loop take the GIL from
+    the model thread mid-step."""
+    now = time.monotonic()
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for job, event in posts:
+        if not job.posted:
+            job.first_posted = now
+        job.posted += 1
+        by_loop.setdefault(job.loop, []).append((job.queue, event))
+    for loop, items in by_loop.items():
+        loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
 @dataclass
 class GenerationJob:
     spec: ValidatedGeneration
@@ -137,10 +159,7 @@ class GenerationJob:
 
     def post(self, event) -> None:
         """Called from the model thread."""
-        if not self.posted:
-            self.first_posted = time.monotonic()
-        self.posted += 1
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        post_all([(self, event)])
 
     def stalled(self, stall_s: float) -> bool:
         """Model thread: has the caller left events untaken too long, or too many?"""

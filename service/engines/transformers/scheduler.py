@@ -67,7 +67,13 @@ from service.errors import (
     queue_full,
     thread_died,
 )
-from service.generation.job import GenerationJob, GroupDone, GroupFailed, StepOutput
+from service.generation.job import (
+    GenerationJob,
+    GroupDone,
+    GroupFailed,
+    StepOutput,
+    post_all,
+)
 
 log = logging.getLogger(__name__)
 
@@ -378,13 +384,14 @@ class Scheduler:
                     finished.append(row.progress)
         with self._lock:
             self._generated += len(results)
-        for job, deltas in per_job.values():
-            job.post(StepOutput(tuple(deltas)))
+        # One wake-up of the event loop for the whole step (job.post_all).
+        post_all([(job, StepOutput(tuple(deltas))) for job, deltas in per_job.values()]
+                 + [(p.job, GroupDone(p.completion_tokens, p.cached_tokens, p.recorder))
+                    for p in finished])
+        for job, _ in per_job.values():
             if job.stalled(self.limits.stall_s):
                 job.abandon()
         for progress in finished:
-            progress.job.post(GroupDone(progress.completion_tokens, progress.cached_tokens,
-                                        progress.recorder))
             with self._lock:
                 key = id(progress.job)
                 if key in self._groups_left:
