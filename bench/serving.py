@@ -166,11 +166,16 @@ def shared_system_prompt(tokens: int) -> str:
 
 
 async def prefix_ttft(stub, system: str, trials: int = 5) -> tuple[float, float]:
+    """Median time to first token of a chat with a new system prompt (cold:
+    nothing cached) and of the next chat with the same system prompt and a
+    different question (warm), as conversations sharing a system prompt are.
+    The same request twice would be warmer than any real one: its whole
+    prompt, question and all, would be cached."""
     cold, warm = [], []
     for _ in range(trials):
         unique = f"{uuid.uuid4().hex} {system}"  # a new first block: nothing cached
         cold.append((await grpc_stream(stub, "What do you see?", 1, unique))[0])
-        warm.append((await grpc_stream(stub, "What do you see?", 1, unique))[0])
+        warm.append((await grpc_stream(stub, "What is it made of?", 1, unique))[0])
     return statistics.median(cold) * 1000, statistics.median(warm) * 1000
 
 
