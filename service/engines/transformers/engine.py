@@ -27,9 +27,9 @@ from service.engines.transformers import kv, reading
 from service.engines.transformers.admission import SchedulerLimits
 from service.engines.transformers.architecture import LayersNotFound, decoder_layers
 from service.engines.transformers.batch import ModelContext
-from service.engines.transformers.segments import SegmentTokenizer
 from service.engines.transformers.prefix_cache import PrefixCache
 from service.engines.transformers.scheduler import Scheduler
+from service.engines.transformers.segments import SegmentTokenizer
 from service.engines.transformers.steering import SteeringRuntime
 from service.errors import invalid_parameter
 from service.generation.job import GenerationJob
