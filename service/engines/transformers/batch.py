@@ -64,6 +64,8 @@ class ModelContext:
     steering: SteeringRuntime | None = None
     # False when a layer keeps a recurrent state (kv.py): no prefix cache.
     reuses_prefixes: bool = True
+    # Decode steps hand attention the padding mask ready-made (decode_mask.py).
+    ready_decode_mask: bool = False
 
     @functools.cached_property
     def tokens(self) -> TokenTable:

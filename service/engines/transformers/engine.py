@@ -23,7 +23,7 @@ from service.engines.base import (
     EngineStatus,
     LoadedModel,
 )
-from service.engines.transformers import kv, reading
+from service.engines.transformers import decode_mask, kv, reading
 from service.engines.transformers.admission import SchedulerLimits
 from service.engines.transformers.architecture import LayersNotFound, decoder_layers
 from service.engines.transformers.batch import ModelContext
@@ -219,6 +219,7 @@ class TransformersEngine(Engine):
             batch_matcher=xgrammar.BatchGrammarMatcher(max_threads=1),
             steering=steering,
             reuses_prefixes=not self._recurrent,
+            ready_decode_mask=decode_mask.suffices(self.model, self._recurrent),
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()

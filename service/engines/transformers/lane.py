@@ -23,6 +23,7 @@ from service.engines.transformers.batch import (
     join_penalty_state,
     sample,
 )
+from service.engines.transformers.decode_mask import decode_mask
 from service.engines.transformers.steering import Capture, ForwardSteering, stack_deltas
 from service.generation.job import ChoiceDelta
 from service.steering.probes import add_reads
@@ -131,7 +132,8 @@ class Lane:
         with _steered(self.ctx, steering):
             out = self.ctx.model(
                 input_ids=ids,
-                attention_mask=self.mask,
+                attention_mask=(decode_mask(self.mask) if self.ctx.ready_decode_mask
+                                else self.mask),
                 position_ids=self.positions.unsqueeze(1),
                 past_key_values=self.cache,
                 use_cache=True,
