@@ -84,8 +84,12 @@ def filter_rows(logits: torch.Tensor, options: list[SamplingOptions]) -> torch.T
     def column(values: list[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=logits.dtype, device=logits.device).unsqueeze(1)
 
-    logits = logits / column([o.temperature for o in options])
     vocab = logits.shape[-1]
+    temperatures = [o.temperature for o in options]
+    if any(t != 1.0 for t in temperatures):
+        logits = logits / column(temperatures)
+    elif any(0 < o.top_k < vocab for o in options):
+        logits = logits.clone()  # top-k writes in place: never into the caller's logits
     for row, opts in enumerate(options):
         if 0 < opts.top_k < vocab:
             kth = torch.topk(logits[row], opts.top_k).values[-1]
@@ -125,12 +129,16 @@ def choose_tokens(
     the same distribution as torch.multinomial, at a fraction of its cost per
     row). A zero-probability token can never be chosen.
     """
-    tokens = torch.argmax(logits, dim=-1).tolist()
     sampled = [row for row, opts in enumerate(options) if not opts.greedy]
-    if not sampled:
-        return tokens
-    index = torch.tensor(sampled, dtype=torch.long, device=logits.device)
-    probs = torch.softmax(filter_rows(logits[index], [options[r] for r in sampled]), dim=-1)
+    if len(sampled) < len(options):
+        tokens = torch.argmax(logits, dim=-1).tolist()
+        if not sampled:
+            return tokens
+        index = torch.tensor(sampled, dtype=torch.long, device=logits.device)
+        logits = logits[index]
+    else:
+        tokens = [0] * len(options)  # every row samples: no argmax to take
+    probs = torch.softmax(filter_rows(logits, [options[r] for r in sampled]), dim=-1)
     cdf = torch.cumsum(probs, dim=-1)
     draws = torch.stack(
         [torch.rand((), generator=generators[r], device=logits.device) for r in sampled]

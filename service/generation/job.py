@@ -103,7 +103,9 @@ def merge_steps(first: StepOutput, second: StepOutput) -> StepOutput:
 
 def post_all(posts: list[tuple[GenerationJob, object]]) -> None:
     """Model thread: GenerationJob.post for many jobs' events (in order), with
-    one wake of each event loop instead of one a job."""
+    one wake of each event loop instead of one a job: a call_soon_threadsafe
+    per job writes the loop's wake-up socket once a row, and each write lets
+    the event loop take the GIL from the model thread mid-step."""
     by_loop: dict[int, tuple[asyncio.AbstractEventLoop, list]] = {}
     for job, event in posts:
         staged = job.stage(event)
@@ -114,7 +116,7 @@ def post_all(posts: list[tuple[GenerationJob, object]]) -> None:
         loop.call_soon_threadsafe(_put_all, items)
 
 
-def _put_all(items: list) -> None:
+def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
     for queue, event in items:
         queue.put_nowait(event)
 

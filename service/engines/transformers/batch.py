@@ -64,6 +64,8 @@ class ModelContext:
     steering: SteeringRuntime | None = None
     # False when a layer keeps a recurrent state (kv.py): no prefix cache.
     reuses_prefixes: bool = True
+    # Decode steps hand attention the padding mask ready-made (decode_mask.py).
+    ready_decode_mask: bool = False
 
     @functools.cached_property
     def tokens(self) -> TokenTable:
@@ -143,6 +145,10 @@ class Row:
             self.bans_controls = False
             self.reasoning_watch = CloseWatch(spec.reasoning.syntax.close)
         self.logprobs = spec.logprobs  # alternatives per token; None: not asked for
+        # Its logits depend on its token counts: only then are they kept (sample).
+        opts = self.options
+        self.penalised = (opts.frequency_penalty != 0.0 or opts.presence_penalty != 0.0
+                          or opts.repetition_penalty != 1.0)
         self.generated = 0
         self.last_token = -1
         self.failed = False  # its bookkeeping raised: it left, and its request fails
@@ -194,11 +200,15 @@ def sample(
 ) -> list[tuple[Row, ChoiceDelta, bool]]:
     """Choose each row's next token with its own options and generator."""
     options = [r.options for r in rows]
-    logits = apply_penalties(logits, options, counts, seen)
+    if counts is not None:  # some row has a penalty (Row.penalised)
+        logits = apply_penalties(logits, options, counts, seen)
     logits[:, ctx.banned_ids] = float("-inf")
-    for i, row in enumerate(rows):
-        if row.ignore_eos:
-            logits[i, ctx.eos_ids] = float("-inf")
+    ignoring = [i for i, row in enumerate(rows) if row.ignore_eos]
+    if len(ignoring) == len(rows):
+        logits[:, ctx.eos_ids] = float("-inf")
+    elif ignoring:
+        index = torch.tensor(ignoring, dtype=torch.long, device=logits.device)
+        logits[index.unsqueeze(1), ctx.eos_ids.unsqueeze(0)] = float("-inf")
     constrained = [i for i, row in enumerate(rows) if row.matcher is not None]
     if constrained:
         _apply_grammar_masks(ctx, rows, logits, constrained)
@@ -216,6 +226,7 @@ def sample(
         for i, score in zip(wanting, found, strict=True):
             scores[i] = score
     results = []
+    counted: list[int] = []
     for i, (row, token) in enumerate(zip(rows, tokens, strict=True)):
         try:
             faults.hit("row")
@@ -224,11 +235,48 @@ def sample(
             log.exception("a row failed to take its token; its request fails alone")
             row.failed = True
             delta, done = ChoiceDelta(row.index, "", ()), True
-        if not done:
-            counts[i, token] += 1
-            seen[i, token] = True
+        if not done and row.penalised:
+            counted.append(i)
         results.append((row, delta, done))
+    if counted:  # only a penalised row's counts are ever read
+        index = torch.tensor(counted, dtype=torch.long, device=counts.device)
+        chosen = torch.tensor([tokens[i] for i in counted], dtype=torch.long,
+                              device=counts.device)
+        counts[index, chosen] += 1
+        seen[index, chosen] = True
     return results
+
+
+def penalty_state(ctx: ModelContext, rows: list[Row], prompts: list) -> tuple:
+    """(counts, seen) for new rows, `prompts[r]` row r's prompt ids: counts
+    [rows, vocab] of each generated token, seen [rows, vocab] marking the
+    prompt's and generated tokens. (None, None) when no row has a penalty:
+    nothing reads them then, and a lane neither builds nor copies them."""
+    if not any(row.penalised for row in rows):
+        return None, None
+    device = ctx.device
+    counts = torch.zeros((len(rows), ctx.vocab_width), dtype=torch.float32, device=device)
+    seen = torch.zeros((len(rows), ctx.vocab_width), dtype=torch.bool, device=device)
+    for r, prompt in enumerate(prompts):
+        seen[r, torch.tensor(prompt, dtype=torch.long, device=device)] = True
+    return counts, seen
+
+
+def join_penalty_state(ctx: ModelContext, old: tuple, old_rows: int, new: tuple,
+                       new_rows: int) -> tuple:
+    """The (counts, seen) of a lane's rows followed by new ones; zeros stand
+    in for a side that tracked nothing (none of its rows has a penalty)."""
+    if old[0] is None and new[0] is None:
+        return None, None
+
+    def filled(state, rows):
+        if state[0] is not None:
+            return state
+        return (torch.zeros((rows, ctx.vocab_width), dtype=torch.float32, device=ctx.device),
+                torch.zeros((rows, ctx.vocab_width), dtype=torch.bool, device=ctx.device))
+
+    old, new = filled(old, old_rows), filled(new, new_rows)
+    return torch.cat([old[0], new[0]]), torch.cat([old[1], new[1]])
 
 
 def _apply_grammar_masks(ctx: ModelContext, rows, logits: torch.Tensor, constrained) -> None:
@@ -255,8 +303,8 @@ class Prefilled:
     rows: list[Row]
     cache: object
     mask: torch.Tensor  # [rows, columns], 1 = real token
-    counts: torch.Tensor
-    seen: torch.Tensor
+    counts: torch.Tensor | None  # None: no row has a penalty (penalty_state)
+    seen: torch.Tensor | None
     results: list[tuple[Row, ChoiceDelta, bool]]
 
 

@@ -23,12 +23,13 @@ from service.engines.base import (
     EngineStatus,
     LoadedModel,
 )
-from service.engines.transformers import kv, reading
+from service.engines.transformers import decode_mask, kv, reading
 from service.engines.transformers.admission import SchedulerLimits
 from service.engines.transformers.architecture import LayersNotFound, decoder_layers
 from service.engines.transformers.batch import ModelContext
 from service.engines.transformers.prefix_cache import PrefixCache
 from service.engines.transformers.scheduler import Scheduler
+from service.engines.transformers.segments import SegmentTokenizer
 from service.engines.transformers.steering import SteeringRuntime
 from service.errors import invalid_parameter
 from service.generation.job import GenerationJob
@@ -73,6 +74,7 @@ class TransformersEngine(Engine):
         # copy and encoders take turns.
         self.decoder = None
         self._encode_lock = threading.Lock()
+        self._segments: SegmentTokenizer | None = None
         self._steering: SteeringRuntime | None = None  # known once started
         self._recurrent = False  # a layer keeps a per-row state (kv.py): no prefix reuse
 
@@ -117,6 +119,9 @@ class TransformersEngine(Engine):
             )
             quantization = str(method) if method else "unrecorded"
         self.model, self.tokenizer = model, tokenizer
+        # A rendered chat tokenized piece by piece, long pieces remembered
+        # (segments.py); None: this tokenizer's pieces are not independent.
+        self._segments = SegmentTokenizer.for_tokenizer(tokenizer)
         self.decoder = copy.deepcopy(tokenizer)
         self.grammars = GrammarCache.for_huggingface(copy.deepcopy(tokenizer), vocab_size,
                                                      sorted(eos_ids))
@@ -163,6 +168,8 @@ class TransformersEngine(Engine):
                                         f"conversation: {exc}") from None
             # A truncated answer is continued from where it stopped. The
             # rendered template already holds any BOS it wants.
+            if self._segments is not None and not add_special:
+                return self._segments.encode(text + (partial or ""))
             return self.tokenizer(text + (partial or ""),
                                   add_special_tokens=add_special)["input_ids"]
 
@@ -212,6 +219,7 @@ class TransformersEngine(Engine):
             batch_matcher=xgrammar.BatchGrammarMatcher(max_threads=1),
             steering=steering,
             reuses_prefixes=not self._recurrent,
+            ready_decode_mask=decode_mask.suffices(self.model, self._recurrent),
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()

@@ -15,7 +15,15 @@ import torch
 
 from service.engines import faults
 from service.engines.transformers import kv
-from service.engines.transformers.batch import ModelContext, Prefilled, Row, _steered, sample
+from service.engines.transformers.batch import (
+    ModelContext,
+    Prefilled,
+    Row,
+    _steered,
+    join_penalty_state,
+    sample,
+)
+from service.engines.transformers.decode_mask import decode_mask
 from service.engines.transformers.steering import Capture, ForwardSteering, stack_deltas
 from service.generation.job import ChoiceDelta
 from service.steering.probes import add_reads
@@ -30,6 +38,7 @@ class Lane:
         self.cache = None
         self.mask: torch.Tensor | None = None  # [rows, columns], 1 = real token
         self.positions: torch.Tensor | None = None  # [rows] next position id
+        # Token counts, kept only while a row has a penalty (batch.penalty_state).
         self.counts: torch.Tensor | None = None
         self.seen: torch.Tensor | None = None
         self._stacked: dict = {}
@@ -61,8 +70,9 @@ class Lane:
         self.mask = torch.cat([kv.pad_left(self.mask, grow_old, 1),
                                kv.pad_left(new.mask, grow_new, 1)])
         self.positions = torch.cat([self.positions, positions])
-        self.counts = torch.cat([self.counts, new.counts])
-        self.seen = torch.cat([self.seen, new.seen])
+        self.counts, self.seen = join_penalty_state(
+            self.ctx, (self.counts, self.seen), len(self.rows), (new.counts, new.seen),
+            len(new.rows))
         self.rows.extend(new.rows)
 
     def keep(self, keep: list[int]) -> None:
@@ -76,7 +86,8 @@ class Lane:
         index = torch.tensor(keep, dtype=torch.long, device=self.ctx.device)
         kv.select_rows(self.cache, index)
         self.mask, self.positions = self.mask[index], self.positions[index]
-        self.counts, self.seen = self.counts[index], self.seen[index]
+        if self.counts is not None:
+            self.counts, self.seen = self.counts[index], self.seen[index]
         self.rows = [self.rows[i] for i in keep]
         # Columns that only departed rows used are padding for everyone left.
         first = int(torch.nonzero(self.mask.any(dim=0))[0])
@@ -121,7 +132,8 @@ class Lane:
         with _steered(self.ctx, steering):
             out = self.ctx.model(
                 input_ids=ids,
-                attention_mask=self.mask,
+                attention_mask=(decode_mask(self.mask) if self.ctx.ready_decode_mask
+                                else self.mask),
                 position_ids=self.positions.unsqueeze(1),
                 past_key_values=self.cache,
                 use_cache=True,

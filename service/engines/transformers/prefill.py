@@ -43,6 +43,7 @@ from service.engines.transformers.batch import (
     Prefilled,
     Row,
     _steered,
+    penalty_state,
     sample,
 )
 from service.engines.transformers.steering import Capture, ForwardSteering, stack_deltas
@@ -146,16 +147,15 @@ class Prefill:
             kv.select_rows(cache, index)
         logits = last[index]
         mask = self.mask[index]
-        counts = torch.zeros((len(rows), ctx.vocab_width), dtype=torch.float32, device=device)
-        seen = torch.zeros((len(rows), ctx.vocab_width), dtype=torch.bool, device=device)
-        for r, i in enumerate(owner):
-            seen[r, torch.tensor(prompts[i], dtype=torch.long, device=device)] = True
+        counts, seen = penalty_state(ctx, rows, [prompts[i] for i in owner])
         results = sample(ctx, rows, logits, counts, seen)
         keep = [r for r, (_, _, done) in enumerate(results) if not done]
         if len(keep) < len(rows) and keep:
             index = torch.tensor(keep, dtype=torch.long, device=device)
             kv.select_rows(cache, index)
-            mask, counts, seen = mask[index], counts[index], seen[index]
+            mask = mask[index]
+            if counts is not None:
+                counts, seen = counts[index], seen[index]
         self.cache = None
         return Prefilled([rows[r] for r in keep], cache, mask, counts, seen, results)
 

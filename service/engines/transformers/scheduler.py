@@ -57,6 +57,7 @@ from service.engines.model_thread import (
 )
 from service.engines.transformers.admission import SchedulerLimits, Waiting, split_parts
 from service.engines.transformers.batch import GroupProgress, ModelContext, Prefilled, Row
+from service.engines.transformers.delivery import step_events
 from service.engines.transformers.lane import Lane
 from service.engines.transformers.prefill import Prefills
 from service.engines.transformers.prefix_cache import PrefixCache
@@ -67,7 +68,7 @@ from service.errors import (
     queue_full,
     thread_died,
 )
-from service.generation.job import GenerationJob, GroupDone, GroupFailed, StepOutput
+from service.generation.job import GenerationJob, GroupFailed, post_all
 
 log = logging.getLogger(__name__)
 
@@ -364,27 +365,16 @@ class Scheduler:
 
     def _deliver(self, results: list[tuple[Row, object, bool]]) -> None:
         """Post one StepOutput per job, then GroupDone for groups that finished."""
-        per_job: dict[int, tuple[GenerationJob, list]] = {}
-        finished: list[GroupProgress] = []
-        failed = {id(row.job): row.job for row, _, _ in results if row.failed}
-        for job in failed.values():
+        events = step_events(results)
+        for job in events.failed:
             self._fail(job)
-        results = [r for r in results if id(r[0].job) not in failed]
-        for row, delta, done in results:
-            per_job.setdefault(id(row.job), (row.job, []))[1].append(delta)
-            if done:
-                row.progress.rows_left -= 1
-                if row.progress.rows_left == 0:
-                    finished.append(row.progress)
         with self._lock:
-            self._generated += len(results)
-        for job, deltas in per_job.values():
-            job.post(StepOutput(tuple(deltas)))
+            self._generated += events.tokens
+        post_all(events.posts)  # one wake-up of the event loop for the whole step
+        for job in events.jobs:
             if job.stalled(self.limits.stall_s):
                 job.abandon()
-        for progress in finished:
-            progress.job.post(GroupDone(progress.completion_tokens, progress.cached_tokens,
-                                        progress.recorder))
+        for progress in events.finished:
             with self._lock:
                 key = id(progress.job)
                 if key in self._groups_left:
