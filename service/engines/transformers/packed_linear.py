@@ -1,0 +1,123 @@
+"""Linear layers in oneDNN's packed weight layout, for float32 models on a CPU.
+
+At batch 1 a decode step is matrix-vector products over every weight, so its
+speed is how fast the weights stream from memory. PyTorch's default float32
+linear (MKL's GEMM/GEMV on the row-major `[out, in]` weight) streams them at
+well under the machine's copy bandwidth on one thread, and its small-batch GEMM
+(4 to 16 rows, the decode steps of a busy lane) is no better. The same
+products through oneDNN, on a weight reordered once at load into the blocked
+layout its kernels read, run faster at every batch size measured here
+(`bench/hardware_limit.py` prints both beside the copy bandwidth).
+
+oneDNN picks a slower matrix-vector kernel below four rows, so a product of
+fewer rows is padded with zero rows to four: the weights are read once either
+way, and the extra rows cost arithmetic a memory-bound step has to spare.
+
+The results are float32 sums in another order, so they differ from the
+default path in the last bits, as the default path's batch-1 and batch-16
+results already differ from each other (oneDNN's are closer to being the same
+row for row at any batch size). Greedy text was equal on every prompt we
+compared (docs/performance.md); MILLM_TORCH_LINEAR=plain keeps PyTorch's own
+linear for anyone who needs its exact bits.
+
+Only exact `nn.Linear` modules holding float32 weights on the CPU are packed;
+anything else (CUDA, half precision, a family's own projection class) keeps its
+own forward. A weight another module shares (an output head tied to the input
+embedding) stays where it is, beside its packed copy; any other original is
+dropped, so packing does not double the model's memory. If the operators are
+missing from this build of PyTorch, or a packed product disagrees with the
+default one at load, the model is served unpacked and the log says why.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+PACKED, PLAIN = "packed", "plain"
+LAYOUTS = (PACKED, PLAIN)
+_MIN_ROWS = 4  # below this oneDNN takes its slower matrix-vector kernel
+
+
+def _available() -> bool:
+    ops = getattr(torch.ops, "mkldnn", None)
+    return (torch.backends.mkldnn.is_available() and ops is not None
+            and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
+
+
+class PackedLinear(nn.Module):
+    """An `nn.Linear` whose product runs on a oneDNN-packed copy of its weight."""
+
+    def __init__(self, linear: nn.Linear, keep_weight: bool):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+        self.bias = linear.bias
+        if keep_weight:
+            self.weight = linear.weight
+        else:
+            # Who asks for the weight's shape, dtype or device (the vocabulary
+            # width is read from the output head) still gets them; no memory.
+            self.weight = weight.new_zeros(()).expand(weight.shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows >= _MIN_ROWS:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        flat = x.reshape(rows, self.in_features)
+        padded = torch.cat([flat, flat.new_zeros(_MIN_ROWS - rows, self.in_features)])
+        out = torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")
+        return out[:rows].reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
+
+
+def _agrees(packed: PackedLinear, linear: nn.Linear) -> bool:
+    """The packed product matches the default one to float32 rounding."""
+    with torch.inference_mode():
+        for rows in (1, _MIN_ROWS + 1):
+            x = torch.randn(rows, linear.in_features, generator=torch.Generator().manual_seed(0))
+            if not torch.allclose(packed(x), F.linear(x, linear.weight, linear.bias),
+                                  rtol=1e-4, atol=1e-5):
+                return False
+    return True
+
+
+def pack_linears(model: nn.Module, layout: str) -> int:
+    """Pack every float32 CPU `nn.Linear` of `model` in place (layout `packed`);
+    returns how many were packed."""
+    if layout != PACKED:
+        return 0
+    if not _available():
+        log.info("oneDNN's linear operators are missing from this PyTorch: linears stay plain")
+        return 0
+    targets = [(parent, name, child) for parent in model.modules()
+               for name, child in parent.named_children()
+               if type(child) is nn.Linear and child.weight.dtype == torch.float32
+               and child.weight.device.type == "cpu"]
+    if not targets:
+        return 0
+    # How many modules hold each parameter: a shared one must stay.
+    holders = collections.Counter(id(p) for module in model.modules()
+                                  for p in module.parameters(recurse=False))
+    first = targets[0][2]
+    try:
+        probe = PackedLinear(first, keep_weight=True)
+        if not _agrees(probe, first):
+            log.warning("oneDNN's packed linear disagrees with PyTorch's here: linears stay "
+                        "plain")
+            return 0
+    except RuntimeError as exc:
+        log.warning("oneDNN's packed linear failed (%s): linears stay plain", exc)
+        return 0
+    for parent, name, child in targets:
+        setattr(parent, name, PackedLinear(child, keep_weight=holders[id(child.weight)] > 1))
+    return len(targets)
