@@ -52,12 +52,12 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
+from bench import gemv  # noqa: E402
 from millm.v1 import (  # noqa: E402
     generation_service_pb2_grpc,
     model_service_pb2,
     model_service_pb2_grpc,
 )
-from bench import gemv  # noqa: E402
 from service.demo_model import gguf_export  # noqa: E402
 from service.demo_model.families import TOKENIZER_FILES  # noqa: E402
 from tests import harness  # noqa: E402
