@@ -105,10 +105,11 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         help="MILLM_TORCH_THREADS: intra-op threads; one is fastest for tiny models",
     )
     parser.add_argument(
-        "--torch-linear", choices=("packed", "plain"),
+        "--torch-linear", choices=("packed", "plain", "bf16"),
         default=_env("MILLM_TORCH_LINEAR", "packed"),
         help="MILLM_TORCH_LINEAR: float32 linear layers on a CPU in oneDNN's packed layout "
-             "(faster decode) or PyTorch's plain one (its exact bits)",
+             "(faster decode), PyTorch's plain one (its exact bits), or packed in bfloat16 "
+             "(faster still where the CPU has the instructions; greedy text may differ)",
     )
     parser.add_argument(
         "--device", default=_env("MILLM_DEVICE", "auto"), help="MILLM_DEVICE: auto, cpu or cuda"

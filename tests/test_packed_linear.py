@@ -83,3 +83,18 @@ def test_engine_greedy_text_is_the_same_packed_and_plain(tmp_path):
     assert "oneDNN's packed layout" not in logs["plain"]
     assert all(len(ids[0]) == 24 for ids in texts["plain"][0]), texts
     assert texts["packed"] == texts["plain"]
+
+
+def test_bf16_is_opt_in_and_close():
+    plain, half = _demo(), _demo()
+    assert pack_linears(half, "bf16") > 0
+    head = half.get_output_embeddings()
+    fast = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert head.dtype == (torch.bfloat16 if fast else torch.float32)
+    ids = torch.tensor([[5, 17, 300, 42, 9, 1000, 77]])
+    with torch.inference_mode():
+        want, got = plain(input_ids=ids).logits, half(input_ids=ids).logits
+    assert got.dtype == torch.float32
+    assert torch.allclose(want, got, atol=0.05 * float(want.abs().max()))
+    if fast:
+        assert not torch.equal(want, got)  # rounded: why it is never the default

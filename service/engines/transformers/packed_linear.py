@@ -20,6 +20,15 @@ row for row at any batch size). Greedy text was equal on every prompt we
 compared (docs/performance.md); MILLM_TORCH_LINEAR=plain keeps PyTorch's own
 linear for anyone who needs its exact bits.
 
+`bf16` (MILLM_TORCH_LINEAR=bf16, never the default) packs the weights in
+bfloat16 instead, on CPUs whose instructions oneDNN uses for it (AVX512-BF16,
+AMX): half the bytes to stream at batch 1 and twice the arithmetic rate of a
+busy lane, at the price of inputs rounded to bfloat16 before each product
+(sums stay float32). That changes the numbers well past float32 rounding, so
+greedy text can differ from the float32 engine's (docs/performance.md has the
+measured share); it is there for whoever prefers the speed, and is refused
+(float32 packing is used) where the CPU lacks the instructions.
+
 Only exact `nn.Linear` modules holding float32 weights on the CPU are packed;
 anything else (CUDA, half precision, a family's own projection class) keeps its
 own forward. A weight another module shares (an output head tied to the input
@@ -40,8 +49,8 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-PACKED, PLAIN = "packed", "plain"
-LAYOUTS = (PACKED, PLAIN)
+PACKED, PLAIN, BF16 = "packed", "plain", "bf16"
+LAYOUTS = (PACKED, PLAIN, BF16)
 _MIN_ROWS = 4  # below this oneDNN takes its slower matrix-vector kernel
 
 
@@ -51,15 +60,24 @@ def _available() -> bool:
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
 
 
+def _bf16_fast() -> bool:
+    """oneDNN has this CPU's bfloat16 instructions (else bf16 would be slower)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check is not None and check())
+
+
 class PackedLinear(nn.Module):
     """An `nn.Linear` whose product runs on a oneDNN-packed copy of its weight."""
 
-    def __init__(self, linear: nn.Linear, keep_weight: bool):
+    def __init__(self, linear: nn.Linear, keep_weight: bool,
+                 dtype: torch.dtype = torch.float32):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.dtype = dtype  # of the products' inputs (their sums are float32)
         weight = linear.weight.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype))
         self.bias = linear.bias
+        self._bias = None if linear.bias is None else linear.bias.detach().to(dtype)
         if keep_weight:
             self.weight = linear.weight
         else:
@@ -69,36 +87,51 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
+        given = x.dtype
+        x = x.to(self.dtype)
         if rows >= _MIN_ROWS:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self._bias, "none", [], "")
+            return out.to(given)
         flat = x.reshape(rows, self.in_features)
         padded = torch.cat([flat, flat.new_zeros(_MIN_ROWS - rows, self.in_features)])
-        out = torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")
-        return out[:rows].reshape(*x.shape[:-1], self.out_features)
+        out = torch.ops.mkldnn._linear_pointwise(padded, self.packed, self._bias, "none", [], "")
+        return out[:rows].reshape(*x.shape[:-1], self.out_features).to(given)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"oneDNN packed {str(self.dtype).removeprefix('torch.')}")
 
 
 def _agrees(packed: PackedLinear, linear: nn.Linear) -> bool:
-    """The packed product matches the default one to float32 rounding."""
+    """The packed product matches the default one to the rounding of its dtype."""
+    tolerance = 1e-4 if packed.dtype == torch.float32 else 2e-2
     with torch.inference_mode():
         for rows in (1, _MIN_ROWS + 1):
             x = torch.randn(rows, linear.in_features, generator=torch.Generator().manual_seed(0))
-            if not torch.allclose(packed(x), F.linear(x, linear.weight, linear.bias),
-                                  rtol=1e-4, atol=1e-5):
+            want = F.linear(x, linear.weight, linear.bias)
+            if not torch.allclose(packed(x), want, rtol=tolerance,
+                                  atol=tolerance * float(want.abs().max())):
                 return False
     return True
 
 
 def pack_linears(model: nn.Module, layout: str) -> int:
-    """Pack every float32 CPU `nn.Linear` of `model` in place (layout `packed`);
-    returns how many were packed."""
-    if layout != PACKED:
+    """Pack every float32 CPU `nn.Linear` of `model` in place (layouts `packed`
+    and `bf16`); returns how many were packed."""
+    if layout not in (PACKED, BF16):
         return 0
     if not _available():
         log.info("oneDNN's linear operators are missing from this PyTorch: linears stay plain")
         return 0
+    dtype = torch.float32
+    if layout == BF16:
+        if _bf16_fast():
+            dtype = torch.bfloat16
+            log.warning("linear layers compute in bfloat16 (MILLM_TORCH_LINEAR=bf16): greedy "
+                        "text may differ from the float32 engine's")
+        else:
+            log.warning("this CPU has no bfloat16 instructions oneDNN uses: linears are "
+                        "packed in float32")
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children()
                if type(child) is nn.Linear and child.weight.dtype == torch.float32
@@ -110,7 +143,7 @@ def pack_linears(model: nn.Module, layout: str) -> int:
                                   for p in module.parameters(recurse=False))
     first = targets[0][2]
     try:
-        probe = PackedLinear(first, keep_weight=True)
+        probe = PackedLinear(first, keep_weight=True, dtype=dtype)
         if not _agrees(probe, first):
             log.warning("oneDNN's packed linear disagrees with PyTorch's here: linears stay "
                         "plain")
@@ -119,5 +152,6 @@ def pack_linears(model: nn.Module, layout: str) -> int:
         log.warning("oneDNN's packed linear failed (%s): linears stay plain", exc)
         return 0
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child, keep_weight=holders[id(child.weight)] > 1))
+        setattr(parent, name, PackedLinear(child, keep_weight=holders[id(child.weight)] > 1,
+                                           dtype=dtype))
     return len(targets)
