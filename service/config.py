@@ -16,8 +16,8 @@ class EngineConfig:
     models_dir: pathlib.Path = pathlib.Path(".millm/models")
     model: str = "millm-tiny"
     torch_threads: int = 1
-    # Float32 linear weights on a CPU: oneDNN-packed, or PyTorch's own layout.
-    torch_linear: str = "packed"
+    # Float32 linear weights on a CPU (engines/transformers/packed_linear.py).
+    torch_linear: str = "auto"
     device: str = "auto"
     log_level: str = "INFO"
     max_batch: int = 64
@@ -105,11 +105,12 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         help="MILLM_TORCH_THREADS: intra-op threads; one is fastest for tiny models",
     )
     parser.add_argument(
-        "--torch-linear", choices=("packed", "plain", "bf16"),
-        default=_env("MILLM_TORCH_LINEAR", "packed"),
+        "--torch-linear", choices=("auto", "packed", "plain", "bf16"),
+        default=_env("MILLM_TORCH_LINEAR", "auto"),
         help="MILLM_TORCH_LINEAR: float32 linear layers on a CPU in oneDNN's packed layout "
-             "(faster decode), PyTorch's plain one (its exact bits), or packed in bfloat16 "
-             "(faster still where the CPU has the instructions; greedy text may differ)",
+             "(auto: for models past 64 MiB of them; packed: always), PyTorch's plain one "
+             "(its exact bits), or packed in bfloat16 (faster where the CPU has the "
+             "instructions; greedy text may differ)",
     )
     parser.add_argument(
         "--device", default=_env("MILLM_DEVICE", "auto"), help="MILLM_DEVICE: auto, cpu or cuda"

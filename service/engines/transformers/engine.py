@@ -27,7 +27,7 @@ from service.engines.transformers import kv, reading
 from service.engines.transformers.admission import SchedulerLimits
 from service.engines.transformers.architecture import LayersNotFound, decoder_layers
 from service.engines.transformers.batch import ModelContext
-from service.engines.transformers.packed_linear import PACKED, pack_linears
+from service.engines.transformers.packed_linear import AUTO, pack_linears
 from service.engines.transformers.prefix_cache import PrefixCache
 from service.engines.transformers.scheduler import Scheduler
 from service.engines.transformers.steering import SteeringRuntime
@@ -55,7 +55,7 @@ class TransformersEngine(Engine):
         device: str = "auto",
         limits: SchedulerLimits | None = None,
         prefix_cache_tokens: int = 32768,
-        linear_layout: str = PACKED,
+        linear_layout: str = AUTO,
     ):
         super().__init__(entry)
         self.linear_layout = linear_layout  # packed_linear.py: CPU float32 linears

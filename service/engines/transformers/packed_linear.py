@@ -9,6 +9,12 @@ products through oneDNN, on a weight reordered once at load into the blocked
 layout its kernels read, run faster at every batch size measured here
 (`bench/hardware_limit.py` prints both beside the copy bandwidth).
 
+The gain is in streaming weights from memory; each packed call also costs
+about 12 microseconds more than PyTorch's own, which a model whose weights sit
+in the CPU's caches notices (the 64-wide demo model decodes slower packed).
+So the default, `auto`, packs only a model whose float32 linear weights reach
+`AUTO_MIN_BYTES`; `packed` packs any model.
+
 oneDNN picks a slower matrix-vector kernel below four rows, so a product of
 fewer rows is padded with zero rows to four: the weights are read once either
 way, and the extra rows cost arithmetic a memory-bound step has to spare.
@@ -49,8 +55,9 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-PACKED, PLAIN, BF16 = "packed", "plain", "bf16"
-LAYOUTS = (PACKED, PLAIN, BF16)
+AUTO, PACKED, PLAIN, BF16 = "auto", "packed", "plain", "bf16"
+LAYOUTS = (AUTO, PACKED, PLAIN, BF16)
+AUTO_MIN_BYTES = 64 * 2**20  # past the last-level cache of common CPUs (32 MiB here)
 _MIN_ROWS = 4  # below this oneDNN takes its slower matrix-vector kernel
 
 
@@ -117,8 +124,9 @@ def _agrees(packed: PackedLinear, linear: nn.Linear) -> bool:
 
 def pack_linears(model: nn.Module, layout: str) -> int:
     """Pack every float32 CPU `nn.Linear` of `model` in place (layouts `packed`
-    and `bf16`); returns how many were packed."""
-    if layout not in (PACKED, BF16):
+    and `bf16`, and `auto` for a model past AUTO_MIN_BYTES); returns how many
+    were packed."""
+    if layout not in (AUTO, PACKED, BF16):
         return 0
     if not _available():
         log.info("oneDNN's linear operators are missing from this PyTorch: linears stay plain")
@@ -138,6 +146,9 @@ def pack_linears(model: nn.Module, layout: str) -> int:
                and child.weight.device.type == "cpu"]
     if not targets:
         return 0
+    weights = sum(child.weight.numel() * 4 for _, _, child in targets)
+    if layout == AUTO and weights < AUTO_MIN_BYTES:
+        return 0  # in cache: PyTorch's cheaper calls win
     # How many modules hold each parameter: a shared one must stay.
     holders = collections.Counter(id(p) for module in model.modules()
                                   for p in module.parameters(recurse=False))
