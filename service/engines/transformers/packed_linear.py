@@ -38,8 +38,10 @@ measured share); it is there for whoever prefers the speed, and is refused
 Only exact `nn.Linear` modules holding float32 weights on the CPU are packed;
 anything else (CUDA, half precision, a family's own projection class) keeps its
 own forward. A weight another module shares (an output head tied to the input
-embedding) stays where it is, beside its packed copy; any other original is
-dropped, so packing does not double the model's memory. If the operators are
+embedding, which looks rows up in it) is not packed: a packed copy beside it
+would add memory the load did not plan for (a gigabyte for a float32 head of
+128k tokens by 2,048). Every other original is dropped once packed, so packing
+never grows the model. If the operators are
 missing from this build of PyTorch, or a packed product disagrees with the
 default one at load, the model is served unpacked and the log says why.
 """
@@ -76,8 +78,7 @@ def _bf16_fast() -> bool:
 class PackedLinear(nn.Module):
     """An `nn.Linear` whose product runs on a oneDNN-packed copy of its weight."""
 
-    def __init__(self, linear: nn.Linear, keep_weight: bool,
-                 dtype: torch.dtype = torch.float32):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.dtype = dtype  # of the products' inputs (their sums are float32)
@@ -85,12 +86,9 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype))
         self.bias = linear.bias
         self._bias = None if linear.bias is None else linear.bias.detach().to(dtype)
-        if keep_weight:
-            self.weight = linear.weight
-        else:
-            # Who asks for the weight's shape, dtype or device (the vocabulary
-            # width is read from the output head) still gets them; no memory.
-            self.weight = weight.new_zeros(()).expand(weight.shape)
+        # Who asks for the weight's shape, dtype or device (the vocabulary
+        # width is read from the output head) still gets them; no memory.
+        self.weight = weight.new_zeros(()).expand(weight.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -144,17 +142,18 @@ def pack_linears(model: nn.Module, layout: str) -> int:
                for name, child in parent.named_children()
                if type(child) is nn.Linear and child.weight.dtype == torch.float32
                and child.weight.device.type == "cpu"]
+    # How many modules hold each parameter: a shared one stays as it is.
+    holders = collections.Counter(id(p) for module in model.modules()
+                                  for p in module.parameters(recurse=False))
+    targets = [t for t in targets if holders[id(t[2].weight)] == 1]
     if not targets:
         return 0
     weights = sum(child.weight.numel() * 4 for _, _, child in targets)
     if layout == AUTO and weights < AUTO_MIN_BYTES:
         return 0  # in cache: PyTorch's cheaper calls win
-    # How many modules hold each parameter: a shared one must stay.
-    holders = collections.Counter(id(p) for module in model.modules()
-                                  for p in module.parameters(recurse=False))
     first = targets[0][2]
     try:
-        probe = PackedLinear(first, keep_weight=True, dtype=dtype)
+        probe = PackedLinear(first, dtype=dtype)
         if not _agrees(probe, first):
             log.warning("oneDNN's packed linear disagrees with PyTorch's here: linears stay "
                         "plain")
@@ -163,6 +162,5 @@ def pack_linears(model: nn.Module, layout: str) -> int:
         log.warning("oneDNN's packed linear failed (%s): linears stay plain", exc)
         return 0
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child, keep_weight=holders[id(child.weight)] > 1,
-                                           dtype=dtype))
+        setattr(parent, name, PackedLinear(child, dtype=dtype))
     return len(targets)
