@@ -12,8 +12,7 @@ Two layouts are measured: PyTorch's default (`F.linear` on the row-major
 (service/engines/transformers/packed_linear.py, called as the engine calls
 it). Each shape is measured over enough copies of it to leave the caches
 behind (weights stream from memory, as they do at decode), and the whole
-model in the order of a decode step (with a tied output head left plain, as
-the engine leaves it).
+model in the order of a decode step.
 
 Usage: python bench/gemv.py [--layers 16] (the 100M shapes of hardware_limit.py)
 """
@@ -50,10 +49,8 @@ def _best(run, repeats: int) -> float:
     return best
 
 
-def _rate(weights: list, repeats: int, plain_last: bool = False) -> dict[str, float]:
-    """Bytes/s through `weights` one row at a time, in each layout (with
-    `plain_last`, the packed layout leaves the last weight plain, as the engine
-    leaves an output head tied to the embedding)."""
+def _rate(weights: list, repeats: int) -> dict[str, float]:
+    """Bytes/s through `weights` one row at a time, in each layout."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -68,17 +65,15 @@ def _rate(weights: list, repeats: int, plain_last: bool = False) -> dict[str, fl
     for i, w in enumerate(weights):  # packed one by one: the plain copy goes as it is packed
         linear = nn.Linear(w.shape[1], w.shape[0], bias=False)
         linear.weight = nn.Parameter(w, requires_grad=False)
-        packed.append(linear if plain_last and i == len(weights) - 1 else PackedLinear(linear))
+        packed.append(PackedLinear(linear))
         weights[i] = None
     rates["packed"] = size / _best(lambda: [p(inputs[p.in_features]) for p in packed], repeats)
     return rates
 
 
-def measure(shapes: list[tuple[int, int]], repeats: int = 5,
-            tied_head: bool = False) -> dict[str, dict[str, float]]:
-    """{row name: {layout: bytes/s}} for each distinct shape and the whole step
-    (whose last shape is the output head: `tied_head` keeps it plain, as the
-    engine does), on one thread of the calling process's cores."""
+def measure(shapes: list[tuple[int, int]], repeats: int = 5) -> dict[str, dict[str, float]]:
+    """{row name: {layout: bytes/s}} for each distinct shape and the whole step,
+    on one thread of the calling process's cores."""
     import torch
 
     threads = torch.get_num_threads()
@@ -90,8 +85,7 @@ def measure(shapes: list[tuple[int, int]], repeats: int = 5,
                 copies = max(1, SET_BYTES // (out * inp * 4))
                 results[f"{out}x{inp}"] = _rate([torch.randn(out, inp) for _ in range(copies)],
                                                 repeats)
-            results["decode step"] = _rate([torch.randn(s) for s in shapes], repeats,
-                                           plain_last=tied_head)
+            results["decode step"] = _rate([torch.randn(s) for s in shapes], repeats)
             return results
     finally:
         torch.set_num_threads(threads)
@@ -126,7 +120,7 @@ def main() -> int:
                         "config.json").read_text())["vocab_size"]
     shapes = decode_shapes(config, vocab)
     bandwidth = hardware_limit.copy_bandwidth("cpu")
-    results = measure(shapes, tied_head=True)
+    results = measure(shapes)
     print(f"copy bandwidth (one thread): {bandwidth / 1e9:.2f} GB/s")
     report(results, bandwidth, sum(o * i * 4 for o, i in shapes), len(shapes))
     return 0

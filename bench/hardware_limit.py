@@ -330,8 +330,7 @@ def main() -> int:
             # On the engine's core, one thread, before the engines start.
             vocab = json.loads((models / MODEL / "config.json").read_text())["vocab_size"]
             shapes = gemv.decode_shapes(CONFIG, vocab)
-            baseline["gemv"] = gemv.measure(shapes, tied_head=True)  # build() ties it
-            baseline["linears"] = len(shapes)
+            baseline["gemv"], baseline["linears"] = gemv.measure(shapes), len(shapes)
             baseline["generate"] = generate_rate(models / MODEL, args.decode_tokens)
         if client_cpus:
             os.sched_setaffinity(0, client_cpus)

@@ -37,13 +37,15 @@ measured share); it is there for whoever prefers the speed, and is refused
 
 Only exact `nn.Linear` modules holding float32 weights on the CPU are packed;
 anything else (CUDA, half precision, a family's own projection class) keeps its
-own forward. A weight another module shares (an output head tied to the input
-embedding, which looks rows up in it) is not packed: a packed copy beside it
-would add memory the load did not plan for (a gigabyte for a float32 head of
-128k tokens by 2,048). Every other original is dropped once packed, so packing
-never grows the model. If the operators are
-missing from this build of PyTorch, or a packed product disagrees with the
-default one at load, the model is served unpacked and the log says why.
+own forward. Each original weight is dropped once packed, but one another
+module shares (an output head tied to the input embedding, which looks rows up
+in it) must stay, so its packed copy is extra memory: it is made only while it
+stays within `SHARED_COPY_SHARE` of the linear weights (the 100M benchmark
+model's head, 6 %, is packed; a float32 head of 128k tokens by 2,048 beside a
+1B model, a gigabyte and a fifth of it, is not), which the load's memory
+headroom covers. If the operators are missing from this build of PyTorch, or a
+packed product disagrees with the default one at load, the model is served
+unpacked and the log says why.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ log = logging.getLogger(__name__)
 AUTO, PACKED, PLAIN, BF16 = "auto", "packed", "plain", "bf16"
 LAYOUTS = (AUTO, PACKED, PLAIN, BF16)
 AUTO_MIN_BYTES = 64 * 2**20  # past the last-level cache of common CPUs (32 MiB here)
+SHARED_COPY_SHARE = 1 / 16  # a shared weight's packed copy may add this much memory
 _MIN_ROWS = 4  # below this oneDNN takes its slower matrix-vector kernel
 
 
@@ -78,7 +81,8 @@ def _bf16_fast() -> bool:
 class PackedLinear(nn.Module):
     """An `nn.Linear` whose product runs on a oneDNN-packed copy of its weight."""
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32,
+                 shared: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.dtype = dtype  # of the products' inputs (their sums are float32)
@@ -86,9 +90,12 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype))
         self.bias = linear.bias
         self._bias = None if linear.bias is None else linear.bias.detach().to(dtype)
-        # Who asks for the weight's shape, dtype or device (the vocabulary
-        # width is read from the output head) still gets them; no memory.
-        self.weight = weight.new_zeros(()).expand(weight.shape)
+        if shared:
+            self.weight = linear.weight  # still another module's (the embedding's)
+        else:
+            # Who asks for the weight's shape, dtype or device (the vocabulary
+            # width is read from the output head) still gets them; no memory.
+            self.weight = weight.new_zeros(()).expand(weight.shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -142,15 +149,20 @@ def pack_linears(model: nn.Module, layout: str) -> int:
                for name, child in parent.named_children()
                if type(child) is nn.Linear and child.weight.dtype == torch.float32
                and child.weight.device.type == "cpu"]
-    # How many modules hold each parameter: a shared one stays as it is.
-    holders = collections.Counter(id(p) for module in model.modules()
-                                  for p in module.parameters(recurse=False))
-    targets = [t for t in targets if holders[id(t[2].weight)] == 1]
     if not targets:
         return 0
     weights = sum(child.weight.numel() * 4 for _, _, child in targets)
     if layout == AUTO and weights < AUTO_MIN_BYTES:
         return 0  # in cache: PyTorch's cheaper calls win
+    # How many modules hold each parameter: a shared one stays, and is packed
+    # only while its copy is small beside the rest.
+    holders = collections.Counter(id(p) for module in model.modules()
+                                  for p in module.parameters(recurse=False))
+    shared = {id(c.weight) for _, _, c in targets if holders[id(c.weight)] > 1}
+    targets = [t for t in targets if id(t[2].weight) not in shared
+               or t[2].weight.numel() * 4 <= SHARED_COPY_SHARE * weights]
+    if not targets:
+        return 0
     first = targets[0][2]
     try:
         probe = PackedLinear(first, dtype=dtype)
@@ -162,5 +174,6 @@ def pack_linears(model: nn.Module, layout: str) -> int:
         log.warning("oneDNN's packed linear failed (%s): linears stay plain", exc)
         return 0
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child, dtype=dtype))
+        setattr(parent, name, PackedLinear(child, dtype=dtype,
+                                           shared=id(child.weight) in shared))
     return len(targets)
