@@ -12,7 +12,13 @@ engine's core, one thread, as the engines use). Then it prints, side by side:
      batch 1 every weight is read once per token, so no engine can beat
      bandwidth / bytes of weights read per token; the ratio says how much of
      that limit each reaches (the KV cache of these short prompts is ignored);
-  2. aggregate tokens/s of the transformers engine at 1, 4, 16 and 64
+  2. beside the transformers engine, the two bounds it meets on a CPU: a plain
+     transformers `generate()` of the same checkpoint (greedy, same prompt and
+     tokens, one thread on the engine's core), and a one-thread float32
+     matrix-vector microbenchmark over the model's own weight shapes
+     (bench/gemv.py), in PyTorch's default layout and in the engine's oneDNN
+     packed one, as GB/s and as a share of the copy bandwidth;
+  3. aggregate tokens/s of the transformers engine at 1, 4, 16 and 64
      closed-loop clients, continuous batching against the same engine forced
      to one request at a time (MILLM_BATCHING=serial; its throughput does not
      depend on the number of clients, so it is measured once).
@@ -26,7 +32,7 @@ On a machine with CUDA, `bench/gpu.sh` runs the same measurement on the card
 card's own copy bandwidth, batch 1 and 64.
 
 Usage: python bench/hardware_limit.py [--tokens 32] [--clients 1,4,16,64] [--layers 16]
-       [--size 100m|1b] [--device cpu|cuda] [--no-gguf]
+       [--size 100m|1b] [--device cpu|cuda] [--no-gguf] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
+from bench import gemv  # noqa: E402
 from millm.v1 import (  # noqa: E402
     generation_service_pb2_grpc,
     model_service_pb2,
@@ -144,8 +151,9 @@ def bytes_per_token(models: pathlib.Path, model: str, params: int, width: int) -
     return total
 
 
-async def decode_rate(stub, model: str, tokens: int) -> float:
-    """Tokens/s after the first token of one streamed greedy generation."""
+async def decode_rate(stub, model: str, tokens: int, ids: list | None = None) -> float:
+    """Tokens/s after the first token of one streamed greedy generation; its
+    token ids go to `ids` when given."""
     request = prompt_request(PROMPTS[0], model=model, max_tokens=tokens, temperature=0,
                              ignore_eos=True)
     stamps: list[tuple[float, int]] = []
@@ -153,8 +161,51 @@ async def decode_rate(stub, model: str, tokens: int) -> float:
         produced = sum(len(c.token_ids) for c in response.choices)
         if produced:
             stamps.append((time.perf_counter(), produced))
+            if ids is not None:
+                ids.extend(t for c in response.choices for t in c.token_ids)
     (first, _), (last, _) = stamps[0], stamps[-1]
     return (sum(n for _, n in stamps) - stamps[0][1]) / (last - first)
+
+
+def generate_rate(path: pathlib.Path, tokens: int) -> tuple[float, list[int]]:
+    """A plain transformers `generate()` of the checkpoint, on this process's
+    cores with one thread: tokens/s after the first token (as decode_rate
+    counts them) and the greedy token ids. Ends only at `tokens` (the end of
+    sequence suppressed, as ignore_eos does), and the special tokens the
+    engine never generates are suppressed too."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.generation.streamers import BaseStreamer
+
+    class Stamps(BaseStreamer):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def put(self, value):
+            self.times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        prompt = torch.tensor([tokenizer(PROMPTS[0])["input_ids"]])
+        eos = model.generation_config.eos_token_id
+        suppress = sorted({*tokenizer.all_special_ids, *(eos if isinstance(eos, list) else [eos]),
+                           *range(len(tokenizer), model.config.vocab_size)} - {None})
+        kwargs = dict(attention_mask=torch.ones_like(prompt), do_sample=False,
+                      max_new_tokens=tokens, suppress_tokens=suppress)
+        with torch.inference_mode():
+            model.generate(prompt, **dict(kwargs, max_new_tokens=4))  # warm-up
+            stamps = Stamps()  # put(): the prompt, then each new token
+            out = model.generate(prompt, streamer=stamps, **kwargs)
+        first, last = stamps.times[1], stamps.times[-1]
+        return (len(stamps.times) - 2) / (last - first), out[0, prompt.shape[1]:].tolist()
+    finally:
+        torch.set_num_threads(threads)
 
 
 async def aggregate(stub, model: str, clients: int, requests: int, tokens: int) -> float:
@@ -180,7 +231,8 @@ async def measure(port: int, serial_port: int | None, args) -> dict:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
         await decode_rate(stub, MODEL, 4)  # warm-up
-        out["decode"][MODEL] = await decode_rate(stub, MODEL, args.decode_tokens)
+        out["ids"] = []
+        out["decode"][MODEL] = await decode_rate(stub, MODEL, args.decode_tokens, out["ids"])
         if serial_port is not None:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{serial_port}") as serial_channel:
                 serial = generation_service_pb2_grpc.GenerationServiceStub(serial_channel)
@@ -204,12 +256,25 @@ def report(results: dict, bandwidth: float, params: int, per_token: dict, args) 
     print(f"\nmodel: Llama, {params / 1e6:.1f}M parameters ({json.dumps(CONFIG)})")
     print(f"memory bandwidth ({where}): {bandwidth / 1e9:.2f} GB/s\n")
     print("decode at batch 1 against the bandwidth limit (bandwidth / weight bytes per token)")
-    print(f"{'engine / file':<24}{'MB/token':>10}{'limit tok/s':>13}{'tok/s':>9}{'ratio':>8}")
-    for name, rate in results["decode"].items():
-        limit = bandwidth / per_token[name]
-        engine = "gguf " + name.split(":")[1] if ":" in name else f"transformers {args.dtype}"
-        print(f"{engine:<24}{per_token[name] / 1e6:>10.1f}{limit:>13.1f}{rate:>9.1f}"
-              f"{rate / limit:>8.0%}")
+    print(f"{'engine / file':<28}{'MB/token':>10}{'limit tok/s':>13}{'tok/s':>9}{'ratio':>8}")
+    rows = dict(results["decode"])
+    if "generate" in results:
+        rows["generate"] = results["generate"][0]
+    for name, rate in rows.items():
+        limit = bandwidth / per_token[MODEL if name == "generate" else name]
+        engine = ("gguf " + name.split(":")[1] if ":" in name
+                  else f"plain generate() {args.dtype}" if name == "generate"
+                  else f"transformers {args.dtype}")
+        print(f"{engine:<28}{per_token[MODEL if name == 'generate' else name] / 1e6:>10.1f}"
+              f"{limit:>13.1f}{rate:>9.1f}{rate / limit:>8.0%}")
+    if "generate" in results:
+        rate, ids = results["generate"]
+        same = "equal" if ids == results["ids"] else "DIFFERENT"
+        print(f"transformers engine / plain generate(): {results['decode'][MODEL] / rate:.2f}x, "
+              f"greedy tokens {same}")
+    if "gemv" in results:
+        print()
+        gemv.report(results["gemv"], bandwidth, per_token[MODEL], results["linears"])
     serial = results.get("serial")
     if serial:
         print(f"\ntransformers engine, serial: {serial:.1f} tok/s (one request at a time, "
@@ -235,6 +300,8 @@ def main() -> int:
                         help="skip the GGUF files (llama.cpp runs on the CPU here)")
     parser.add_argument("--no-serial", dest="serial", action="store_false",
                         help="skip the one-request-at-a-time engine")
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false",
+                        help="skip plain generate() and the matrix-vector microbenchmark")
     args = parser.parse_args()
     CONFIG.clear()
     CONFIG.update(SIZES[args.size])
@@ -258,6 +325,13 @@ def main() -> int:
         if engine_cpus:
             os.sched_setaffinity(0, engine_cpus)
         bandwidth = copy_bandwidth(args.device)
+        baseline = {}
+        if args.baseline and args.device == "cpu":
+            # On the engine's core, one thread, before the engines start.
+            vocab = json.loads((models / MODEL / "config.json").read_text())["vocab_size"]
+            shapes = gemv.decode_shapes(CONFIG, vocab)
+            baseline["gemv"], baseline["linears"] = gemv.measure(shapes), len(shapes)
+            baseline["generate"] = generate_rate(models / MODEL, args.decode_tokens)
         if client_cpus:
             os.sched_setaffinity(0, client_cpus)
         env = {"MILLM_MODELS_DIR": str(models), "MILLM_MODEL": MODEL,
@@ -273,6 +347,7 @@ def main() -> int:
                 harness.wait_serving(process, port, timeout=600)
             serial_port = engines[1][1] if args.serial else None
             results = asyncio.run(measure(engines[0][1], serial_port, args))
+            results.update(baseline)
         finally:
             for process, _ in engines:
                 process.stop()

@@ -16,6 +16,8 @@ class EngineConfig:
     models_dir: pathlib.Path = pathlib.Path(".millm/models")
     model: str = "millm-tiny"
     torch_threads: int = 1
+    # Float32 linear weights on a CPU (engines/transformers/packed_linear.py).
+    torch_linear: str = "auto"
     device: str = "auto"
     log_level: str = "INFO"
     max_batch: int = 64
@@ -103,6 +105,14 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         type=int,
         default=int(_env("MILLM_TORCH_THREADS", "1")),
         help="MILLM_TORCH_THREADS: intra-op threads; one is fastest for tiny models",
+    )
+    parser.add_argument(
+        "--torch-linear", choices=("auto", "packed", "plain", "bf16"),
+        default=_env("MILLM_TORCH_LINEAR", "auto"),
+        help="MILLM_TORCH_LINEAR: float32 linear layers on a CPU in oneDNN's packed layout "
+             "(auto: for models past 64 MiB of them; packed: always), PyTorch's plain one "
+             "(its exact bits), or packed in bfloat16 (faster where the CPU has the "
+             "instructions; greedy text may differ)",
     )
     parser.add_argument(
         "--device", default=_env("MILLM_DEVICE", "auto"), help="MILLM_DEVICE: auto, cpu or cuda"
@@ -275,6 +285,7 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         # A locked server starts with the model it is locked to.
         model=args.lock_model or args.model,
         torch_threads=args.torch_threads,
+        torch_linear=args.torch_linear,
         device=args.device,
         log_level=args.log_level.upper(),
         max_batch=args.max_batch,

@@ -116,6 +116,7 @@ class EngineServer:
                     serial=config.batching == "serial",
                 ),
                 prefix_cache_tokens=config.prefix_cache_tokens,
+                torch_linear=config.torch_linear,
                 lock_model=config.lock_model,
                 graceful_unload_timeout=config.graceful_unload_timeout,
                 memory_headroom_bytes=config.memory_headroom_mib * 1024 * 1024,

@@ -30,7 +30,8 @@ def make_engine(entry: ModelEntry, config: LifecycleConfig,
     from service.engines.transformers.engine import TransformersEngine
 
     return TransformersEngine(entry, device=config.device, limits=config.limits,
-                              prefix_cache_tokens=config.prefix_cache_tokens)
+                              prefix_cache_tokens=config.prefix_cache_tokens,
+                              linear_layout=config.torch_linear)
 
 
 def load_device(entry: ModelEntry, device: str) -> str:

@@ -121,6 +121,9 @@ class LifecycleConfig:
     device: str = "auto"
     limits: SchedulerLimits = field(default_factory=SchedulerLimits)
     prefix_cache_tokens: int = 32768
+    # How the transformers engine lays out float32 linear weights on a CPU
+    # (engines/transformers/packed_linear.py): auto, packed, plain or bf16.
+    torch_linear: str = "auto"
     # Only this model is served (and listed) when set.
     lock_model: str = ""
     # How long an unload waits for running requests before ending them.

@@ -27,6 +27,7 @@ from service.engines.transformers import decode_mask, kv, reading
 from service.engines.transformers.admission import SchedulerLimits
 from service.engines.transformers.architecture import LayersNotFound, decoder_layers
 from service.engines.transformers.batch import ModelContext
+from service.engines.transformers.packed_linear import AUTO, pack_linears
 from service.engines.transformers.prefix_cache import PrefixCache
 from service.engines.transformers.scheduler import Scheduler
 from service.engines.transformers.segments import SegmentTokenizer
@@ -55,8 +56,10 @@ class TransformersEngine(Engine):
         device: str = "auto",
         limits: SchedulerLimits | None = None,
         prefix_cache_tokens: int = 32768,
+        linear_layout: str = AUTO,
     ):
         super().__init__(entry)
+        self.linear_layout = linear_layout  # packed_linear.py: CPU float32 linears
         self.limits = limits or SchedulerLimits()
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self.device = _pick_device(device)
@@ -92,6 +95,9 @@ class TransformersEngine(Engine):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
         model.eval()
         config = model.config
+        packed = pack_linears(model, self.linear_layout)
+        if packed:
+            log.info("%s: %d linear layers in oneDNN's packed layout", self.entry.id, packed)
 
         eos = model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])

@@ -11,6 +11,15 @@ layer state exist across the families we serve:
   attention) hold a fixed-size state per row, with no token columns: they are
   only selected, repeated and concatenated by row.
 
+Attention layers write each step's new column into spare room reserved
+behind their keys and values (`RoomyLayer`), instead of transformers'
+`DynamicLayer`, which concatenates, and so copies the whole cache of every
+layer, at every decode step: at 16 rows that copy is several milliseconds of
+a step, and it grows with the context. The room is reserved again, with one
+copy, when it runs out or when a lane replaced the tensors (rows joined, left
+or were trimmed): those already copy. Its cost is memory: up to `SPARE_COLUMNS`
+columns per row and layer beyond what the rows hold.
+
 Sliding-window attention layers are kept in full here (a `DynamicLayer`, not
 transformers' truncating `DynamicSlidingWindowLayer`): every attention layer
 then has the same columns, which is what left padding and trimming need, and
@@ -54,17 +63,63 @@ def _kind(layer) -> str:
         return BOTH
     if recurrent:
         return RECURRENT if type(layer) is LinearAttentionLayer else ""
-    if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer):
+    if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer, RoomyLayer):
         return ATTENTION
     return ""
 
 
+SPARE_COLUMNS = 64  # room reserved beyond the columns held, per row and layer
+
+
+class RoomyLayer(DynamicLayer):
+    """A full attention layer that appends in place, into room reserved behind
+    its columns; `keys` and `values` are views of the room's used columns."""
+
+    def __init__(self):
+        super().__init__()
+        self._room: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _fits(self, end: int, new: torch.Tensor) -> bool:
+        """The room still backs `keys`/`values` (no one replaced them) and holds `end` columns."""
+        if self._room is None:
+            return False
+        keys, values = self._room
+        return (end <= keys.shape[2] and keys.shape[:2] == new.shape[:2]
+                and self.keys.data_ptr() == keys.data_ptr()
+                and self.values.data_ptr() == values.data_ptr()
+                and self.keys.stride() == keys.stride() and self.values.stride() == values.stride())
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        used = self.keys.shape[-2] if self.keys.dim() == 4 else 0
+        end = used + key_states.shape[-2]
+        if not self._fits(end, key_states):
+            room = []
+            for held, new in ((self.keys, key_states), (self.values, value_states)):
+                shape = (*new.shape[:2], end + SPARE_COLUMNS, new.shape[3])
+                room.append(new.new_empty(shape))
+                if used:
+                    room[-1][:, :, :used] = held
+            self._room = (room[0], room[1])
+        keys, values = self._room
+        keys[:, :, used:end] = key_states
+        values[:, :, used:end] = value_states
+        self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+        return self.keys, self.values
+
+    def reset(self) -> None:
+        self._room = None
+        super().reset()
+
+
 def new_cache(config) -> DynamicCache:
-    """An empty cache with the model's own layer kinds, sliding layers kept in full."""
+    """An empty cache with the model's own layer kinds; full and sliding
+    attention layers are `RoomyLayer`s (sliding ones kept in full)."""
     cache = DynamicCache(config=config)
     for i, layer in enumerate(cache.layers):
-        if type(layer) is DynamicSlidingWindowLayer:
-            cache.layers[i] = DynamicLayer()
+        if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer):
+            cache.layers[i] = RoomyLayer()
     return cache
 
 
