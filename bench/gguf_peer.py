@@ -221,6 +221,9 @@ async def cell(server: str, stacks: Stacks, clients: int, per_client: int, token
                 ttfts.append(first)
             else:
                 usage = (await peer_http.post(port, request))["usage"]
+            if usage["completion_tokens"] != tokens:  # ignore_eos: every answer runs to the end
+                raise RuntimeError(f"{server} answered {usage['completion_tokens']} tokens, "
+                                   f"not {tokens}: the cell would not compare like with like")
             generated += usage["completion_tokens"]
 
     pids = stacks.pids[server]

@@ -87,20 +87,6 @@ class GroupFailed:
     error: EngineError
 
 
-def merge_steps(first: StepOutput, second: StepOutput) -> StepOutput:
-    """One output saying what two consecutive steps said, choice by choice."""
-    merged: dict[int, ChoiceDelta] = {d.index: d for d in first.deltas}
-    for d in second.deltas:
-        before = merged.get(d.index)
-        merged[d.index] = d if before is None else ChoiceDelta(
-            d.index, before.text + d.text, before.token_ids + d.token_ids,
-            d.finish_reason or before.finish_reason, before.logprobs + d.logprobs,
-            before.tool_calls + d.tool_calls, d.stop_sequence or before.stop_sequence,
-            before.reasoning + d.reasoning,
-        )
-    return StepOutput(tuple(merged.values()))
-
-
 def post_all(posts: list[tuple[GenerationJob, object]]) -> None:
     """Model thread: GenerationJob.post for many jobs' events (in order), with
     one wake of each event loop instead of one a job: a call_soon_threadsafe
@@ -122,7 +108,8 @@ def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
 
 
 def join_steps(steps: list[StepOutput]) -> StepOutput:
-    """merge_steps over many steps in one pass (no quadratic re-concatenation)."""
+    """One output saying what consecutive steps said, choice by choice, in one
+    pass: texts and tokens joined, the last finish reason and stop sequence."""
     if len(steps) == 1:
         return steps[0]
     parts: dict[int, list[ChoiceDelta]] = {}
@@ -243,13 +230,14 @@ class GenerationJob:
                 event = held if held is not None else await self._take()
                 held = None
                 if isinstance(event, StepOutput):
+                    piled = [event]
                     while not self.queue.empty():
                         following = self._take_now()
                         if not isinstance(following, StepOutput):
                             held = following
                             break
-                        event = merge_steps(event, following)
-                    yield event
+                        piled.append(following)
+                    yield join_steps(piled)
                 elif isinstance(event, GroupDone):
                     self.completion_tokens += event.completion_tokens
                     self.cached_tokens += event.cached_tokens
