@@ -17,7 +17,7 @@ from rest_bridge.config import BridgeConfig
 from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import SERVER_ERROR, OpenAIError
 from rest_bridge.metrics import BridgeMetrics
-from rest_bridge.routes import not_served, router
+from rest_bridge.routes import not_served, router, slash_redirect
 from rest_bridge.serving import console, monitoring_api, steering_api
 from rest_bridge.serving.chat import ChatCompletionHandler
 from rest_bridge.serving.completions import CompletionHandler
@@ -54,6 +54,7 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
 
     app = FastAPI(title="miLLM", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
+    app.router.redirect_slashes = False  # routes.slash_redirect, on the raw path
     app.state.config = config
     app.state.access = BridgeState()
     app.state.metrics = BridgeMetrics()
@@ -80,6 +81,8 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         path = request.url.path
+        if exc.status_code == 404 and (redirect := slash_redirect(request)) is not None:
+            return redirect
         if exc.status_code == 404 or is_openai_endpoint(request.method, path):
             return not_served(request.method, path).response()
         if exc.status_code == 405:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import grpc
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from grpc_health.v1 import health_pb2
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.datastructures import URL
+from starlette.routing import Match
 
 from millm.v1 import server_service_pb2
 from rest_bridge.access import call_metadata
@@ -240,3 +242,20 @@ def not_served(method: str, path: str) -> OpenAIError:
             code="endpoint_not_served",
         )
     return OpenAIError(404, f"Invalid URL ({method} {path}).", code="unknown_url")
+
+
+def slash_redirect(request: Request) -> RedirectResponse | None:
+    """A 307 to the same URL without its trailing slash, when that one is a route.
+
+    Starlette's own redirect (switched off in app.py) works on the decoded path,
+    so `/api/clusters/%2F` (a cluster named "/") was sent to the list of
+    clusters with an empty body; only a slash the client actually typed
+    redirects here, anything else is a 404 in the API's error shape.
+    """
+    path = request.scope["path"]
+    if path == "/" or not path.endswith("/") or not request.scope.get("raw_path", b"").endswith(b"/"):
+        return None
+    scope = {**request.scope, "path": path.rstrip("/") or "/"}
+    if any(route.matches(scope)[0] != Match.NONE for route in request.app.router.routes):
+        return RedirectResponse(URL(scope=scope), status_code=307)
+    return None

@@ -123,6 +123,18 @@ def test_unknown_route(stack):
     assert reply.status == 404 and envelope(content)["code"] == "unknown_url"
 
 
+def test_only_a_typed_trailing_slash_redirects(stack):
+    """`/api/clusters/` redirects to the list; `/api/clusters/%2F` names a
+    cluster "/" and must not (it once got an empty-bodied 307 to the list)."""
+    reply, _ = request(stack.http_port, "GET", "/api/clusters/?x=1")
+    assert reply.status == 307
+    assert reply.getheader("location").endswith("/api/clusters?x=1")
+    for path in ("/api/clusters/%2F", "/api/profiles/%2f", "/v1/responses/%2F"):
+        reply, content = request(stack.http_port, "GET", path)
+        assert reply.status == 404, path
+        assert envelope(content)["code"] in ("unknown_url", "not_found"), content
+
+
 def test_wrong_method(stack):
     reply, content = request(stack.http_port, "GET", "/v1/chat/completions")
     assert reply.status == 405 and envelope(content)["code"] == "method_not_allowed"
