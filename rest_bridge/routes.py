@@ -252,8 +252,8 @@ def slash_redirect(request: Request) -> RedirectResponse | None:
     clusters with an empty body; only a slash the client actually typed
     redirects here, anything else is a 404 in the API's error shape.
     """
-    path = request.scope["path"]
-    if path == "/" or not path.endswith("/") or not request.scope.get("raw_path", b"").endswith(b"/"):
+    path, raw = request.scope["path"], request.scope.get("raw_path", b"")
+    if path == "/" or not path.endswith("/") or not raw.endswith(b"/"):
         return None
     scope = {**request.scope, "path": path.rstrip("/") or "/"}
     if any(route.matches(scope)[0] != Match.NONE for route in request.app.router.routes):
