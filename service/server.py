@@ -37,7 +37,8 @@ from service.engines import model_thread
 from service.engines.transformers.admission import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
-from service.models.lifecycle import LifecycleConfig, Phase
+from service.models.lifecycle import Phase
+from service.models.loading import LifecycleConfig
 from service.models.registry import ModelRegistry
 from service.responses.store import ResponseStore, Retention
 from service.servicers.access import AccessInterceptor, DrainState

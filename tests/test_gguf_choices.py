@@ -20,11 +20,11 @@ from llama_cpp import llama_cpp as lib
 from llama_cpp._internals import LlamaBatch, LlamaContext
 
 from service.engines.gguf.batch import Runner
-from service.engines.gguf.engine import token_piece
 from service.engines.gguf.forks import part_count
 from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.gguf.slots import Slots
+from service.engines.gguf.vocab import token_piece
 from service.generation.job import GroupDone, StepOutput
 from service.requests.generation import PromptGroup, ValidatedGeneration, row_seeds
 from service.sampling import SamplingOptions

@@ -132,7 +132,8 @@ def test_a_long_context_file_is_planned_to_memory_not_refused(tmp_path):
     """No setting: the load check (before any unload) plans a window for it
     from the memory this machine has free, instead of refusing it."""
     from service.errors import EngineError
-    from service.models.lifecycle import LifecycleConfig, ModelLifecycle
+    from service.models.lifecycle import ModelLifecycle
+    from service.models.loading import LifecycleConfig
     from service.models.registry import ModelRegistry
 
     registry = ModelRegistry(long_models_dir(tmp_path))

@@ -9,8 +9,9 @@ from rest_bridge.errors import OpenAIError
 from rest_bridge.protocol.base import MAX_EXTRA_FIELD_DEPTH, json_depth
 from rest_bridge.protocol.chat import ChatCompletionRequest, ChatMessage
 from rest_bridge.serving import tool_calls
-from rest_bridge.serving.generation import GenerationHandler, sampling_to_pb
+from rest_bridge.serving.generation import GenerationHandler
 from rest_bridge.serving.logprobs import chat_content
+from rest_bridge.serving.request_fields import sampling_to_pb
 
 # OpenAI role names are the contract's Role values, lower-cased without the prefix.
 ROLES = {name.removeprefix("ROLE_").lower(): value

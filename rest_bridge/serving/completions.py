@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.protocol.completions import CompletionRequest
-from rest_bridge.serving.generation import GenerationHandler, sampling_to_pb
+from rest_bridge.serving.generation import GenerationHandler
 from rest_bridge.serving.logprobs import CompletionLogprobs, merge_blocks
+from rest_bridge.serving.request_fields import sampling_to_pb
 
 
 def _prompts(prompt) -> list[generation_pb2.Prompt]:

@@ -18,7 +18,7 @@ from rest_bridge.protocol.embeddings import EmbeddingRequest
 from rest_bridge.serving import ignored_fields
 from rest_bridge.serving.disconnect import unless_disconnected
 from rest_bridge.serving.failover import count_retry
-from rest_bridge.serving.generation import forward_unmapped, strict_mode
+from rest_bridge.serving.request_fields import forward_unmapped, strict_mode
 
 ENCODINGS = ("float", "base64")
 

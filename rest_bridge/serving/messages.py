@@ -32,8 +32,9 @@ from rest_bridge.protocol.messages import CountTokensRequest, MessagesRequest
 from rest_bridge.serving import failover, messages_input, sse
 from rest_bridge.serving.disconnect import unless_disconnected
 from rest_bridge.serving.failover import RESTARTED, GenerateCall
-from rest_bridge.serving.generation import GenerationHandler, common_fields, strict_mode
+from rest_bridge.serving.generation import GenerationHandler
 from rest_bridge.serving.messages_output import Event, MessageFold
+from rest_bridge.serving.request_fields import common_fields, strict_mode
 
 PING_INTERVAL_S = 5.0
 

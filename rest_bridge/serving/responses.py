@@ -26,7 +26,8 @@ from rest_bridge.protocol.responses import ResponsesRequest
 from rest_bridge.serving import failover, responses_input, responses_stream, sse
 from rest_bridge.serving.disconnect import unless_disconnected
 from rest_bridge.serving.failover import RESTARTED, GenerateCall
-from rest_bridge.serving.generation import GenerationHandler, common_fields, strict_mode
+from rest_bridge.serving.generation import GenerationHandler
+from rest_bridge.serving.request_fields import common_fields, strict_mode
 from rest_bridge.serving.responses_json import item_json, response_json
 from rest_bridge.serving.responses_output import OutputBuilder
 

@@ -23,7 +23,7 @@ from rest_bridge.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from rest_bridge.serving import ignored_fields, tool_calls
 from rest_bridge.serving.chat import chat_input
 from rest_bridge.serving.disconnect import unless_disconnected
-from rest_bridge.serving.generation import strict_mode
+from rest_bridge.serving.request_fields import strict_mode
 
 # vLLM fields that would change the tokens, with no place in the contract.
 NOT_SERVED = {

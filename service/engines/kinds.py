@@ -13,7 +13,7 @@ from service.engines.gguf.kv_plan import CellCost, KvPlan, plan
 from service.models.registry import GGUF, ModelEntry
 
 if TYPE_CHECKING:
-    from service.models.lifecycle import LifecycleConfig
+    from service.models.loading import LifecycleConfig
 
 
 def make_engine(entry: ModelEntry, config: LifecycleConfig,

@@ -44,14 +44,12 @@ import asyncio
 import enum
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from service import formats
 from service.engines import kinds
 from service.engines.base import Engine, LoadedModel
 from service.engines.gguf.kv_plan import KvPlan
-from service.engines.kinds import available_memory_bytes
-from service.engines.transformers.admission import SchedulerLimits
 from service.errors import (
     EngineError,
     internal_error,
@@ -61,11 +59,10 @@ from service.errors import (
     model_not_loaded,
 )
 from service.generation.job import GenerationJob
-from service.models.registry import GGUF, ModelEntry, ModelRegistry
+from service.models.loading import LifecycleConfig, check_load
+from service.models.registry import ModelEntry, ModelRegistry
 
 log = logging.getLogger(__name__)
-
-MIB = 1024 * 1024
 
 
 class ModelState(enum.StrEnum):
@@ -114,27 +111,6 @@ class ModelView:
     loaded: LoadedModel | None
     error: str = ""
     locked_out: bool = False
-
-
-@dataclass(frozen=True)
-class LifecycleConfig:
-    device: str = "auto"
-    limits: SchedulerLimits = field(default_factory=SchedulerLimits)
-    prefix_cache_tokens: int = 32768
-    # How the transformers engine lays out float32 linear weights on a CPU
-    # (engines/transformers/packed_linear.py): auto, packed, plain or bf16.
-    torch_linear: str = "auto"
-    # Only this model is served (and listed) when set.
-    lock_model: str = ""
-    # How long an unload waits for running requests before ending them.
-    graceful_unload_timeout: float = 30.0
-    # Memory a load must leave free beyond the weights (activations, KV cache).
-    memory_headroom_bytes: int = 256 * MIB
-    gguf_threads: int = 1
-    gguf_context: int = 0  # 0: sized to memory (engines/gguf/kv_plan.py)
-    gguf_slots: int = 8  # sequences decoded together, each with a window of KV cells
-    gguf_flash_attn: bool = False  # llama.cpp's flash attention in GGUF contexts
-    gguf_kv_memory_bytes: int = 0  # what GGUF KV cells may take (0: the memory free)
 
 
 class Lease:
@@ -288,40 +264,9 @@ class ModelLifecycle:
     # -- loading and unloading ------------------------------------------------------
 
     def check_load(self, entry: ModelEntry) -> KvPlan | None:
-        """Refuse a load that cannot succeed, before anything is unloaded; for
-        a GGUF file, the KV cells it will open (engines/gguf/kv_plan.py)."""
-        if entry.unsupported:
-            raise EngineError(entry.unsupported_code, f"The model '{entry.id}' cannot be "
-                              f"loaded: {entry.unsupported}.", "model")
-        device = kinds.load_device(entry, self.config.device)
-        freed = kinds.memory_held(self.engine, device) if self.engine else 0
-        figures = [(name, free + freed) for name, free in available_memory_bytes(device)]
-        by_device = "; ".join(
-            f"{name}: {free / MIB:.0f} MiB free"
-            + (f" (counting {freed / MIB:.0f} MiB the unload of '{self.loaded.id}' frees)"
-               if freed and self.loaded else "")
-            for name, free in figures)
-        kv = None
-        if entry.engine == GGUF:
-            kv = kinds.gguf_plan(entry, self.config, max(free for _, free in figures))
-            if kv.refusal:
-                raise EngineError(
-                    "insufficient_memory", f"The model '{entry.id}' cannot be loaded: "
-                    f"{kv.refusal} ({by_device}). The loaded model keeps serving.", "model",
-                    details={"needed_bytes": kv.engine_bytes + entry.size_bytes,
-                             "free_bytes": ",".join(f"{n}={f}" for n, f in figures)})
-        weights, cache = kinds.memory_needed(entry, device, kv)
-        needed = weights + cache + self.config.memory_headroom_bytes
-        if not any(free >= needed for _, free in figures):
-            raise EngineError(
-                "insufficient_memory",
-                f"The model '{entry.id}' needs about {needed / MIB:.0f} MiB "
-                f"({weights / MIB:.0f} MiB of weights, {cache / MIB:.0f} MiB of KV cache and "
-                f"{self.config.memory_headroom_bytes / MIB:.0f} MiB of headroom), and no "
-                f"device holds it: {by_device}. The loaded model keeps serving.", "model",
-                details={"needed_bytes": needed,
-                         "free_bytes": ",".join(f"{n}={f}" for n, f in figures)})
-        return kv
+        """Refuse a load that cannot succeed, before anything is unloaded
+        (models/loading.py); for a GGUF file, the KV cells it will open."""
+        return check_load(entry, self.config, self.engine, self.loaded)
 
     async def switch(self, entry: ModelEntry) -> LoadedModel:
         """Make `entry` the loaded model (steps 1-4 of the module docstring).
