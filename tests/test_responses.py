@@ -210,6 +210,17 @@ def test_retrieve_then_delete(client):
         client.responses.create(model=MODEL, input="again", previous_response_id=r.id)
 
 
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/v1/responses/abc"), ("GET", "/v1/responses/%2e%2e"),
+    ("DELETE", "/v1/responses/abc"), ("GET", "/v1/responses/abc/input_items")])
+def test_a_malformed_path_id_is_named_as_the_path_parameter(stack, method, path):
+    """Every route with the id in its path names it `response_id` (OpenAI's
+    `{response_id}`); a read once said "'None' must be a response id"."""
+    error = call(stack.http_port, method, path).json()["error"]
+    assert error["param"] == "response_id", error
+    assert error["message"].startswith("'response_id' must be a response id"), error
+
+
 def test_retrieve_does_not_replay_as_a_stream(stack, client):
     r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
     reply = call(stack.http_port, "GET", f"/v1/responses/{r.id}?stream=true")

@@ -56,8 +56,10 @@ class ResponsesHandler:
     def __init__(self, engine: EngineClient):
         self.engine = engine
 
-    async def _read(self, response_id: str, param: str | None = None,
+    async def _read(self, response_id: str, param: str = "response_id",
                     items: bool = False) -> rpb.GetResponseResponse:
+        """A stored response; a refusal names `param`, the field or path
+        parameter (OpenAI's `{response_id}`) the id came in."""
         try:
             return await self.engine.responses.GetResponse(
                 rpb.GetResponseRequest(id=response_id, include_input_items=items),
@@ -166,7 +168,7 @@ class ResponsesHandler:
                 rpb.DeleteResponseRequest(id=response_id), timeout=STORE_TIMEOUT_S,
                 metadata=call_metadata.get())
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from None
+            raise _param_error(exc, {"id": "response_id"}) from None
         return {"id": response_id, "object": "response", "deleted": True}
 
     async def input_items(self, response_id: str, query) -> dict:
