@@ -190,6 +190,7 @@ llama-server: $(INSTALLED)
 
 bench: setup proto model llama-server
 	$(PY) bench/serving.py
+	$(PY) bench/grpc_floor.py
 	$(PY) bench/structured_output.py
 	$(PY) bench/constraints.py
 	$(PY) bench/tool_calls.py
