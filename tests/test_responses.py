@@ -210,6 +210,34 @@ def test_retrieve_then_delete(client):
         client.responses.create(model=MODEL, input="again", previous_response_id=r.id)
 
 
+def test_a_call_cut_by_max_output_tokens_is_stored_incomplete(stack, client):
+    """A forced call cut mid-arguments is an incomplete response with an
+    incomplete function_call item whose arguments are the text so far, and
+    it is stored (the save once refused the cut arguments as "not JSON" and
+    the client got a 400 naming a field it never sent). Continuing from it is
+    a 400 naming previous_response_id: a cut call cannot be answered."""
+    tool = {"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}
+    made = call(stack.http_port, "POST", "/v1/responses", {
+        "model": MODEL, "input": "hi", "max_output_tokens": 16, "temperature": 0,
+        "tools": [tool], "tool_choice": "required"})
+    assert made.status_code == 200, made.text
+    body = made.json()
+    assert body["status"] == "incomplete", body
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    item = body["output"][0]
+    assert item["type"] == "function_call" and item["status"] == "incomplete", item
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(item["arguments"])
+    read = call(stack.http_port, "GET", f"/v1/responses/{body['id']}")
+    assert read.status_code == 200 and read.json()["output"] == body["output"], read.text
+    after = call(stack.http_port, "POST", "/v1/responses", {
+        "model": MODEL, "previous_response_id": body["id"], "max_output_tokens": 4,
+        "input": [{"type": "function_call_output", "call_id": item["call_id"], "output": "3"}]})
+    assert after.status_code == 400, after.text
+    assert after.json()["error"]["param"].startswith("previous_response_id"), after.text
+
+
 @pytest.mark.parametrize("method, path", [
     ("GET", "/v1/responses/abc"), ("GET", "/v1/responses/%2e%2e"),
     ("DELETE", "/v1/responses/abc"), ("GET", "/v1/responses/abc/input_items")])

@@ -11,7 +11,11 @@ is refused at the save instead, as a 400 naming the field:
 - a float that is NaN or infinite: JSON has no spelling for it;
 - a `*_json` string (a tool's parameters, a schema, a call's arguments) that
   is not standard JSON (NaN and Infinity included), or is nested deeper than
-  a request body may be (service/json_text.py).
+  a request body may be (service/json_text.py). The one exception is the
+  arguments of a call whose item is incomplete: max_output_tokens cut it
+  mid-arguments, readers show the arguments as the string they are (OpenAI
+  does the same), and refusing them would make the save of an honest
+  incomplete response a 400 naming a field the client never sent.
 
 The check walks the message by its descriptor, so a field added to the
 contract later is covered without a change here.
@@ -23,6 +27,7 @@ import math
 
 from google.protobuf.descriptor import FieldDescriptor
 
+from millm.v1 import response_service_pb2 as response_pb2
 from service import json_text
 from service.errors import invalid_parameter
 
@@ -32,7 +37,13 @@ _FLOATS = (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT)
 def check(message, where: str) -> None:
     """Refuse the first value of `message` (named from `where`) that a reader
     could not render."""
+    cut = (isinstance(message, response_pb2.ResponseItem)
+           and message.status == response_pb2.ITEM_STATUS_INCOMPLETE
+           and message.HasField("function_call"))
     for field, value in message.ListFields():
+        if cut and field.name == "function_call":
+            _cut_call(value, f"{where}.{field.name}" if where else field.name)
+            continue
         name = f"{where}.{field.name}" if where else field.name
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             value_field = field.message_type.fields_by_name["value"]
@@ -59,6 +70,13 @@ def _one(field: FieldDescriptor, value, name: str) -> None:
         reason = json_problem(value)
         if reason is not None:
             raise invalid_parameter(name, f"'{name}' is not JSON: {reason}.")
+
+
+def _cut_call(call, where: str) -> None:
+    """A call cut mid-arguments: everything but its arguments is checked."""
+    for field, value in call.ListFields():
+        if field.name != "arguments_json":
+            _one(field, value, f"{where}.{field.name}")
 
 
 def json_problem(text: str) -> str | None:
