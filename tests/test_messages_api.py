@@ -156,6 +156,24 @@ def test_forced_tool_use_and_the_tool_result_turn(served):
     assert answer.json()["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
 
 
+def test_a_call_cut_by_max_tokens_is_left_out_of_the_whole_message(served):
+    """max_tokens ending a forced call (before its arguments or inside them)
+    leaves no input to give: the whole message has no tool_use block, where it
+    once had one with `input: {}` when the cut came before the arguments."""
+    port, model = served
+    ask = {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"},
+           "messages": [{"role": "user", "content": "Weather in Paris?"}]}
+    whole = call(port, "POST", "/v1/messages", {**body(model, max_tokens=64), **ask}).json()
+    assert whole["stop_reason"] == "tool_use", whole
+    length = whole["usage"]["output_tokens"]
+    for max_tokens in sorted({1, length // 2}):  # (at length - 1 the call is whole)
+        message = call(port, "POST", "/v1/messages",
+                       {**body(model, max_tokens=max_tokens), **ask}).json()
+        assert message["stop_reason"] == "max_tokens", (max_tokens, message)
+        assert message["content"] == [], (max_tokens, message)
+        assert message["usage"]["output_tokens"] == max_tokens
+
+
 def test_any_tool_choice_calls_a_tool(stack):
     ask = {"tools": [WEATHER], "tool_choice": {"type": "any"},
            "messages": [{"role": "user", "content": "Weather in Paris?"}]}

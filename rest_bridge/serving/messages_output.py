@@ -8,8 +8,8 @@ drift apart. A reasoning model's reasoning is a thinking block (thinking_delta e
 before the text. Text is one text block; each tool call a tool_use block whose
 `input` is the call's arguments parsed (the engine has checked them against
 the tool's schema), streamed as input_json_delta pieces. A call that
-max_tokens cut inside its arguments has no input, and the whole message
-leaves it out.
+max_tokens cut before or inside its arguments has no input, and the whole
+message leaves it out.
 """
 
 from __future__ import annotations
@@ -127,6 +127,9 @@ class MessageFold:
         self._close(events)
         cut = []
         for index, arguments in self._arguments.items():
+            if not arguments and self.stop_reason == "max_tokens":
+                cut.append(index)  # ended after its name, before any argument
+                continue
             try:
                 self.blocks[index]["input"] = json.loads(arguments) if arguments else {}
             except ValueError:
@@ -135,8 +138,9 @@ class MessageFold:
                                       "not parse.", type="server_error",
                                       code="internal_error") from None
                 cut.append(index)  # max_tokens ended it inside its arguments
-        # A call cut short has no input to give: the whole message leaves it
-        # out (stop_reason max_tokens says why); a stream has sent its pieces.
+        # A call cut short (inside its arguments, or before the first of them)
+        # has no input to give: the whole message leaves it out (stop_reason
+        # max_tokens says why); a stream has sent its pieces.
         self.blocks = [b for i, b in enumerate(self.blocks) if i not in cut]
         events.append(("message_delta", {
             "type": "message_delta",
