@@ -12,10 +12,11 @@ is refused at the save instead, as a 400 naming the field:
 - a `*_json` string (a tool's parameters, a schema, a call's arguments) that
   is not standard JSON (NaN and Infinity included), or is nested deeper than
   a request body may be (service/json_text.py). The one exception is the
-  arguments of a call whose item is incomplete: max_output_tokens cut it
-  mid-arguments, readers show the arguments as the string they are (OpenAI
-  does the same), and refusing them would make the save of an honest
-  incomplete response a 400 naming a field the client never sent.
+  arguments of a call whose item is incomplete (max_output_tokens cut it
+  mid-arguments): a read shows arguments as the string they are, and a
+  response continued from it meets requests/tools.py's check_history, a
+  400; refusing them here made the save of an honest incomplete response a
+  400 naming a field the client never sent.
 
 The check walks the message by its descriptor, so a field added to the
 contract later is covered without a change here.
