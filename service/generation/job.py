@@ -109,23 +109,43 @@ def _put_all(items: list[tuple[asyncio.Queue, object]]) -> None:
 
 def join_steps(steps: list[StepOutput]) -> StepOutput:
     """One output saying what consecutive steps said, choice by choice, in one
-    pass: texts and tokens joined, the last finish reason and stop sequence."""
+    pass: texts and tokens joined, the last finish reason and stop sequence.
+
+    Readers take a delta's reasoning, then its text, then its tool calls, so a
+    choice whose text comes after a call (or reasoning after text) keeps
+    several deltas, one per run in that order: joined into one, "Let me
+    check." + call + "Done." would read as the two texts and then the call."""
     if len(steps) == 1:
         return steps[0]
-    parts: dict[int, list[ChoiceDelta]] = {}
+    runs: dict[int, list[list[ChoiceDelta]]] = {}
     for step in steps:
         for d in step.deltas:
-            parts.setdefault(d.index, []).append(d)
-    joined = []
-    for index, ds in parts.items():
-        finish = next((d.finish_reason for d in reversed(ds) if d.finish_reason), None)
-        stop = next((d.stop_sequence for d in reversed(ds) if d.stop_sequence), "")
-        joined.append(ChoiceDelta(
-            index, "".join(d.text for d in ds), tuple(t for d in ds for t in d.token_ids),
-            finish, tuple(x for d in ds for x in d.logprobs),
-            tuple(c for d in ds for c in d.tool_calls), stop,
-            "".join(d.reasoning for d in ds)))
-    return StepOutput(tuple(joined))
+            choice = runs.setdefault(d.index, [])
+            if not choice or _first_part(d) < _last_part(choice[-1]):
+                choice.append([])
+            choice[-1].append(d)
+    return StepOutput(tuple(_joined(run) for choice in runs.values() for run in choice))
+
+
+def _first_part(d: ChoiceDelta) -> int:
+    """The earliest of reasoning (0), text (1) and tool calls (2) the delta holds."""
+    return 0 if d.reasoning else 1 if d.text else 2 if d.tool_calls else 3
+
+
+def _last_part(run: list[ChoiceDelta]) -> int:
+    return max((2 if d.tool_calls else 1 if d.text else 0 if d.reasoning else -1)
+               for d in run)
+
+
+def _joined(ds: list[ChoiceDelta]) -> ChoiceDelta:
+    if len(ds) == 1:
+        return ds[0]
+    finish = next((d.finish_reason for d in reversed(ds) if d.finish_reason), None)
+    stop = next((d.stop_sequence for d in reversed(ds) if d.stop_sequence), "")
+    return ChoiceDelta(
+        ds[0].index, "".join(d.text for d in ds), tuple(t for d in ds for t in d.token_ids),
+        finish, tuple(x for d in ds for x in d.logprobs),
+        tuple(c for d in ds for c in d.tool_calls), stop, "".join(d.reasoning for d in ds))
 
 
 @dataclass
