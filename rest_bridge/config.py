@@ -6,6 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from common import env_choices
+
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
@@ -116,6 +118,7 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
                         help="MILLM_CORS_ORIGINS: web origins allowed to call the API from a "
                         "browser (comma-separated, e.g. http://localhost:3000; '*' for any)")
     args = parser.parse_args(argv)
+    env_choices.check(parser, args)
     if bool(args.engine_tls_cert) != bool(args.engine_tls_key):
         parser.error("--engine-tls-cert and --engine-tls-key go together")
     if args.engine_tls_cert and not args.engine_tls_ca:

@@ -7,6 +7,8 @@ import os
 import pathlib
 from dataclasses import dataclass
 
+from common import env_choices
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -234,6 +236,7 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         help="MILLM_DATABASE_URL_FILE: read the database URL from this file (a mounted "
              "Secret) instead")
     args = parser.parse_args(argv)
+    env_choices.check(parser, args)
     if args.database_url_file:
         if args.database_url:
             parser.error("--database-url and --database-url-file are exclusive")
