@@ -17,11 +17,12 @@ behind their keys and values (`RoomyLayer`), instead of transformers'
 layer, at every decode step: at 16 rows that copy is several milliseconds of
 a step, and it grows with the context. The room is reserved again, with one
 copy, when it runs out or when a lane replaced the tensors (rows joined, left
-or were trimmed): those already copy. Its cost is memory: up to `SPARE_COLUMNS`
+or were trimmed): those replacements copy once already, so a join, a
+departure or a trim costs two copies of the lane's cache, not one. Its cost is memory: up to `SPARE_COLUMNS`
 columns per row and layer beyond what the rows hold.
 
-Sliding-window attention layers are kept in full here (a `DynamicLayer`, not
-transformers' truncating `DynamicSlidingWindowLayer`): every attention layer
+Sliding-window attention layers are kept in full here (a `RoomyLayer` like
+the others, not transformers' truncating `DynamicSlidingWindowLayer`): every attention layer
 then has the same columns, which is what left padding and trimming need, and
 the window is applied by the model's own attention mask, whose distances are
 the column distances (a row's tokens are contiguous). The cost is memory: a

@@ -29,8 +29,9 @@ linear for anyone who needs its exact bits.
 `bf16` (MILLM_TORCH_LINEAR=bf16, never the default) packs the weights in
 bfloat16 instead, on CPUs whose instructions oneDNN uses for it (AVX512-BF16,
 AMX): half the bytes to stream at batch 1 and twice the arithmetic rate of a
-busy lane, at the price of inputs rounded to bfloat16 before each product
-(sums stay float32). That changes the numbers well past float32 rounding, so
+busy lane, at the price of inputs rounded to bfloat16 before each product,
+and of each product's result (bias added) rounded to bfloat16 before it goes
+back to float32. That changes the numbers well past float32 rounding, so
 greedy text can differ from the float32 engine's (docs/performance.md has the
 measured share); it is there for whoever prefers the speed, and is refused
 (float32 packing is used) where the CPU lacks the instructions.
@@ -42,8 +43,9 @@ module shares (an output head tied to the input embedding, which looks rows up
 in it) must stay, so its packed copy is extra memory: it is made only while it
 stays within `SHARED_COPY_SHARE` of the linear weights (the 100M benchmark
 model's head, 6 %, is packed; a float32 head of 128k tokens by 2,048 beside a
-1B model, a gigabyte and a fifth of it, is not), which the load's memory
-headroom covers. If the operators are missing from this build of PyTorch, or a
+1B model, a gigabyte and a fifth of it, is not). The load's memory check
+does not count that copy: it comes out of the memory headroom, which past
+about 4 GiB of linear weights it can outgrow. If the operators are missing from this build of PyTorch, or a
 packed product disagrees with the default one at load, the model is served
 unpacked and the log says why.
 """
@@ -73,9 +75,13 @@ def _available() -> bool:
 
 
 def _bf16_fast() -> bool:
-    """oneDNN has this CPU's bfloat16 instructions (else bf16 would be slower)."""
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return bool(check is not None and check())
+    """The CPU has bfloat16 arithmetic (AVX512-BF16 or AMX). oneDNN's own
+    `_is_mkldnn_bf16_supported` also says yes on AVX512 CPUs without it, where
+    bfloat16 is emulated and slower than float32."""
+    cpu = getattr(torch, "cpu", None)
+    checks = [getattr(cpu, name, None)
+              for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(check is not None and check() for check in checks)
 
 
 class PackedLinear(nn.Module):
@@ -85,7 +91,7 @@ class PackedLinear(nn.Module):
                  shared: bool = False):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.dtype = dtype  # of the products' inputs (their sums are float32)
+        self.dtype = dtype  # of the products (inputs and results; float32 outside)
         weight = linear.weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype))
         self.bias = linear.bias
