@@ -45,9 +45,9 @@ stays within `SHARED_COPY_SHARE` of the linear weights (the 100M benchmark
 model's head, 6 %, is packed; a float32 head of 128k tokens by 2,048 beside a
 1B model, a gigabyte and a fifth of it, is not). The load's memory check
 does not count that copy: it comes out of the memory headroom, which past
-about 4 GiB of linear weights it can outgrow. If the operators are missing from this build of PyTorch, or a
-packed product disagrees with the default one at load, the model is served
-unpacked and the log says why.
+about 4 GiB of linear weights it can outgrow. If the operators are missing
+from this build of PyTorch, or a packed product disagrees with the default
+one at load, the model is served unpacked and the log says why.
 """
 
 from __future__ import annotations
