@@ -209,16 +209,17 @@ async def cell(server: str, stacks: Stacks, clients: int, per_client: int, token
     """Closed-loop clients; tokens/s from the responses' usage, and TTFTs."""
     port = stacks.ports[server]
     ttfts: list[float] = []
-    generated = 0
+    generated = events = 0
 
     async def client(c: int):
-        nonlocal generated
+        nonlocal generated, events
         for r in range(per_client):
             prompt = PROMPTS[(c + r) % len(PROMPTS)]
             request = body(server, stacks, prompt, tokens, stream)
             if stream:
-                first, usage = await peer_http.stream(port, request)
+                first, usage, sent = await peer_http.stream(port, request)
                 ttfts.append(first)
+                events += sent
             else:
                 usage = (await peer_http.post(port, request))["usage"]
             if usage["completion_tokens"] != tokens:  # ignore_eos: every answer runs to the end
@@ -234,6 +235,7 @@ async def cell(server: str, stacks: Stacks, clients: int, per_client: int, token
     cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
     return {"tokens_per_s": generated / elapsed, "tokens": generated,
             "ttft_ms": 1000 * statistics.median(ttfts) if ttfts else None,
+            "events_per_token": events / generated if stream else None,
             "cpu_ms_per_token": {name: 1000 * s / generated for name, s in cpu.items()}}
 
 
@@ -278,6 +280,8 @@ def summarise(runs: dict) -> dict:
         out[(server, mode, clients)] = {
             "tokens_per_s": statistics.median(rates), "spread": max(rates) / min(rates),
             "ttft_ms": statistics.median(ttfts) if ttfts else None, "rounds": len(rates),
+            "events_per_token": (statistics.median(r["events_per_token"] for r in results)
+                                 if results[0]["events_per_token"] is not None else None),
             "cpu_ms_per_token": {name: statistics.median(r["cpu_ms_per_token"][name]
                                                          for r in results)
                                  for name in results[0]["cpu_ms_per_token"]}}
@@ -359,6 +363,10 @@ def report(figures: dict, args, levels: list[int]) -> None:
     for name, cells in figures["cells"].items():
         equal = figures["greedy_text_equal"][name]
         print(f"\n{name}: greedy texts {'equal' if equal else 'DIFFER'}")
+        print("streamed content events per token, " + ", ".join(
+            f"{c} clients: miLLM {cells[f'miLLM/streamed/{c}']['events_per_token']:.2f} / "
+            f"llama-server {cells[f'llama-server/streamed/{c}']['events_per_token']:.2f}"
+            for c in levels))
         for line in figures["differences"][name]:
             print("  " + line)
         print(f"{'mode':<13}{'clients':>8}{'miLLM tok/s':>13}{'spread':>8}{'TTFT':>9}"

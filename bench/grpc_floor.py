@@ -7,14 +7,18 @@ run and on the same core, the CPU one such message costs:
 - a bare grpc.aio server whose Generate writes messages of the same shape
   (one ChoiceDelta with a short text and one token id) and does nothing else:
   what gRPC's Python server costs per message, the floor no servicer goes under;
-- the real engine on the demo model (transformers, continuous batching), its
-  event-loop thread's CPU per generated token, and its model thread's, under
-  the same number of closed-loop gRPC clients (bench/serving.py's load).
+- the real engine on the demo model (transformers, continuous batching): the
+  CPU per generated token of the whole process less its model thread (the
+  event loop, gRPC's poller, helper threads: counted as the bare server is),
+  and the model thread's, under the same number of closed-loop gRPC clients
+  (bench/serving.py's load).
 
-The difference between the two event-loop figures is what miLLM's own Python
-adds per token (the job queue, validation and logging per request, the
-metrics per token). CPU is read from /proc per thread, so the figures hold on
-a busy machine; the clients run on another core.
+The difference between the two is what miLLM adds per token besides the
+model thread (the job queue, validation and logging per request, the metrics
+per token). It is per token, not per message: a reader that falls behind gets
+several tokens in one message, so at many clients it can be a little low.
+CPU is read from /proc per thread, so the figures hold on a busy machine; the
+clients run on another core.
 
 Usage: python bench/grpc_floor.py [--clients 1,16] [--messages 20000]
 """
@@ -97,7 +101,10 @@ def thread_cpu(pid: int) -> dict[int, float]:
 
 
 async def engine_costs(port: int, pid: int, clients: int, tokens: int) -> tuple[float, float]:
-    """(event loop, model thread) microseconds of CPU per generated token."""
+    """(everything but the model thread, model thread) microseconds of CPU per
+    generated token. The first is counted like the bare server's figure: the
+    whole process (the event loop, gRPC's poller thread, any helper thread),
+    here less the model thread, the busiest one besides the loop."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
         await serving.load("grpc", stub, clients, 1, tokens)  # warm
@@ -108,9 +115,9 @@ async def engine_costs(port: int, pid: int, clients: int, tokens: int) -> tuple[
     produced = sum(serving.request_length(c, r, tokens)
                    for c in range(clients) for r in range(per_client))
     used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
-    loop = used.pop(pid, 0.0)
-    model = max(used.values(), default=0.0)
-    return loop / produced * 1e6, model / produced * 1e6
+    model = max((v for tid, v in used.items() if tid != pid), default=0.0)
+    rest = sum(used.values()) - model
+    return rest / produced * 1e6, model / produced * 1e6
 
 
 def main() -> int:
@@ -145,7 +152,7 @@ def main() -> int:
             engine.stop()
     print(f"servers on CPU {sorted(engine_cpus)}, clients on {sorted(client_cpus)}; "
           "CPU per streamed message / generated token, microseconds")
-    print("| clients | bare grpc.aio server | engine event loop | loop / floor | "
+    print("| clients | bare grpc.aio server | engine less its model thread | ratio | "
           "engine model thread |")
     print("|---:|---:|---:|---:|---:|")
     for clients, floor, loop, model in rows:

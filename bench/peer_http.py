@@ -85,17 +85,23 @@ async def post(port: int, body: dict) -> dict:
     return json.loads(_split(raw)[1])
 
 
-async def stream(port: int, body: dict) -> tuple[float, dict]:
-    """A streamed chat completion: (seconds to first content, its usage)."""
+async def stream(port: int, body: dict) -> tuple[float, dict, int]:
+    """A streamed chat completion: (seconds to first content, its usage, how
+    many events carried content). The last says whether a server sent a token
+    an event or joined several into one (miLLM joins steps that pile up
+    behind a slow reader; the comparison prints both sides' count)."""
     raw, first = await _exchange(port, body, True)
-    usage = None
+    usage, events = None, 0
     for line in _split(raw)[1].split(b"\n"):
-        if line.startswith(b"data: {") and b'"usage"' in line:
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
+        if not line.startswith(b"data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        usage = chunk.get("usage") or usage
+        events += any((choice.get("delta") or {}).get("content")
+                      for choice in chunk.get("choices") or ())
     if usage is None or first is None:
         raise RuntimeError(f"stream ended without content or usage: {raw[-400:]!r}")
-    return first, usage
+    return first, usage, events
 
 
 def post_json(port: int, body: dict) -> dict:
