@@ -36,3 +36,11 @@ def test_anything_else_in_the_mask_keeps_the_one_transformers_builds(sdpa_model)
     windowed = _model(attn_implementation="sdpa")
     windowed.config.sliding_window = 4
     assert not decode_mask.suffices(windowed, recurrent=False)
+
+
+def test_a_mask_that_moves_the_logits_is_refused_at_load(sdpa_model, monkeypatch):
+    """The load-time check compares logits: a ready mask that lets the padded
+    row attend to its padding (all True) must make it keep transformers' own."""
+    monkeypatch.setattr(decode_mask, "decode_mask",
+                        lambda mask: torch.ones_like(mask, dtype=torch.bool)[:, None, None, :])
+    assert not decode_mask.suffices(sdpa_model, recurrent=False)

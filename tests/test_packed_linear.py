@@ -107,3 +107,13 @@ def test_bf16_is_opt_in_and_close():
     assert torch.allclose(want, got, atol=0.05 * float(want.abs().max()))
     if fast:
         assert not torch.equal(want, got)  # rounded: why it is never the default
+
+
+def test_auto_packs_a_model_past_its_threshold(monkeypatch):
+    """auto is "packed" for a model whose linear weights reach AUTO_MIN_BYTES:
+    the demo model counts once the threshold is below its 2 MiB."""
+    from service.engines.transformers import packed_linear
+
+    monkeypatch.setattr(packed_linear, "AUTO_MIN_BYTES", 1024)
+    linears = [m for m in _demo().modules() if type(m) is torch.nn.Linear]
+    assert pack_linears(_demo(), "auto") == len(linears) > 0
