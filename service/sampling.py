@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -116,22 +117,97 @@ def filter_logits(logits: torch.Tensor, options: SamplingOptions) -> torch.Tenso
     return filter_rows(logits.unsqueeze(0), [options])[0]
 
 
+class UniformDraws:
+    """One row's uniform numbers in [0, 1): its generator's own sequence, drawn
+    BLOCK at a time (torch fills a tensor from a CPU generator in order, so the
+    numbers are the ones a draw per token would give), because a torch call
+    per row per step costs more than the draw."""
+
+    BLOCK = 64
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+        self._left: list[float] = []
+
+    def next(self) -> float:
+        if not self._left:
+            block = torch.rand((self.BLOCK,), generator=self.generator,
+                               device=self.generator.device)
+            self._left = block.tolist()[::-1]
+        return self._left.pop()
+
+
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """Each row's first highest-scoring index. On a CPU, numpy's vectorised
+    argmax is about ten times torch's on a [16, vocab] float32 block."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.detach().numpy().argmax(axis=-1).tolist()
+    return torch.argmax(logits, dim=-1).tolist()
+
+
+# Tokens per block of the two-level inverse CDF (inverse_cdf).
+CDF_BLOCK = 64
+
+
+def inverse_cdf(probs: torch.Tensor, points: list[float]) -> list[int]:
+    """For each row of `probs` [rows, vocab] (not necessarily normalised), the
+    first token where its cumulative mass exceeds points[row] times the row's
+    total. A zero-probability token is never chosen: its step in the
+    cumulative sum is zero, so the search passes over it.
+
+    One row, or a device other than the CPU: one cumulative sum over the
+    vocabulary, in double precision so that a draw just under 1 still targets
+    less than the total. Several rows on a CPU: in numpy and in two levels,
+    because a cumulative sum over every row's whole vocabulary is sequential
+    and slow there (about 1 ns a token) and a torch call costs several
+    microseconds on tensors this small. The sums of blocks of CDF_BLOCK
+    tokens find the block; a cumulative sum within that one block finds the
+    token.
+    """
+    rows, vocab = probs.shape
+    if probs.device.type != "cpu" or rows == 1:
+        cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+        targets = torch.tensor(points, dtype=torch.float64, device=probs.device) * cdf[:, -1]
+        chosen = torch.searchsorted(cdf, targets.unsqueeze(1), right=True).squeeze(1)
+        return torch.clamp(chosen, max=vocab - 1).tolist()
+    p = probs.detach().numpy()
+    full = vocab // CDF_BLOCK
+    # A product with ones: BLAS sums the blocks several times faster than .sum().
+    sums = p[:, :full * CDF_BLOCK].reshape(rows, full, CDF_BLOCK) @ np.ones(CDF_BLOCK, p.dtype)
+    if full * CDF_BLOCK < vocab:
+        sums = np.concatenate([sums, p[:, full * CDF_BLOCK:].sum(axis=-1, keepdims=True)], 1)
+    block_cdf = np.cumsum(sums, axis=-1)
+    targets = np.asarray(points, dtype=p.dtype) * block_cdf[:, -1]
+    # searchsorted(right=True) per row: how many cumulative sums are <= the target.
+    block = np.minimum((block_cdf <= targets[:, None]).sum(axis=-1), sums.shape[1] - 1)
+    before = np.where(block > 0, block_cdf[np.arange(rows), np.maximum(block - 1, 0)], 0)
+    columns = block[:, None] * CDF_BLOCK + np.arange(CDF_BLOCK)
+    inside = columns < vocab
+    chosen = np.where(inside, p[np.arange(rows)[:, None], np.minimum(columns, vocab - 1)], 0)
+    inner = (np.cumsum(chosen, axis=-1) <= (targets - before)[:, None]).sum(axis=-1)
+    # Rounding (block sums and in-block sums differ in their last bits) can
+    # put the target past the block's end: take the block's last token that
+    # has mass then, never a masked or padding one.
+    last = CDF_BLOCK - 1 - np.argmax(chosen[:, ::-1] > 0, axis=-1)
+    return (block * CDF_BLOCK + np.minimum(inner, last)).tolist()
+
+
 def choose_tokens(
     logits: torch.Tensor,
     options: list[SamplingOptions],
-    generators: list[torch.Generator],
+    draws: list[UniformDraws],
 ) -> list[int]:
     """One next token per row of `logits` [rows, vocab] (already penalised and masked).
 
     Greedy rows take the argmax. Sampled rows are filtered together, then each
-    draws one uniform number from its own generator and takes the token where
-    that number falls in its cumulative distribution (inverse-CDF sampling:
-    the same distribution as torch.multinomial, at a fraction of its cost per
-    row). A zero-probability token can never be chosen.
+    takes the next uniform number of its own sequence and the token where that
+    number falls in its cumulative distribution (inverse-CDF sampling: the same
+    distribution as torch.multinomial, at a fraction of its cost per row). A
+    zero-probability token can never be chosen.
     """
     sampled = [row for row, opts in enumerate(options) if not opts.greedy]
     if len(sampled) < len(options):
-        tokens = torch.argmax(logits, dim=-1).tolist()
+        tokens = argmax_rows(logits)
         if not sampled:
             return tokens
         index = torch.tensor(sampled, dtype=torch.long, device=logits.device)
@@ -139,14 +215,7 @@ def choose_tokens(
     else:
         tokens = [0] * len(options)  # every row samples: no argmax to take
     probs = torch.softmax(filter_rows(logits, [options[r] for r in sampled]), dim=-1)
-    cdf = torch.cumsum(probs, dim=-1)
-    draws = torch.stack(
-        [torch.rand((), generator=generators[r], device=logits.device) for r in sampled]
-    ).to(cdf.dtype)
-    # Scale by the row's total mass so rounding can never push a draw past the end.
-    points = (draws * cdf[:, -1]).unsqueeze(1)
-    chosen = torch.searchsorted(cdf, points, right=True).squeeze(1)
-    chosen = torch.minimum(chosen, torch.tensor(logits.shape[-1] - 1, device=logits.device))
-    for row, token in zip(sampled, chosen.tolist(), strict=True):
+    chosen = inverse_cdf(probs, [draws[r].next() for r in sampled])
+    for row, token in zip(sampled, chosen, strict=True):
         tokens[row] = token
     return tokens

@@ -33,7 +33,13 @@ from service.formats.base import CLOSED
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
 from service.generation.reasoning import CloseWatch
 from service.requests.generation import PromptGroup
-from service.sampling import SamplingOptions, add_logit_bias, apply_penalties, choose_tokens
+from service.sampling import (
+    SamplingOptions,
+    UniformDraws,
+    add_logit_bias,
+    apply_penalties,
+    choose_tokens,
+)
 from service.steering.probes import ProbeReader
 from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
 
@@ -121,7 +127,8 @@ class Row:
         self.options: SamplingOptions = spec.options
         self.ignore_eos = spec.ignore_eos
         self.max_tokens = group.max_tokens
-        self.generator = torch.Generator(device=ctx.device).manual_seed(group.row_seeds[offset])
+        self.draws = UniformDraws(
+            torch.Generator(device=ctx.device).manual_seed(group.row_seeds[offset]))
         self.detokenizer = (
             ByteLevelDetokenizer(ctx.token_bytes)
             if ctx.token_bytes is not None
@@ -216,7 +223,7 @@ def sample(
     # default raw log-probabilities leave it out too); a masked token stays
     # masked whatever its bias.
     tokens = choose_tokens(add_logit_bias(logits, options), options,
-                           [r.generator for r in rows])
+                           [r.draws for r in rows])
     scores = [None] * len(rows)
     wanting = [i for i, row in enumerate(rows) if row.logprobs is not None]
     if wanting:
