@@ -29,6 +29,13 @@ class SamplingOptions:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def penalised(self) -> bool:
+        """Whether any repeat penalty applies (then an engine tracks which
+        tokens the row has seen and generated; otherwise it need not)."""
+        return (self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
 
 def apply_penalties(
     logits: torch.Tensor,

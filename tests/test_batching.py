@@ -93,6 +93,30 @@ def test_cancelling_one_row_leaves_the_others_untouched(generation_stub, server_
     assert batched == alone
 
 
+def test_penalised_rows_joining_and_leaving_unpenalised_ones_keep_their_text(
+        generation_stub, server_stub):
+    """A lane tracks token counts only while a row has a penalty: a penalised
+    row joins a lane that tracked none, an unpenalised one joins it, the
+    penalised row leaves (the counts go), and another penalised row joins.
+    Staggered so that each joins a running lane; every text equals its own."""
+    base = dict(temperature=0, ignore_eos=True)
+    requests = [
+        prompt_request("The river ran", max_tokens=240, **base),
+        prompt_request("Cats sleep most of the day.", max_tokens=70, presence_penalty=2.0,
+                       **base),
+        prompt_request("Tell me a story.", max_tokens=90, **base),
+        prompt_request("The lighthouse keeper", max_tokens=40, repetition_penalty=1.8, **base),
+    ]
+    alone = [texts_of(generation_stub, r) for r in requests]
+    unpenalised = texts_of(generation_stub, prompt_request(
+        "Cats sleep most of the day.", max_tokens=70, **base))
+    assert unpenalised != alone[1], "the penalty should change the greedy text"
+    with MaxRunningRows(server_stub) as rows:
+        batched = concurrently(generation_stub, requests, stagger=0.08)
+    assert rows.value >= 2, "the requests did not share the batch"
+    assert batched == alone
+
+
 def test_seeded_text_does_not_depend_on_other_traffic(generation_stub, server_stub):
     seeded = chat_request("Tell me a story.", max_tokens=30, seed=77, n=2)
     alone = texts_of(generation_stub, seeded)

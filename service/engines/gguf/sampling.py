@@ -42,8 +42,7 @@ def sampler_chain(options: SamplingOptions, n_vocab: int, banned: Iterable[int],
     bias = {int(token): float("-inf") for token in banned}
     if bias:
         sampler.add_logit_bias(n_vocab, bias)
-    if (options.repetition_penalty != 1.0 or options.frequency_penalty
-            or options.presence_penalty):
+    if options.penalised:
         sampler.add_penalties(n_vocab=n_vocab, penalty_last_n=history,
                               penalty_repeat=options.repetition_penalty,
                               penalty_freq=options.frequency_penalty,

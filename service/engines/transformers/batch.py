@@ -153,9 +153,7 @@ class Row:
             self.reasoning_watch = CloseWatch(spec.reasoning.syntax.close)
         self.logprobs = spec.logprobs  # alternatives per token; None: not asked for
         # Its logits depend on its token counts: only then are they kept (sample).
-        opts = self.options
-        self.penalised = (opts.frequency_penalty != 0.0 or opts.presence_penalty != 0.0
-                          or opts.repetition_penalty != 1.0)
+        self.penalised = self.options.penalised
         self.generated = 0
         self.last_token = -1
         self.failed = False  # its bookkeeping raised: it left, and its request fails

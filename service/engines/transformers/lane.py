@@ -86,9 +86,13 @@ class Lane:
         index = torch.tensor(keep, dtype=torch.long, device=self.ctx.device)
         kv.select_rows(self.cache, index)
         self.mask, self.positions = self.mask[index], self.positions[index]
-        if self.counts is not None:
-            self.counts, self.seen = self.counts[index], self.seen[index]
         self.rows = [self.rows[i] for i in keep]
+        if self.counts is not None:
+            # Kept only while some row has a penalty (batch.penalty_state).
+            if any(row.penalised for row in self.rows):
+                self.counts, self.seen = self.counts[index], self.seen[index]
+            else:
+                self.counts = self.seen = None
         # Columns that only departed rows used are padding for everyone left.
         first = int(torch.nonzero(self.mask.any(dim=0))[0])
         if first > 0:
