@@ -95,6 +95,9 @@ def report(results: dict[str, dict[str, float]], bandwidth: float, per_token: in
            linears: int = 0) -> None:
     print("one-thread float32 matrix-vector products (batch 1, weights from memory), "
           "against the copy bandwidth")
+    print("(packed: every shape packed, as MILLM_TORCH_LINEAR=packed does; the default, auto, "
+          "packs only a model past packed_linear.AUTO_MIN_BYTES, and a tied output head only "
+          "within SHARED_COPY_SHARE)")
     print(f"{'shape (out x in)':<24}{'plain GB/s':>12}{'of copy':>9}{'packed GB/s':>13}"
           f"{'of copy':>9}")
     for name, rates in results.items():

@@ -270,8 +270,10 @@ def report(results: dict, bandwidth: float, params: int, per_token: dict, args) 
     if "generate" in results:
         rate, ids = results["generate"]
         same = "equal" if ids == results["ids"] else "DIFFERENT"
-        print(f"transformers engine / plain generate(): {results['decode'][MODEL] / rate:.2f}x, "
-              f"greedy tokens {same}")
+        layout = os.environ.get("MILLM_TORCH_LINEAR", "auto")
+        print(f"transformers engine (MILLM_TORCH_LINEAR={layout}: its weight layout) / plain "
+              f"generate() (PyTorch's layout): {results['decode'][MODEL] / rate:.2f}x, "
+              f"greedy tokens {same}; the gemv table below shows the layout's own share")
     if "gemv" in results:
         print()
         gemv.report(results["gemv"], bandwidth, per_token[MODEL], results["linears"])

@@ -77,9 +77,13 @@ async def http_stream(port: int, body: dict) -> tuple[float, int]:
         if b"data: [DONE]" in buffer:
             break
     writer.close()
+    if not buffer.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"request failed: {buffer[:400]!r}")
     for line in buffer.split(b"\n"):
         if line.startswith(b'data: {"id"') and b'"usage":{' in line:
             tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+    if not tokens:  # an error in the stream: no usage chunk came
+        raise RuntimeError(f"the stream carried no usage: {buffer[-400:]!r}")
     return first or 0.0, tokens
 
 
