@@ -39,7 +39,8 @@ from service.engines.gguf.slots import Row, Slot, Slots, step_batch, take_token
 from service.engines.gguf.steering import BatchPart, monitor_key, replay_scores
 from service.engines.model_thread import out_of_memory
 from service.errors import batch_reset, internal_error
-from service.generation.job import ChoiceDelta, GenerationJob, GroupDone, StepOutput, post_all
+from service.generation.job import ChoiceDelta, GenerationJob, GroupDone
+from service.generation.step_posts import StepPosts
 from service.steering.plan import plan_key
 from service.text_output import ByteLevelDetokenizer, StopMatcher
 
@@ -240,11 +241,10 @@ class Runner:
                 steer.collect()
             self.fail_rows(rows, batch_reset())
             return
-        per_job: dict[int, tuple[GenerationJob, list[ChoiceDelta]]] = {}
+        posts = StepPosts()
         finished: list[Row] = []
-        failed: dict[int, GenerationJob] = {}
         for row in sampling:
-            if id(row.job) in failed:
+            if posts.has_failed(row.job):
                 continue
             try:
                 faults.hit("row")
@@ -253,37 +253,32 @@ class Runner:
                     ctx, row, lambda follower: self._take(ctx, follower))]
             except Exception:
                 log.exception("a row failed to take its token; its request fails alone")
-                failed[id(row.job)] = row.job
+                posts.fail(row.job)
                 continue
             for taker, delta, done in taken:
-                per_job.setdefault(id(row.job), (row.job, []))[1].append(delta)
+                posts.delta(row.job, delta)
                 if done:
                     finished.append(taker)
-        for job in failed.values():
+        for job in posts.failed:
             self.fail_job(job, internal_error())
-        self.counts("generated", sum(len(deltas) for _, deltas in per_job.values()))
-        # Every job's events of this step leave together: one wake of the loop.
-        stepped = [job for key, (job, _) in per_job.items() if key not in failed]
-        posts = [(job, StepOutput(tuple(per_job[id(job)][1]))) for job in stepped]
+        self.counts("generated", posts.tokens)
         if steer is not None and any(r.steer is not None and r.steer.monitor is not None
                                      for r in finished):
             steer.flush()  # its probes' verdicts must be whole before it reports done
         ended = []
         for row in finished:
-            if id(row.job) in failed:
+            if posts.has_failed(row.job):
                 continue
             self.leave(row, keep_cells=True)
             recorder = row.steer.recorder if row.steer is not None else None
-            posts.append((row.job, GroupDone(row.generated, row.cached, recorder)))
+            posts.group_done(row.job, GroupDone(row.generated, row.cached, recorder))
             key = id(row.job)
             if key in self.groups_left:
                 self.groups_left[key] -= 1
                 if self.groups_left[key] == 0:
                     ended.append(row.job)
-        post_all(posts)
-        for job in stepped:
-            if job.stalled(self.stall_s):
-                job.abandon()  # its rows leave at the next turn
+        # Every job's events of this step leave together: one wake of the loop.
+        posts.post(self.stall_s)
         for job in ended:
             self._end(job, "done")
 

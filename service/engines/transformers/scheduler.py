@@ -57,7 +57,7 @@ from service.engines.model_thread import (
 )
 from service.engines.transformers.admission import SchedulerLimits, Waiting, split_parts
 from service.engines.transformers.batch import GroupProgress, ModelContext, Prefilled, Row
-from service.engines.transformers.delivery import step_events
+from service.engines.transformers.delivery import step_posts
 from service.engines.transformers.lane import Lane
 from service.engines.transformers.prefill import Prefills
 from service.engines.transformers.prefix_cache import PrefixCache
@@ -68,7 +68,7 @@ from service.errors import (
     queue_full,
     thread_died,
 )
-from service.generation.job import GenerationJob, GroupFailed, post_all
+from service.generation.job import GenerationJob, GroupFailed
 
 log = logging.getLogger(__name__)
 
@@ -365,16 +365,13 @@ class Scheduler:
 
     def _deliver(self, results: list[tuple[Row, object, bool]]) -> None:
         """Post one StepOutput per job, then GroupDone for groups that finished."""
-        events = step_events(results)
-        for job in events.failed:
+        posts, finished = step_posts(results)
+        for job in posts.failed:
             self._fail(job)
         with self._lock:
-            self._generated += events.tokens
-        post_all(events.posts)  # one wake-up of the event loop for the whole step
-        for job in events.jobs:
-            if job.stalled(self.limits.stall_s):
-                job.abandon()
-        for progress in events.finished:
+            self._generated += posts.tokens
+        posts.post(self.limits.stall_s)  # one wake-up of the event loop for the whole step
+        for progress in finished:
             with self._lock:
                 key = id(progress.job)
                 if key in self._groups_left:
