@@ -5,8 +5,9 @@ active and whether it genuinely steers.
 
 Why a module of its own: these are the named steering bases operators
 write, apart from how they are used. The manager (manager.py) owns the
-snapshot they are kept in, the attached SAEs and how a request's steering
-resolves; ProfileWrites is a mixin of SteeringManager and relies on its state
+snapshot they are kept in and the attached SAEs, and resolution.py how a
+request's steering resolves; ProfileWrites is a mixin of SteeringManager and
+relies on its state
 (store, _lock, profiles, clusters, circuits, active, enabled, attached,
 limits) and its checks (_check_entries, _base_of, _plan, _level,
 _default_profile, default_live, resolve). Every write takes the write lock

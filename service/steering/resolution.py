@@ -1,0 +1,182 @@
+"""How a request's steering resolves against the managed state: from the
+profile it names (or the active profile, or the live values) and its dial to
+a SteeringPlan on the SAEs attached now; and whether the default steering
+would steer at all (default_live).
+
+Why a module of its own: this is the read side of the steering state, run for
+every request at validation, apart from the writes that change the state.
+SteeringResolution is a mixin of SteeringManager (manager.py) and reads its
+state (attached, values, enabled, active, profiles, clusters, circuits,
+vectors, limits, _model); it writes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.errors import EngineError
+from service.steering import control_vectors, documents, intensity
+from service.steering.documents import SteeringEntry
+from service.steering.plan import LayerSteering, SteeringPlan
+from service.steering.records import CIRCUIT, CLUSTER, FEATURES, UNSTEERED, Live, Profile, Resolved
+from service.steering.sae import SaeWeights
+
+
+@dataclass(frozen=True)
+class _Base:
+    """What a request's steering starts from, with the rule its dial follows."""
+
+    rule: str  # CLUSTER (numeric λ capped above) or CIRCUIT (clamped both ends)
+    entries: tuple[SteeringEntry, ...]
+    stored: float
+    declared: tuple[float, float] | None
+    rung: int | None = None
+
+
+
+class SteeringResolution:
+    """Resolving steering: SteeringManager's read side."""
+
+    def _by_layer(self) -> dict[int, SaeWeights]:
+        return {w.info.layer: w for w in self.attached.values()}
+
+    def _plan(self, entries: tuple[SteeringEntry, ...], level: float,
+              where: str) -> SteeringPlan | None:
+        """Entries at dial λ on the SAEs attached now; entries at layers with
+        no SAE attached do not steer. A feature past the SAE's width, or an
+        entry pinned to another SAE than the one attached, is refused.
+        Control-vector entries add their scaled directions on top
+        (control_vectors.py), with or without an SAE."""
+        by_layer = self._by_layer()
+        per_layer: dict[int, tuple[list[int], list[float]]] = {}
+        for i, e in enumerate(entries):
+            if e.control_vector:
+                continue
+            sae = by_layer.get(e.layer)
+            if sae is None:
+                continue
+            if e.sae_id and e.sae_id != sae.info.id:
+                raise EngineError("invalid_feature_index", f"{where}[{i}] was chosen on "
+                                  f"{e.sae_id}, but {sae.info.id} is attached at layer "
+                                  f"{e.layer}.", where)
+            if e.feature >= sae.info.d_sae:
+                raise EngineError("invalid_feature_index", f"{where}[{i}] names feature "
+                                  f"{e.feature}, past the width of {sae.info.id} "
+                                  f"({sae.info.d_sae} features).", where)
+            strength = intensity.scaled(e.strength, level)
+            if strength == 0.0:
+                continue
+            features, strengths = per_layer.setdefault(e.layer, ([], []))
+            features.append(e.feature)
+            strengths.append(strength)
+        added = control_vectors.additions(entries, level, self.vectors, self._model)
+        if not per_layer and not added:
+            return None
+        layers = []
+        for layer in sorted({*per_layer, *added}):
+            features, strengths = per_layer.get(layer, ([], []))
+            vector = (by_layer[layer].direction(features, strengths).float().cpu().numpy()
+                      if features else None)
+            if layer in added:
+                vector = added[layer] if vector is None else vector + added[layer]
+            layers.append(LayerSteering(layer, by_layer[layer].info.id if features else "",
+                                        tuple(features), tuple(strengths), vector))
+        return SteeringPlan(tuple(layers))
+
+    def _base_of(self, profile: Profile | None) -> _Base | None:
+        if profile is None:
+            return _Base(CLUSTER, self.values, 1.0, None) if self.values else None
+        if profile.kind == FEATURES:
+            return _Base(CLUSTER, profile.entries, 1.0, None)
+        if profile.kind == CLUSTER:
+            cluster = self.clusters.get(profile.target)
+            if cluster is None:
+                return None
+            return _Base(CLUSTER, cluster.members, cluster.intensity, cluster.intensity_range)
+        circuit = self.circuits.get(profile.target)
+        if circuit is None:
+            return None
+        if circuit.mode == documents.SLICE_FALLBACK:
+            # Served by its backing cluster, under the cluster rule, with no rung.
+            cluster = self.clusters.get(circuit.fallback_cluster)
+            if cluster is None:
+                return None
+            return _Base(CLUSTER, cluster.members, cluster.intensity, cluster.intensity_range)
+        return _Base(CIRCUIT, circuit.members, circuit.intensity, circuit.intensity_range,
+                     circuit.rung)
+
+    def _default_profile(self) -> Profile | None:
+        return self.profiles.get(self.active) if self.active else None
+
+    def _level(self, base: _Base, dial) -> float:
+        if base.rule == CIRCUIT:
+            return intensity.resolve_circuit(dial, base.stored, base.declared, self.limits)
+        return intensity.resolve_cluster(dial, base.stored, base.declared, self.limits)
+
+    def resolve(self, profile_name: str | None, dial) -> Resolved:
+        """A request's steering. `dial` is what parse_dial returned."""
+        if dial is not None and intensity.is_off(dial):
+            # Off is off: the base is not validated (not even that it exists).
+            return self._turned_off(profile_name)
+        if profile_name is not None:
+            profile = self.profiles.get(profile_name)
+            if profile is None:
+                raise EngineError("profile_not_found", f"No steering profile named "
+                                  f"'{profile_name}'.", "profile")
+        elif not self.enabled:
+            return UNSTEERED  # disabled: neither the active profile nor the live values
+        else:
+            profile = self._default_profile()
+        base = self._base_of(profile)
+        if base is None:
+            return UNSTEERED
+        level = self._level(base, dial)
+        if level <= 0:  # "min" can resolve to 0 too
+            return self._turned_off(profile_name) if dial is not None else UNSTEERED
+        where = "profile" if profile_name is not None else "steering"
+        plan = self._plan(base.entries, level, where)
+        if plan is None:
+            return UNSTEERED
+        return Resolved(plan, level if dial is not None else None, base.rung)
+
+    def _turned_off(self, profile_name: str | None) -> Resolved:
+        """Unsteered by the dial; the echo says 0 only when the dial did turn
+        steering off (the same request without a dial would have steered)."""
+        try:
+            would = self.resolve(profile_name, None)
+        except EngineError:
+            would = UNSTEERED
+        return Resolved(None, 0.0 if would.plan is not None else None)
+
+    def default_live(self) -> Live:
+        """Whether the default steering (active profile, else live values)
+        steers the next request that names no profile."""
+        if not self.enabled:
+            return Live(False, "steering is disabled")
+        profile = self._default_profile()
+        base = self._base_of(profile)
+        vectors = base is not None and any(e.control_vector for e in base.entries)
+        if not self.attached and not vectors:
+            return Live(False, "no SAE is attached")
+        if base is None:
+            return Live(False, "the steering base is empty")
+        try:
+            plan = self._plan(base.entries, self._level(base, None), "steering")
+        except EngineError as exc:
+            return Live(False, exc.message)
+        if plan is None:
+            return Live(False, control_vectors.unfit(base.entries, self.vectors, self._model)
+                        or "no entry is at a layer with an SAE attached, or the dial is 0")
+        return Live(True)
+
+    def _check_entries(self, entries: tuple[SteeringEntry, ...], where: str) -> None:
+        """Entries the attached SAEs refuse now are refused when written, and
+        so are control vectors that are not on disk or do not fit the model."""
+        control_vectors.check_entries(entries, where, self.vectors, self._model)
+        self._plan(entries, 1.0, where)
+        if self._model is not None:
+            for i, e in enumerate(entries):
+                if e.layer >= self._model[1]:
+                    raise EngineError("invalid_feature_index", f"{where}[{i}] is at layer "
+                                      f"{e.layer}; the model has layers 0-{self._model[1] - 1}.",
+                                      where)
