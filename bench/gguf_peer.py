@@ -21,7 +21,12 @@ ends), greedy, `ignore_eos`, a fixed number of completion tokens, streamed
 (with usage in the last chunk) and not; tokens are counted from each
 response's `usage` on both sides. Cells run --rounds times, alternating; the
 table gives the median tokens/s, the spread (max/min over rounds), streamed
-time to first token, and miLLM / llama-server from the medians.
+time to first token, and miLLM / llama-server from the medians. CPU time per
+token comes from /proc for each side's processes, and separately for each
+side's decode thread (the busiest thread of miLLM's engine and of
+llama-server: the one that calls llama_decode), so the table shows what each
+stack spends beyond decoding: miLLM's gRPC hop and bridge, llama-server's HTTP
+threads and task queue.
 
 Models: the ~100M Llama of bench/hardware_limit.py exported as Q8_0 and F16
 (built here, a minute or two), and the demo model's Q8_0 export.
@@ -49,6 +54,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import peer_http  # noqa: E402
+from bench.proc_cpu import process_seconds, thread_seconds  # noqa: E402
 from tests import harness  # noqa: E402
 
 PROMPTS = ["Tell me a story about the river.", "What does the miller do in the morning?",
@@ -167,6 +173,8 @@ class Stacks:
         # Whose CPU time each side spends (every thread of each process).
         self.pids = {"miLLM": {"engine": engine.proc.pid, "bridge": bridge.proc.pid},
                      "llama-server": {"llama-server": native.proc.pid}}
+        # The process whose busiest thread is each side's decode thread.
+        self.decoders = {"miLLM": engine.proc.pid, "llama-server": native.proc.pid}
         self.extra = {"miLLM": {}, "llama-server": {"logit_bias": banned_tokens(self.path)}}
 
     def stop(self) -> None:
@@ -228,21 +236,19 @@ async def cell(server: str, stacks: Stacks, clients: int, per_client: int, token
             generated += usage["completion_tokens"]
 
     pids = stacks.pids[server]
-    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    cpu_before = {name: process_seconds(pid) for name, pid in pids.items()}
+    threads_before = thread_seconds(stacks.decoders[server])
     started = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(clients)))
     elapsed = time.perf_counter() - started
-    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    cpu = {name: process_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    threads = thread_seconds(stacks.decoders[server])
+    decode = max(seconds - threads_before.get(tid, 0.0) for tid, seconds in threads.items())
     return {"tokens_per_s": generated / elapsed, "tokens": generated,
             "ttft_ms": 1000 * statistics.median(ttfts) if ttfts else None,
             "events_per_token": events / generated if stream else None,
-            "cpu_ms_per_token": {name: 1000 * s / generated for name, s in cpu.items()}}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, all its threads."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            "cpu_ms_per_token": {name: 1000 * s / generated for name, s in cpu.items()},
+            "decode_thread_ms_per_token": 1000 * decode / generated}
 
 
 def per_client_requests(clients: int) -> int:
@@ -272,6 +278,11 @@ def cpu_total(summary: dict) -> float:
     return sum(summary["cpu_ms_per_token"].values())
 
 
+def beyond(summary: dict) -> float:
+    """CPU ms per token a stack spends outside its decode thread."""
+    return cpu_total(summary) - summary["decode_thread_ms_per_token"]
+
+
 def summarise(runs: dict) -> dict:
     out: dict = {}
     for (server, mode, clients), results in runs.items():
@@ -284,7 +295,9 @@ def summarise(runs: dict) -> dict:
                                  if results[0]["events_per_token"] is not None else None),
             "cpu_ms_per_token": {name: statistics.median(r["cpu_ms_per_token"][name]
                                                          for r in results)
-                                 for name in results[0]["cpu_ms_per_token"]}}
+                                 for name in results[0]["cpu_ms_per_token"]},
+            "decode_thread_ms_per_token": statistics.median(
+                r["decode_thread_ms_per_token"] for r in results)}
     return out
 
 
@@ -372,7 +385,7 @@ def report(figures: dict, args, levels: list[int]) -> None:
         print(f"{'mode':<13}{'clients':>8}{'miLLM tok/s':>13}{'spread':>8}{'TTFT':>9}"
               f"{'llama-server':>14}{'spread':>8}{'TTFT':>9}{'miLLM/it':>10}"
               f"{'CPU ms/token: miLLM (engine+bridge)':>38}{'llama-server':>14}"
-              f"{'CPU it/miLLM':>14}")
+              f"{'CPU it/miLLM':>14}{'beyond the decode thread: miLLM / it':>38}")
         for mode in ("streamed", "non_streamed"):
             for c in levels:
                 ours, theirs = cells[f"miLLM/{mode}/{c}"], cells[f"llama-server/{mode}/{c}"]
@@ -386,7 +399,8 @@ def report(figures: dict, args, levels: list[int]) -> None:
                       f"{ttft(ours)}{theirs['tokens_per_s']:>14.1f}{theirs['spread']:>8.2f}"
                       f"{ttft(theirs)}{figures['ratio'][name][mode][str(c)]:>9.2f}x"
                       f"{mine:>38}{cpu_total(theirs):>14.2f}"
-                      f"{figures['cpu_ratio'][name][mode][str(c)]:>13.2f}x")
+                      f"{figures['cpu_ratio'][name][mode][str(c)]:>13.2f}x"
+                      f"{beyond(ours):>29.2f} / {beyond(theirs):.2f}")
 
 
 if __name__ == "__main__":

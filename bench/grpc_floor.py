@@ -39,10 +39,9 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 
 from bench import serving  # noqa: E402
+from bench.proc_cpu import thread_seconds  # noqa: E402
 from millm.v1 import generation_pb2, generation_service_pb2, generation_service_pb2_grpc  # noqa: E402
 from tests import harness  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def message() -> generation_service_pb2.GenerateResponse:
@@ -88,18 +87,6 @@ async def bare_floor(streams: int, messages: int, client_cpus: set[int]) -> floa
     return used / (messages // streams * streams) * 1e6
 
 
-def thread_cpu(pid: int) -> dict[int, float]:
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = open(f"/proc/{pid}/task/{tid}/stat").read()  # noqa: SIM115
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICK
-    return out
-
-
 async def engine_costs(port: int, pid: int, clients: int, tokens: int) -> tuple[float, float]:
     """(everything but the model thread, model thread) microseconds of CPU per
     generated token. The first is counted like the bare server's figure: the
@@ -109,9 +96,9 @@ async def engine_costs(port: int, pid: int, clients: int, tokens: int) -> tuple[
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
         await serving.load("grpc", stub, clients, 1, tokens)  # warm
         per_client = max(2, 128 // clients)
-        before = thread_cpu(pid)
+        before = thread_seconds(pid)
         await serving.load("grpc", stub, clients, per_client, tokens)
-        after = thread_cpu(pid)
+        after = thread_seconds(pid)
     produced = sum(serving.request_length(c, r, tokens)
                    for c in range(clients) for r in range(per_client))
     used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
