@@ -186,7 +186,9 @@ def inverse_cdf(probs: torch.Tensor, points: list[float]) -> list[int]:
     block_cdf = np.cumsum(sums, axis=-1)
     targets = np.asarray(points, dtype=p.dtype) * block_cdf[:, -1]
     # searchsorted(right=True) per row: how many cumulative sums are <= the target.
-    block = np.minimum((block_cdf <= targets[:, None]).sum(axis=-1), sums.shape[1] - 1)
+    # Rounding can put the target at the total: then the last block with mass.
+    last_block = sums.shape[1] - 1 - np.argmax(sums[:, ::-1] > 0, axis=-1)
+    block = np.minimum((block_cdf <= targets[:, None]).sum(axis=-1), last_block)
     before = np.where(block > 0, block_cdf[np.arange(rows), np.maximum(block - 1, 0)], 0)
     columns = block[:, None] * CDF_BLOCK + np.arange(CDF_BLOCK)
     inside = columns < vocab

@@ -140,6 +140,10 @@ def test_the_inverse_cdf_never_picks_a_token_without_mass():
             token = inverse_cdf(probs[row:row + 1], [point])[0]
             assert probs[row, token] > 0, (point, row, token)
     assert inverse_cdf(probs, [0.999999] * 3)[:2] == [10, 150]
+    # A target that rounding took to the total (a point of 1 forces it): still a
+    # token with mass, though the blocks after it have none.
+    assert all(probs[row, token] > 0
+               for row, token in enumerate(inverse_cdf(probs, [1.0] * 3)))
 
 
 def test_argmax_rows_takes_the_first_of_equal_maxima_like_torch():
