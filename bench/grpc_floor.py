@@ -97,10 +97,9 @@ async def engine_costs(port: int, pid: int, clients: int, tokens: int) -> tuple[
         await serving.load("grpc", stub, clients, 1, tokens)  # warm
         per_client = max(2, 128 // clients)
         before = thread_seconds(pid)
-        await serving.load("grpc", stub, clients, per_client, tokens)
+        # Tokens as each response's usage counts them, not as asked for.
+        produced = (await serving.load("grpc", stub, clients, per_client, tokens))["tokens"]
         after = thread_seconds(pid)
-    produced = sum(serving.request_length(c, r, tokens)
-                   for c in range(clients) for r in range(per_client))
     used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
     model = max((v for tid, v in used.items() if tid != pid), default=0.0)
     rest = sum(used.values()) - model

@@ -127,6 +127,7 @@ async def load(kind: str, target, clients: int, per_client: int, tokens: int):
     ttfts = sorted(s[0] * 1000 for s in samples)
     produced = sum(s[1] for s in samples)
     return {
+        "tokens": produced,
         "tok_s": produced / wall,
         "p50": statistics.median(ttfts),
         "p95": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))],

@@ -135,9 +135,10 @@ class Engine(abc.ABC):
         """Whether the model brought its own chat template (else ChatML is used)."""
 
     @property
-    @abc.abstractmethod
     def renders_tools(self) -> bool:
-        """Whether the chat template renders `tools` and tool turns itself."""
+        """Whether the chat template renders `tools` and tool turns itself:
+        whether it names them at all (the same rule for every engine)."""
+        return "tools" in self.chat_template
 
     @property
     @abc.abstractmethod

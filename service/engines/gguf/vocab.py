@@ -96,10 +96,6 @@ class GgufVocab:
         return self._template_from_file
 
     @property
-    def renders_tools(self) -> bool:
-        return "tools" in self._template
-
-    @property
     def chat_template(self) -> str:
         return self._template
 

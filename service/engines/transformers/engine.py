@@ -147,10 +147,6 @@ class TransformersEngine(Engine):
         return self._special_tokens
 
     @property
-    def renders_tools(self) -> bool:
-        return "tools" in self.chat_template
-
-    @property
     def chat_template(self) -> str:
         template = self.tokenizer.chat_template
         return template if isinstance(template, str) and template else CHATML
