@@ -86,7 +86,9 @@ class EngineStatus:
 
 class Engine(abc.ABC):
     """A loaded model plus the thread that runs its work. Blocking methods are
-    called from worker threads; the awaitable ones run on the model thread."""
+    called from worker threads, or on the event loop when their input is short
+    (inference.on_loop_or_thread), so they never wait on the model thread; the
+    awaitable ones run on the model thread."""
 
     kind: str  # TRANSFORMERS or GGUF: the key of KIND_CAPABILITIES
     # The family syntax of its output (service/formats), set by the lifecycle
@@ -164,12 +166,12 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def decode(self, ids: list[int]) -> str:
-        """Token ids back to text (blocking; worker thread)."""
+        """Token ids back to text (blocking)."""
 
     @abc.abstractmethod
     def detokenize(self, ids: list[int]) -> str:
         """Token ids back to text with special tokens written out (POST
-        /detokenize; blocking, worker thread)."""
+        /detokenize; blocking)."""
 
     @abc.abstractmethod
     def token_strings(self, ids: list[int]) -> list[str]:

@@ -115,6 +115,19 @@ class GenerateParams:
     def route(self) -> str:
         return CHAT if self.messages is not None else COMPLETIONS
 
+    @property
+    def text_chars(self) -> int:
+        """Characters of text that tokenizing this request reads (its turns,
+        the calls and tools written into them, its prompts): what that costs
+        grows with it."""
+        turns = sum(len(t.content) + len(t.reasoning_content) + len(t.name)
+                    + sum(len(c.name) + len(c.arguments_json) for c in t.tool_calls)
+                    for _, conversation in self.conversations() for t in conversation)
+        tools = sum(len(t.name) + len(t.description) + len(t.parameters_json)
+                    for t in self.tools)
+        prompts = sum(len(p) for p in self.prompts or ())
+        return turns + tools + prompts
+
     def conversations(self) -> list[tuple[str, tuple[ChatTurn, ...]]]:
         """(JSON location, turns) of every conversation of a chat request."""
         if self.messages is None:

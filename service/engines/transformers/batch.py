@@ -70,8 +70,9 @@ class ModelContext:
     steering: SteeringRuntime | None = None
     # False when a layer keeps a recurrent state (kv.py): no prefix cache.
     reuses_prefixes: bool = True
-    # Decode steps hand attention the padding mask ready-made (decode_mask.py).
-    ready_decode_mask: bool = False
+    # Decode steps, and a lone prompt after cached columns, hand attention its
+    # mask ready-made (decode_mask.py).
+    ready_masks: bool = False
 
     @functools.cached_property
     def tokens(self) -> TokenTable:

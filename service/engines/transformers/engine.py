@@ -221,7 +221,7 @@ class TransformersEngine(Engine):
             batch_matcher=xgrammar.BatchGrammarMatcher(max_threads=1),
             steering=steering,
             reuses_prefixes=not self._recurrent,
-            ready_decode_mask=decode_mask.suffices(self.model, self._recurrent),
+            ready_masks=decode_mask.suffices(self.model, self._recurrent),
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()

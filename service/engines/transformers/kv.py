@@ -110,6 +110,12 @@ class RoomyLayer(DynamicLayer):
         self.keys, self.values = keys[:, :, :end], values[:, :, :end]
         return self.keys, self.values
 
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, used: int) -> None:
+        """Hold `used` columns of `keys`/`values`, the rest being room."""
+        self.lazy_initialization(keys, values)
+        self._room = (keys, values)
+        self.keys, self.values = keys[:, :, :used], values[:, :, :used]
+
     def reset(self) -> None:
         self._room = None
         super().reset()
@@ -158,14 +164,17 @@ def attention_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers if _has_keys(layer)]
 
 
-def from_prefix(config, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
-    """A cache holding a cached prefix's keys and values (attention-only models)."""
+def from_prefix(config, layers: list[tuple[torch.Tensor, torch.Tensor]],
+                tokens: int) -> DynamicCache:
+    """A cache holding a cached prefix's keys and values, the first `tokens`
+    columns of `layers` (PrefixCache.lookup), whose other columns become room
+    (attention-only models)."""
     cache = new_cache(config)
     found = iter(layers)
     for layer in cache.layers:
         if _kind(layer) == ATTENTION:
             keys, values = next(found)
-            layer.update(keys, values)
+            layer.adopt(keys, values, tokens)
     return cache
 
 

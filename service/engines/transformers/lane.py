@@ -136,7 +136,7 @@ class Lane:
         with _steered(self.ctx, steering):
             out = self.ctx.model(
                 input_ids=ids,
-                attention_mask=(decode_mask(self.mask) if self.ctx.ready_decode_mask
+                attention_mask=(decode_mask(self.mask) if self.ctx.ready_masks
                                 else self.mask),
                 position_ids=self.positions.unsqueeze(1),
                 past_key_values=self.cache,

@@ -46,6 +46,7 @@ from service.engines.transformers.batch import (
     penalty_state,
     sample,
 )
+from service.engines.transformers.decode_mask import prefix_mask
 from service.engines.transformers.steering import Capture, ForwardSteering, stack_deltas
 from service.steering.probes import add_reads
 
@@ -71,20 +72,28 @@ class Prefill:
         cached, layers = (0, [])
         if (read_cache and ctx.reuses_prefixes and len(progresses) == 1
                 and not progresses[0].steered_or_reading):
-            cached, layers = prefix_cache.lookup(prompts[0])
+            # Room behind the prefix for the rest of the prompt and the first
+            # steps, so that no pass copies the prefix again.
+            cached, layers = prefix_cache.lookup(prompts[0],
+                                                 columns=len(prompts[0]) + kv.SPARE_COLUMNS)
             if not progresses[0].continuation:
                 progresses[0].cached_tokens = cached
         self.width = width = max(len(p) for p in prompts)
-        self.ids = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-        self.mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-        self.positions = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-        for i, prompt in enumerate(prompts):
-            start = width - len(prompt)
-            self.ids[i, start:] = torch.tensor(prompt, dtype=torch.long, device=device)
-            self.mask[i, start:] = 1
-            self.positions[i, start:] = torch.arange(len(prompt), device=device)
+        if len(prompts) == 1:  # no padding
+            self.ids = torch.tensor(prompts, dtype=torch.long, device=device)
+            self.mask = torch.ones((1, width), dtype=torch.long, device=device)
+            self.positions = torch.arange(width, device=device)[None]
+        else:
+            self.ids = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+            self.mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+            self.positions = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+            for i, prompt in enumerate(prompts):
+                start = width - len(prompt)
+                self.ids[i, start:] = torch.tensor(prompt, dtype=torch.long, device=device)
+                self.mask[i, start:] = 1
+                self.positions[i, start:] = torch.arange(len(prompt), device=device)
         config = ctx.model.config
-        self.cache = kv.from_prefix(config, layers) if cached else kv.new_cache(config)
+        self.cache = kv.from_prefix(config, layers, cached) if cached else kv.new_cache(config)
         self.done = cached  # columns computed (or taken from the prefix cache)
         self._deltas = None
 
@@ -118,7 +127,7 @@ class Prefill:
         with _steered(self.ctx, steering):
             out = self.ctx.model(
                 input_ids=self.ids[:, start:end],
-                attention_mask=self.mask[:, :end] if len(self.progresses) > 1 else None,
+                attention_mask=self._mask(start, end),
                 position_ids=self.positions[:, start:end],
                 past_key_values=self.cache,
                 use_cache=True,
@@ -128,6 +137,17 @@ class Prefill:
         if end < self.width:
             return None
         return self._finish(out.logits[:, -1, :].float())
+
+    def _mask(self, start: int, end: int) -> torch.Tensor | None:
+        """Groups together: their padding mask (transformers adds the causal
+        rule). A lone prompt has no padding: no mask from column 0, and after
+        cached columns the causal one ready-made where that is safe
+        (decode_mask.py)."""
+        if len(self.progresses) > 1:
+            return self.mask[:, :end]
+        if start and self.ctx.ready_masks:
+            return prefix_mask(start, end, self.ctx.device)
+        return None
 
     def _finish(self, last: torch.Tensor) -> Prefilled:
         ctx, device, progresses = self.ctx, self.ctx.device, self.progresses

@@ -76,10 +76,13 @@ class PrefixCache:
         return hits * BLOCK_TOKENS
 
     def lookup(
-        self, prompt: tuple[int, ...]
+        self, prompt: tuple[int, ...], columns: int = 0
     ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
         """The longest cached prefix, leaving at least one token to compute
-        (its logits choose the first output token): (tokens, per-layer [1,H,T,D] K/V)."""
+        (its logits choose the first output token): (tokens T, per-layer
+        [1,H,max(T, columns),D] K/V), the prefix in the first T columns and
+        the rest unwritten room for the columns computed next
+        (kv.from_prefix): one copy of the prefix, not two."""
         self.lookups_total += 1
         if not self.enabled:
             return 0, []
@@ -93,10 +96,13 @@ class PrefixCache:
             found.append(block)
         if not found:
             return 0, []
+        first = found[0].keys[0]
+        room = max(0, columns - len(found) * BLOCK_TOKENS)
+        spare = first.new_empty((first.shape[0], room, first.shape[2]))
         layers = [
             (
-                torch.cat([b.keys[i] for b in found], dim=1).unsqueeze(0),
-                torch.cat([b.values[i] for b in found], dim=1).unsqueeze(0),
+                torch.cat([*(b.keys[i] for b in found), spare], dim=1).unsqueeze(0),
+                torch.cat([*(b.values[i] for b in found), spare], dim=1).unsqueeze(0),
             )
             for i in range(len(found[0].keys))
         ]
