@@ -18,9 +18,11 @@ layer, at every decode step: at 16 rows that copy is several milliseconds of
 a step, and it grows with the context. The room is reserved again, with one
 copy, when it runs out or when a lane replaced the tensors (rows joined, left
 or were trimmed): those replacements copy once already, so a join, a
-departure or a trim costs two copies of the lane's cache, not one. Its cost is
-memory: up to `SPARE_COLUMNS` columns per row and layer beyond what the rows
-hold.
+departure or a trim costs two copies of the lane's cache, not one. A
+prefix-cache hit arrives with its room behind it already (PrefixCache.lookup
+writes the blocks into it; `from_prefix` adopts it), so its prefix is copied
+once. Its cost is memory: up to `SPARE_COLUMNS` columns per row and layer
+beyond what the rows hold.
 
 Sliding-window attention layers are kept in full here (a `RoomyLayer` like
 the others, not transformers' truncating `DynamicSlidingWindowLayer`): every attention layer
