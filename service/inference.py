@@ -7,8 +7,8 @@ engine's capabilities (engines/base.py). A generation is prepared in one
 sequence: the field table with the engine kind's capabilities (before any
 load), a lease on the serving engine (loading it if another model is
 loaded), the field table again with the loaded model's capabilities, the
-parameter checks, steering, tokenization (off the event loop unless the
-input is short: see on_loop_or_thread), the context fit;
+parameter checks, steering, tokenization (on the event loop or in a worker
+thread: tokenizer_calls.py), the context fit;
 the result is one frozen ValidatedGeneration, held with its lease by a
 Generation for as long as the caller's `async with` block runs. Tokenize and
 detokenize (TokenizationService) hold a lease too, and encode through the
@@ -18,7 +18,6 @@ ones a generation of the same input would use.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -49,23 +48,9 @@ from service.requests.tools import ToolPlan
 from service.steering import intensity, readout
 from service.steering.manager import UNSTEERED, SteeringManager
 from service.steering.monitoring import MonitoringManager
+from service.tokenizer_calls import TokenizerCalls
 
 log = logging.getLogger(__name__)
-
-# Tokenizing text this short takes under a millisecond (about 0.2 us a
-# character uncached on a slow core), less than a hop to a worker thread and
-# back costs in latency (about 0.35 ms measured on a busy core): it runs on
-# the event loop. Longer input goes to a thread, so the loop never stalls.
-INLINE_TEXT_CHARS = 4096
-
-
-async def on_loop_or_thread(chars: int, fn, *args):
-    """fn(*args) for input of `chars` characters: inline when short, else in
-    a worker thread."""
-    if chars <= INLINE_TEXT_CHARS:
-        return fn(*args)
-    return await asyncio.to_thread(fn, *args)
-
 
 __all__ = ["InferenceService", "ModelState", "ModelView"]
 
@@ -86,6 +71,7 @@ class InferenceService:
         self.monitoring = monitoring
         # service/request_metrics.py's RequestMetrics once the server has one.
         self.request_metrics = None
+        self.tokenizer_calls = TokenizerCalls()  # every tokenizer call below goes through it
         self.lifecycle = ModelLifecycle(registry, lifecycle or LifecycleConfig(
             device=device, limits=limits or SchedulerLimits(),
             prefix_cache_tokens=prefix_cache_tokens))
@@ -219,12 +205,13 @@ class InferenceService:
             checks.check_token_ids(params, info.vocab_size)
         checks.check_allowed_token_ids(params, info.vocab_size)
         check_logit_bias_ids(params.logit_bias, info.vocab_size)
-        prompt_ids = await on_loop_or_thread(params.text_chars, self._tokenize, engine, params,
-                                             checked.tools, variables)
+        prompt_ids = await self.tokenizer_calls.run(params.text_chars, self._tokenize, engine,
+                                                    params, checked.tools, variables)
         plan = None
         if params.messages is not None and fmt.reasoning is not None and not checked.scoring:
             # Where the answer starts: the rendered prompt's end says.
-            tail = engine.decode(prompt_ids[0][-reasoning.PROMPT_TAIL_TOKENS:])  # a few tokens
+            tail = await self.tokenizer_calls.run(  # a few tokens
+                0, engine.decode, prompt_ids[0][-reasoning.PROMPT_TAIL_TOKENS:])
             plan = reasoning.plan_for(fmt.reasoning, reasoning.prompt_mode(fmt.reasoning, tail),
                                       checked.reasoning, engine.chat_template, ignored)
         grammar = None
@@ -241,9 +228,8 @@ class InferenceService:
                                0 if checked.scoring else groups[0].max_tokens)
         texts: tuple[str, ...] = ()
         if checked.echo:
-            texts = tuple([p if isinstance(p, str) else await asyncio.to_thread(engine.decode,
-                                                                                list(p))
-                           for p in params.prompts])
+            texts = tuple([p if isinstance(p, str) else await self.tokenizer_calls.run(
+                               None, engine.decode, list(p)) for p in params.prompts])
         return validated(params, checked, groups, request_id, ignored_fields=tuple(ignored),
                          grammar=grammar, prompt_texts=texts, steering=resolved,
                          activations=activations, monitoring=monitoring, reasoning=plan)
@@ -322,8 +308,8 @@ class InferenceService:
                     engine, r.messages, r.partial, r.plan, generation_prompt=r.generation_prompt,
                     add_special=params.add_special_tokens is True)
 
-            ids = await asyncio.to_thread(encode)
-            strs = (await asyncio.to_thread(engine.token_strings, ids)
+            ids = await self.tokenizer_calls.run(None, encode)
+            strs = (await self.tokenizer_calls.run(None, engine.token_strings, ids)
                     if params.return_token_strs else None)
             return tokenization.Tokenized(ids, info.context_window, strs, info.id)
         finally:
@@ -334,7 +320,8 @@ class InferenceService:
         lease = await self.lifecycle.acquire(params.model)
         try:
             tokenization.check_detokenize(params, lease.info.vocab_size)
-            text = await asyncio.to_thread(lease.engine.detokenize, list(params.tokens))
+            text = await self.tokenizer_calls.run(None, lease.engine.detokenize,
+                                                  list(params.tokens))
             return text, lease.info.id
         finally:
             lease.release()
@@ -349,9 +336,9 @@ class InferenceService:
         try:
             engine, info = lease.engine, lease.info
             embeddings.check_inputs(params, info.vocab_size)
-            ids = await asyncio.to_thread(
-                lambda: [list(p) if isinstance(p, tuple) else engine.encode_text(p)
-                         for p in params.inputs])
+            ids = await self.tokenizer_calls.run(
+                None, lambda: [list(p) if isinstance(p, tuple) else engine.encode_text(p)
+                               for p in params.inputs])
             embeddings.check_fit(ids, info.context_window, info.embedding_window)
             vectors = await engine.embed(ids)
             return embeddings.EmbedResult(vectors, sum(len(t) for t in ids), info.id,

@@ -8,8 +8,17 @@ from __future__ import annotations
 import asyncio
 import types
 
+import pytest
+
 from service.generation.job import ChoiceDelta, GenerationJob, GroupDone, StepOutput
 from service.generation.step_posts import StepPosts
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
 
 
 def job(loop) -> GenerationJob:
@@ -24,39 +33,31 @@ def received(loop, j: GenerationJob) -> list:
     return events
 
 
-def test_each_request_gets_its_deltas_in_order_then_its_group_done():
-    loop = asyncio.new_event_loop()
-    try:
-        a, b = job(loop), job(loop)
-        posts = StepPosts()
-        posts.delta(a, ChoiceDelta(0, "x", (1,)))
-        posts.delta(b, ChoiceDelta(0, "y", (2,)))
-        posts.delta(a, ChoiceDelta(1, "z", (3,)))
-        posts.group_done(a, GroupDone(5, 0))
-        assert posts.tokens == 3
-        assert posts.post(stall_s=60.0) == [a, b]
-        got_a, got_b = received(loop, a), received(loop, b)
-        assert [type(e) for e in got_a] == [StepOutput, GroupDone]
-        assert [(d.index, d.text) for d in got_a[0].deltas] == [(0, "x"), (1, "z")]
-        assert [[d.text for d in e.deltas] for e in got_b] == [["y"]]
-    finally:
-        loop.close()
+def test_each_request_gets_its_deltas_in_order_then_its_group_done(loop):
+    a, b = job(loop), job(loop)
+    posts = StepPosts()
+    posts.delta(a, ChoiceDelta(0, "x", (1,)))
+    posts.delta(b, ChoiceDelta(0, "y", (2,)))
+    posts.delta(a, ChoiceDelta(1, "z", (3,)))
+    posts.group_done(a, GroupDone(5, 0))
+    assert posts.tokens == 3
+    assert posts.post(stall_s=60.0) == [a, b]
+    got_a, got_b = received(loop, a), received(loop, b)
+    assert [type(e) for e in got_a] == [StepOutput, GroupDone]
+    assert [(d.index, d.text) for d in got_a[0].deltas] == [(0, "x"), (1, "z")]
+    assert [[d.text for d in e.deltas] for e in got_b] == [["y"]]
 
 
-def test_a_failed_request_gets_nothing_of_the_step_and_counts_no_tokens():
-    loop = asyncio.new_event_loop()
-    try:
-        a, b = job(loop), job(loop)
-        posts = StepPosts()
-        posts.delta(a, ChoiceDelta(0, "taken before its other row failed", (1,)))
-        posts.delta(b, ChoiceDelta(0, "y", (2,)))
-        posts.group_done(a, GroupDone(1, 0))
-        posts.fail(a)
-        assert posts.has_failed(a) and not posts.has_failed(b)
-        assert posts.failed == [a]
-        assert posts.tokens == 1
-        assert posts.post(stall_s=60.0) == [b]
-        assert received(loop, a) == []
-        assert [type(e) for e in received(loop, b)] == [StepOutput]
-    finally:
-        loop.close()
+def test_a_failed_request_gets_nothing_of_the_step_and_counts_no_tokens(loop):
+    a, b = job(loop), job(loop)
+    posts = StepPosts()
+    posts.delta(a, ChoiceDelta(0, "taken before its other row failed", (1,)))
+    posts.delta(b, ChoiceDelta(0, "y", (2,)))
+    posts.group_done(a, GroupDone(1, 0))
+    posts.fail(a)
+    assert posts.has_failed(a) and not posts.has_failed(b)
+    assert posts.failed == [a]
+    assert posts.tokens == 1
+    assert posts.post(stall_s=60.0) == [b]
+    assert received(loop, a) == []
+    assert [type(e) for e in received(loop, b)] == [StepOutput]

@@ -87,7 +87,7 @@ class EngineStatus:
 class Engine(abc.ABC):
     """A loaded model plus the thread that runs its work. Blocking methods are
     called from worker threads, or on the event loop when their input is short
-    (inference.on_loop_or_thread), so they never wait on the model thread; the
+    (service/tokenizer_calls.py), so they never wait on the model thread; the
     awaitable ones run on the model thread."""
 
     kind: str  # TRANSFORMERS or GGUF: the key of KIND_CAPABILITIES

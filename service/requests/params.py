@@ -46,6 +46,10 @@ class StructuredOutputs:
     value: str | tuple[str, ...] | bool
 
 
+# What text_chars counts for each turn, call, tool and prompt beyond its text.
+MARKUP_CHARS = 64
+
+
 @dataclass(frozen=True)
 class GenerateParams:
     """A generation request as the caller sent it: None means "not sent"."""
@@ -117,15 +121,18 @@ class GenerateParams:
 
     @property
     def text_chars(self) -> int:
-        """Characters of text that tokenizing this request reads (its turns,
-        the calls and tools written into them, its prompts): what that costs
-        grows with it."""
-        turns = sum(len(t.content) + len(t.reasoning_content) + len(t.name)
-                    + sum(len(c.name) + len(c.arguments_json) for c in t.tool_calls)
+        """About how many characters rendering and tokenizing this request
+        reads, what that work grows with: its turns, the calls and tools
+        written into them and its prompts, each counted at least
+        MARKUP_CHARS for the template's markup around it (so ten thousand
+        empty turns are not free)."""
+        turns = sum(MARKUP_CHARS + len(t.content) + len(t.reasoning_content) + len(t.name)
+                    + sum(MARKUP_CHARS + len(c.name) + len(c.arguments_json)
+                          for c in t.tool_calls)
                     for _, conversation in self.conversations() for t in conversation)
-        tools = sum(len(t.name) + len(t.description) + len(t.parameters_json)
+        tools = sum(MARKUP_CHARS + len(t.name) + len(t.description) + len(t.parameters_json)
                     for t in self.tools)
-        prompts = sum(len(p) for p in self.prompts or ())
+        prompts = sum(MARKUP_CHARS + len(p) for p in self.prompts or ())
         return turns + tools + prompts
 
     def conversations(self) -> list[tuple[str, tuple[ChatTurn, ...]]]:

@@ -96,16 +96,15 @@ class PrefixCache:
             found.append(block)
         if not found:
             return 0, []
-        first = found[0].keys[0]
         room = max(0, columns - len(found) * BLOCK_TOKENS)
-        spare = first.new_empty((first.shape[0], room, first.shape[2]))
-        layers = [
-            (
-                torch.cat([*(b.keys[i] for b in found), spare], dim=1).unsqueeze(0),
-                torch.cat([*(b.values[i] for b in found), spare], dim=1).unsqueeze(0),
-            )
-            for i in range(len(found[0].keys))
-        ]
+
+        def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+            first = parts[0]  # keys and values may differ in head size
+            spare = first.new_empty((first.shape[0], room, first.shape[2]))
+            return torch.cat([*parts, spare], dim=1).unsqueeze(0)
+
+        layers = [(joined([b.keys[i] for b in found]), joined([b.values[i] for b in found]))
+                  for i in range(len(found[0].keys))]
         tokens = len(found) * BLOCK_TOKENS
         self.hit_tokens_total += tokens
         return tokens, layers
