@@ -70,3 +70,32 @@ def test_demo_model_logits_equal_dynamic_cache_ones():
                 held = torch.cat([held, torch.ones(2, 1, dtype=torch.long)], dim=1)
             runs.append(torch.stack(logits))
     assert torch.equal(runs[0], runs[1])
+
+
+def _same_state(ours, theirs) -> bool:
+    return type(ours) is type(theirs) and vars(ours).keys() == vars(theirs).keys() and all(
+        (a is b) if isinstance(a, torch.Tensor) else a == b
+        for a, b in zip(vars(ours).values(), vars(theirs).values(), strict=True))
+
+
+def test_new_cache_builds_the_layers_dynamic_cache_would_for_every_family():
+    """new_cache derives the layer kinds once per config (kv._layout), not
+    through the config's attribute hooks on every prompt: the same layers as
+    DynamicCache(config=...), attention ones as RoomyLayers, every time."""
+    from transformers import AutoConfig
+
+    from service.demo_model.families import FAMILIES
+
+    for family in FAMILIES:
+        config = AutoConfig.for_model(family.name, vocab_size=64, **family.config)
+        theirs = DynamicCache(config=config)
+        for _ in range(2):  # the second from the remembered layout
+            ours = kv.new_cache(config)
+            assert ours.layer_class_to_replicate is None and not ours.offloading
+            assert len(ours.layers) == len(theirs.layers), family.name
+            for mine, want in zip(ours.layers, theirs.layers, strict=True):
+                if type(want) in (kv.DynamicLayer, kv.DynamicSlidingWindowLayer):
+                    assert type(mine) is kv.RoomyLayer and not mine.is_initialized
+                else:
+                    assert _same_state(mine, want), (family.name, type(want).__name__)
+        assert ours.layers[0] is not kv.new_cache(config).layers[0]  # fresh layers each time

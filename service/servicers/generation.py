@@ -1,4 +1,5 @@
-"""millm.v1.GenerationService."""
+"""millm.v1.GenerationService: a GenerateRequest into GenerateParams; the replies
+are generation_replies.py's."""
 
 from __future__ import annotations
 
@@ -10,56 +11,24 @@ from millm.v1 import (
     generation_pb2,
     generation_service_pb2,
     generation_service_pb2_grpc,
-    monitoring_pb2,
     steering_pb2,
 )
 from service.errors import invalid_parameter
-from service.generation.events import (
-    ActivationsRead,
-    Echoed,
-    GenerationFinished,
-    GenerationStarted,
-    ProbesRead,
-)
-from service.generation.job import FinishReason, StepOutput, join_steps
 from service.inference import InferenceService
 from service.requests import tools
 from service.requests.params import ChatTurn, GenerateParams, ResponseFormat, StructuredOutputs
 from service.servicers.error_handling import stream_errors
+from service.servicers.generation_replies import coalesced, streamed
 from service.steering import plan as runtime
 from service.steering import readout
-from service.steering.documents import RUNG_LANGUAGE
 from service.structured_output import (
-    CHOICE,
-    GRAMMAR,
     JSON_OBJECT,
     JSON_SCHEMA,
-    REGEX,
-    STRUCTURAL_TAG,
 )
 
 # The contract's Role values are OpenAI's role names (requests/params.CHAT_ROLES).
 _ROLES = {value: name.removeprefix("ROLE_").lower()
           for name, value in generation_pb2.Role.items() if value}
-_SEED_SCOPES = {
-    "request": generation_pb2.SEED_SCOPE_REQUEST,
-    "batch-shape": generation_pb2.SEED_SCOPE_BATCH_SHAPE,
-    "best-effort": generation_pb2.SEED_SCOPE_BEST_EFFORT,
-}
-_CONSTRAINTS = {
-    "json_object": generation_pb2.OUTPUT_CONSTRAINT_JSON_OBJECT,
-    "json_schema": generation_pb2.OUTPUT_CONSTRAINT_JSON_SCHEMA,
-    REGEX: generation_pb2.OUTPUT_CONSTRAINT_REGEX,
-    CHOICE: generation_pb2.OUTPUT_CONSTRAINT_CHOICE,
-    GRAMMAR: generation_pb2.OUTPUT_CONSTRAINT_GRAMMAR,
-    STRUCTURAL_TAG: generation_pb2.OUTPUT_CONSTRAINT_STRUCTURAL_TAG,
-}
-_FINISH = {
-    None: generation_pb2.FINISH_REASON_UNSPECIFIED,
-    FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
-    FinishReason.LENGTH: generation_pb2.FINISH_REASON_LENGTH,
-    FinishReason.TOOL_CALLS: generation_pb2.FINISH_REASON_TOOL_CALLS,
-}
 _TOOL_CHOICES = {
     generation_pb2.TOOL_CHOICE_MODE_NONE: tools.NONE,
     generation_pb2.TOOL_CHOICE_MODE_AUTO: tools.AUTO,
@@ -155,11 +124,6 @@ _READ_POINTS = {
     steering_pb2.READ_POINT_POST_STEERING: runtime.POST_STEERING,
     steering_pb2.READ_POINT_PRE_STEERING: runtime.PRE_STEERING,
 }
-_READ_POINTS_PB = {
-    runtime.POST_STEERING: steering_pb2.READ_POINT_POST_STEERING,
-    runtime.PRE_STEERING: steering_pb2.READ_POINT_PRE_STEERING,
-    runtime.UNSTEERED: steering_pb2.READ_POINT_UNSTEERED,
-}
 
 
 def _dial(request):
@@ -191,27 +155,6 @@ def readout_from_pb(request) -> readout.ActivationRequest | None:
         sae_id=r.sae_id, features=features,
         top_k=r.top_k if r.HasField("top_k") else None, positions=positions, start=start,
         end=end, read_point=read_point)
-
-
-def activations_to_pb(result: readout.ActivationResult) -> steering_pb2.SaeActivations:
-    return steering_pb2.SaeActivations(
-        sae_id=result.sae_id, layer=result.layer, read_point=_READ_POINTS_PB[result.read_point],
-        note=result.note,
-        positions=[steering_pb2.PositionActivations(
-            position=position, token_id=token_id,
-            features=[steering_pb2.FeatureActivation(index=i, value=v) for i, v in features])
-            for position, token_id, features in result.positions])
-
-
-def verdicts_to_pb(verdicts) -> monitoring_pb2.ProbeVerdicts:
-    out = monitoring_pb2.ProbeVerdicts()
-    for v in verdicts:
-        pb = out.verdicts.add(probe=v.probe, sae_id=v.sae_id, layer=v.layer, fired=v.fired,
-                              peak=v.peak, positions_read=v.positions_read,
-                              threshold=v.threshold)
-        if v.first_position is not None:
-            pb.first_position = v.first_position
-    return out
 
 
 def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateParams:
@@ -274,83 +217,6 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
     )
 
 
-def _logprob_to_pb(t) -> generation_pb2.TokenLogprob:
-    out = generation_pb2.TokenLogprob(token_id=t.token_id, text=t.text, bytes=t.bytes)
-    if t.logprob is not None:
-        out.logprob = t.logprob
-    return out
-
-
-def score_to_pb(score) -> generation_pb2.TokenScore:
-    return generation_pb2.TokenScore(token=_logprob_to_pb(score.token),
-                                     top=[_logprob_to_pb(t) for t in score.top])
-
-
-def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
-    if isinstance(event, GenerationStarted):
-        metadata = generation_pb2.ResponseMetadata(
-            id=event.id,
-            created=event.created,
-            model=event.model,
-            system_fingerprint=event.system_fingerprint,
-            prompt_tokens=event.prompt_tokens,
-            ignored_fields=event.ignored_fields,
-        )
-        if event.constraint is not None:
-            metadata.constraint = _CONSTRAINTS[event.constraint.kind]
-            metadata.constraint_name = event.constraint.name
-        if event.seed is not None:
-            metadata.seed = event.seed
-            metadata.seed_scope = _SEED_SCOPES[event.seed_scope]
-        if event.steering_echo is not None:
-            metadata.steering_intensity = event.steering_echo
-        if event.circuit_rung is not None:
-            metadata.circuit_rung.rung = event.circuit_rung
-            metadata.circuit_rung.language = RUNG_LANGUAGE[event.circuit_rung]
-        metadata.unsteered = event.unsteered
-        return generation_service_pb2.GenerateResponse(metadata=metadata)
-    if isinstance(event, ActivationsRead):
-        return generation_service_pb2.GenerateResponse(
-            sae_activations=activations_to_pb(event.result))
-    if isinstance(event, ProbesRead):
-        return generation_service_pb2.GenerateResponse(
-            probe_verdicts=verdicts_to_pb(event.verdicts))
-    if isinstance(event, StepOutput):
-        return generation_service_pb2.GenerateResponse(
-            choices=[
-                generation_pb2.ChoiceDelta(
-                    index=d.index,
-                    text=d.text,
-                    token_ids=d.token_ids,
-                    finish_reason=_FINISH[d.finish_reason],
-                    logprobs=[score_to_pb(x) for x in d.logprobs],
-                    tool_calls=[generation_pb2.ToolCallDelta(
-                        index=f.index, id=f.id, name=f.name, arguments=f.arguments)
-                        for f in d.tool_calls],
-                    stop_sequence=d.stop_sequence,
-                    reasoning=d.reasoning,
-                )
-                for d in event.deltas
-            ]
-        )
-    if isinstance(event, Echoed):
-        return generation_service_pb2.GenerateResponse(echoed=[
-            generation_pb2.EchoedPrompt(prompt_index=p.index, text=p.text,
-                                        tokens=[score_to_pb(x) for x in p.scores])
-            for p in event.prompts])
-    if isinstance(event, GenerationFinished):
-        return generation_service_pb2.GenerateResponse(
-            usage=generation_pb2.Usage(
-                prompt_tokens=event.prompt_tokens,
-                completion_tokens=event.completion_tokens,
-                total_tokens=event.prompt_tokens + event.completion_tokens,
-                cached_tokens=event.cached_tokens,
-                reasoning_tokens=event.reasoning_tokens,
-            )
-        )
-    raise TypeError(f"unknown generation event {event!r}")
-
-
 class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
     def __init__(self, inference: InferenceService):
         self._inference = inference
@@ -363,19 +229,9 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
             # cancels the job in the model thread.
             async with contextlib.aclosing(events):
                 if not request.coalesce or request.stream:
-                    async for event in events:
-                        yield event_to_pb(event)
+                    async for message in streamed(events):
+                        yield message
                     return
-                # A caller that reads the answer whole gets the steps in one
-                # message: no per-token encoding, writes or reads on either side.
-                held: list[StepOutput] = []
-                async for event in events:
-                    if isinstance(event, StepOutput):
-                        held.append(event)
-                        continue
-                    if held:
-                        yield event_to_pb(join_steps(held))
-                        held = []
-                    yield event_to_pb(event)
-                if held:
-                    yield event_to_pb(join_steps(held))
+                async for message in coalesced(events):
+                    yield message
+

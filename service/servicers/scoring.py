@@ -8,12 +8,8 @@ from service.generation.job import StepOutput
 from service.inference import InferenceService
 from service.requests.params import GenerateParams
 from service.servicers.error_handling import unary_errors
-from service.servicers.generation import (
-    add_special_from_pb,
-    prompt_from_pb,
-    score_to_pb,
-    turns_from_pb,
-)
+from service.servicers.generation import add_special_from_pb, prompt_from_pb, turns_from_pb
+from service.servicers.generation_replies import score_to_pb
 
 
 def params_from_pb(request: scoring_service_pb2.ScoreRequest) -> GenerateParams:

@@ -41,14 +41,18 @@ refuses it with `unsupported_architecture` rather than failing per request.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers.cache_utils import (
+    DYNAMIC_LAYER_TYPE_MAPPING,
     DummyLayer,
     DynamicCache,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionCacheLayerMixin,
     LinearAttentionLayer,
+    get_layer_types_and_kwargs,
 )
 
 from service.errors import EngineError
@@ -126,11 +130,31 @@ class RoomyLayer(DynamicLayer):
 def new_cache(config) -> DynamicCache:
     """An empty cache with the model's own layer kinds; full and sliding
     attention layers are `RoomyLayer`s (sliding ones kept in full)."""
-    cache = DynamicCache(config=config)
-    for i, layer in enumerate(cache.layers):
-        if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer):
-            cache.layers[i] = RoomyLayer()
+    cache = DynamicCache()  # then the layers `DynamicCache(config=config)` would make
+    cache.layers = [RoomyLayer() if kind in (DynamicLayer, DynamicSlidingWindowLayer)
+                    else kind(**kwargs) for kind, kwargs in _layout(config)]
+    cache.layer_class_to_replicate = None
     return cache
+
+
+_LAYOUTS: dict[int, tuple[weakref.ref, list[tuple[type, dict]]]] = {}
+
+
+def _layout(config) -> list[tuple[type, dict]]:
+    """Each cache layer's class and arguments, as `DynamicCache(config=config)`
+    derives them. Derived once per config: they are read through the config's
+    attribute hooks, about 40 µs, which every prompt would pay (a warm
+    prefix-cache hit's whole admission is a few hundred)."""
+    entry = _LAYOUTS.get(id(config))
+    if entry is not None and entry[0]() is config:
+        return entry[1]
+    kinds, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    layout = [(DYNAMIC_LAYER_TYPE_MAPPING[kind], dict(kw))
+              for kind, kw in zip(kinds, kwargs, strict=False)]  # as DynamicCache zips them
+    for key in [k for k, (ref, _) in _LAYOUTS.items() if ref() is None]:
+        del _LAYOUTS[key]  # configs of unloaded models
+    _LAYOUTS[id(config)] = (weakref.ref(config), layout)
+    return layout
 
 
 def check_servable(config) -> bool:

@@ -79,10 +79,13 @@ class Prefill:
             if not progresses[0].continuation:
                 progresses[0].cached_tokens = cached
         self.width = width = max(len(p) for p in prompts)
+        # ids and positions hold columns [first, width): a lone prompt's
+        # cached columns are never fed to the model again.
+        self.first = cached
         if len(prompts) == 1:  # no padding
-            self.ids = torch.tensor(prompts, dtype=torch.long, device=device)
+            self.ids = torch.tensor(prompts[0][cached:], dtype=torch.long, device=device)[None]
             self.mask = torch.ones((1, width), dtype=torch.long, device=device)
-            self.positions = torch.arange(width, device=device)[None]
+            self.positions = torch.arange(cached, width, device=device)[None]
         else:
             self.ids = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
             self.mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
@@ -126,9 +129,9 @@ class Prefill:
         steering = self._steering(start, end)
         with _steered(self.ctx, steering):
             out = self.ctx.model(
-                input_ids=self.ids[:, start:end],
+                input_ids=self.ids[:, start - self.first:end - self.first],
                 attention_mask=self._mask(start, end),
-                position_ids=self.positions[:, start:end],
+                position_ids=self.positions[:, start - self.first:end - self.first],
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=1,
