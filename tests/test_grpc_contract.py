@@ -82,8 +82,7 @@ def test_stream_shape_metadata_deltas_usage(generation_stub):
     meta, texts, tokens, finish, usage, responses = run(
         generation_stub, chat_request(max_tokens=12, temperature=0)
     )
-    # The metadata comes first; a short request's first output may ride with it.
-    assert responses[0].HasField("metadata")
+    assert responses[0].HasField("metadata") and not responses[0].choices
     assert responses[-1].HasField("usage")
     assert all(not r.HasField("metadata") for r in responses[1:])
     assert meta.model == MODEL and meta.id and meta.created > 0
@@ -101,10 +100,10 @@ def test_coalesce_sends_the_whole_output_in_one_message(generation_stub):
     stepwise = run(generation_stub, request)
     request.coalesce = True
     whole = run(generation_stub, request)
-    # One message: the metadata, every choice's whole output and the usage.
+    # Metadata, one message holding every choice's whole output, usage.
     assert len(stepwise[5]) > 3
-    assert len(whole[5]) == 1 and len(whole[5][0].choices) == 4  # 2 prompts, n=2
-    assert whole[5][0].HasField("metadata") and whole[5][0].HasField("usage")
+    assert [bool(r.choices) for r in whole[5]] == [False, True, False]
+    assert whole[5][0].HasField("metadata") and whole[5][2].HasField("usage")
     assert whole[1] == stepwise[1] and whole[2] == stepwise[2]  # texts and token ids
     assert whole[3] == stepwise[3] and whole[4].completion_tokens == 4 * 24
     # With stream set, coalesce has no effect: a message a step (steps that

@@ -2,8 +2,7 @@
 
 gRPC's retry policy (rest_bridge/engine_client.py) tries a call again only
 until the first reply message arrives, and a Generate stream's first message is
-its metadata (with the first output when that was ready at once: rest() yields
-what else the first message carried). From there on the bridge carries the
+its metadata, sent before the first token. From there on the bridge carries the
 request itself: when the engine is lost (UNAVAILABLE without ErrorInfo) and
 nothing the client could see came from it yet, the same request is sent again
 and the balancer gives it to another engine: round-robin on the balanced
@@ -86,9 +85,6 @@ class GenerateCall:
         self.tried: frozenset[str] = frozenset()  # replicas the router gave earlier attempts
         self.routed = False  # the current attempt went to a replica the router picked
         self.metadata = None  # the current call's ResponseMetadata
-        # The first message, when it carried more than the metadata (the
-        # engine sends a short request's first output with it): rest() yields it.
-        self._first = None
         self._attempt_started = 0.0
 
     async def open(self) -> generation_service_pb2.GenerateResponse:
@@ -109,11 +105,8 @@ class GenerateCall:
                     raise
                 await asyncio.sleep(BACKOFF_S * self.attempts)
                 continue
-            self._first = None
             if first is not grpc.aio.EOF and first.HasField("metadata"):
                 self.metadata = first.metadata
-                if len(first.ListFields()) > 1:  # choices, usage...: not metadata alone
-                    self._first = first
             return first
 
     async def rest(self) -> AsyncIterator:
@@ -121,10 +114,7 @@ class GenerateCall:
         again (then the new call's messages follow, its metadata skipped)."""
         while True:
             try:
-                if self._first is not None:
-                    message, self._first = self._first, None
-                else:
-                    message = await self.call.read()
+                message = await self.call.read()
             except grpc.aio.AioRpcError as exc:
                 if not self._may_retry(exc):
                     raise

@@ -11,8 +11,7 @@ prefill), and an `error` event for a failure after the 200 went out.
 
 A token count is the prompt a generation would render: the same request
 with max_tokens 1 is opened, its metadata (the engine's count of the
-rendered prompt) read, and the call cancelled (the engine sends the metadata
-with that one token when it comes within 50 ms, so it may have been made).
+rendered prompt) read, and the call cancelled before it generates.
 """
 
 from __future__ import annotations

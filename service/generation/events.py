@@ -2,9 +2,7 @@
 (or, for echo, Echoed first), StepOutputs (generation/job.py), then
 GenerationFinished, then ProbesRead when the model is monitored and
 ActivationsRead when activations were asked for.
-The servicers turn each into a protobuf response; the Generate servicer sends
-the metadata in the first output's message when that output is ready behind
-it (GenerationStarted.output_ready), and a coalesced answer in one message."""
+The servicers turn each into one protobuf response."""
 
 from __future__ import annotations
 
@@ -32,9 +30,6 @@ class GenerationStarted:
     steering_echo: float | None = None
     circuit_rung: int | None = None
     unsteered: bool = False
-    # The first output is ready behind this event: a transport may send both
-    # as one message (servicers/generation_replies.py).
-    output_ready: bool = False
 
 
 @dataclass(frozen=True)

@@ -175,8 +175,6 @@ class GenerationJob:
     # Monitoring: the probes' readings, written by the model thread while the
     # job runs and read once every group is done.
     monitor: ProbeReader | None = None
-    # The first event, taken early by output_within (event loop only).
-    _early: object = None
 
     def __post_init__(self):
         if self.spec.monitoring is not None:
@@ -226,17 +224,6 @@ class GenerationJob:
         self.cancelled.set()
         self.post(GroupFailed(error))
 
-    async def output_within(self, seconds: float) -> bool:
-        """Wait at most `seconds` for the model thread's first event; whether
-        it came. The event is kept for events() to yield first."""
-        if self._early is None:
-            try:
-                async with asyncio.timeout(seconds):
-                    self._early = await self._take()
-            except TimeoutError:
-                return False  # (Queue.get, cancelled, loses no event)
-        return True
-
     async def _take(self):
         event = await self.queue.get()
         self.taken, self.last_taken = self.taken + 1, time.monotonic()
@@ -257,7 +244,7 @@ class GenerationJob:
         instead of falling further behind.
         """
         remaining = self.parts or len(self.spec.groups)
-        held, self._early = self._early, None
+        held = None
         try:
             while remaining:
                 event = held if held is not None else await self._take()

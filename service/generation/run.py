@@ -36,11 +36,6 @@ from service.steering.plan import UNSTEERED as UNSTEERED_READ
 from service.steering.recording import ActivationRecorder
 from service.structured_output import CHOICE, GRAMMAR
 
-# How long the metadata may wait for the first output, so that both go out
-# as one message: well under what a reader notices, above a short prompt's
-# time to first token on a CPU.
-FIRST_OUTPUT_WAIT_S = 0.05
-
 Event = (GenerationStarted | Echoed | StepOutput | GenerationFinished | ProbesRead
          | ActivationsRead)
 
@@ -52,7 +47,7 @@ class Generation:
         self.timer = timer  # the serving metrics' record of this request
         self.monitoring = monitoring  # steering.monitoring.MonitoringManager
 
-    def started(self, output_ready: bool = False) -> GenerationStarted:
+    def started(self) -> GenerationStarted:
         spec, info = self.spec, self.lease.info
         return GenerationStarted(
             id=spec.request_id,
@@ -68,7 +63,6 @@ class Generation:
             steering_echo=spec.steering_echo,
             circuit_rung=spec.circuit_rung,
             unsteered=spec.scoring,
-            output_ready=output_ready,
         )
 
     async def events(self) -> AsyncIterator[Event]:
@@ -89,9 +83,7 @@ class Generation:
         timer, queued = self.timer, False
         try:
             if not spec.echo:
-                # A short request's metadata waits for its first output, to go
-                # out in the same message; a longer one's goes out alone.
-                yield self.started(await job.output_within(FIRST_OUTPUT_WAIT_S))
+                yield self.started()
             documents = (DocumentCheck(spec.constraint, spec.grammar) if spec.constraint
                          else None)
             calls = ToolCalls(spec.tools) if spec.tools else None

@@ -1,8 +1,7 @@
 """What a Generate call sends back: each generation event as a protobuf
-response, and how the events become messages. A stream gets a message an
-event, except that metadata whose first output is ready behind it rides in
-that output's message; a caller reading the answer whole (`coalesce`) gets
-the metadata, the joined steps and the usage in one."""
+response, and how the events become messages: a message an event in a
+stream; for a caller reading the answer whole (`coalesce`), every step's
+output joined into one message."""
 
 from __future__ import annotations
 
@@ -147,49 +146,23 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
 
 
 async def streamed(events) -> AsyncIterator[generation_service_pb2.GenerateResponse]:
-    """One message per event, except that metadata whose first output is
-    ready behind it (GenerationStarted.output_ready) goes out in that output's
-    message: one write and one read fewer on each side of a short request."""
-    held = None
+    """A message an event: the metadata alone first, as the contract says."""
     async for event in events:
-        message = event_to_pb(event)
-        if held is not None:
-            message.metadata.CopyFrom(held)
-            held = None
-        if isinstance(event, GenerationStarted) and event.output_ready:
-            held = message.metadata
-            continue
-        yield message
-    if held is not None:
-        yield generation_service_pb2.GenerateResponse(metadata=held)
+        yield event_to_pb(event)
 
 
 async def coalesced(events) -> AsyncIterator[generation_service_pb2.GenerateResponse]:
-    """For a caller that reads the answer whole: the metadata, every step
-    joined and the usage in one message (no per-token encoding, writes or
-    reads on either side); probe verdicts and activations in their own after it."""
+    """For a caller that reads the answer whole: every step's output in one
+    message (no per-token encoding, writes or reads on either side); the
+    metadata before it and the rest after it, each alone as in a stream."""
     steps: list[StepOutput] = []
-    opening = None  # the metadata, for the first message
     async for event in events:
         if isinstance(event, StepOutput):
             steps.append(event)
             continue
-        if isinstance(event, GenerationStarted):
-            opening = event_to_pb(event)
-            continue
-        message = generation_service_pb2.GenerateResponse()
-        if opening is not None:
-            message, opening = opening, None
         if steps:
-            message.MergeFrom(event_to_pb(join_steps(steps)))
+            yield event_to_pb(join_steps(steps))
             steps = []
-            if not isinstance(event, GenerationFinished):
-                yield message  # the usage comes last: this event goes alone
-                message = generation_service_pb2.GenerateResponse()
-        message.MergeFrom(event_to_pb(event))
-        yield message
-    if opening is not None or steps:
-        message = opening or generation_service_pb2.GenerateResponse()
-        if steps:
-            message.MergeFrom(event_to_pb(join_steps(steps)))
-        yield message
+        yield event_to_pb(event)
+    if steps:
+        yield event_to_pb(join_steps(steps))
