@@ -64,7 +64,7 @@ def run(stub, request):
     {index: finish_reason}, usage, responses)."""
     responses = list(stub.Generate(request, timeout=60))
     texts, tokens, finish = {}, {}, {}
-    for r in responses:  # the first may carry output too, with the metadata
+    for r in responses[1:]:
         for d in r.choices:
             texts[d.index] = texts.get(d.index, "") + d.text
             tokens.setdefault(d.index, []).extend(d.token_ids)

@@ -151,8 +151,9 @@ def _layout(config) -> list[tuple[type, dict]]:
     kinds, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     layout = [(DYNAMIC_LAYER_TYPE_MAPPING[kind], dict(kw))
               for kind, kw in zip(kinds, kwargs, strict=False)]  # as DynamicCache zips them
-    for key in [k for k, (ref, _) in _LAYOUTS.items() if ref() is None]:
-        del _LAYOUTS[key]  # configs of unloaded models
+    # (list(): the model thread and a loading thread may both be here)
+    for key in [k for k, (ref, _) in list(_LAYOUTS.items()) if ref() is None]:
+        _LAYOUTS.pop(key, None)  # configs of unloaded models
     _LAYOUTS[id(config)] = (weakref.ref(config), layout)
     return layout
 
