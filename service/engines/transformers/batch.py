@@ -73,6 +73,9 @@ class ModelContext:
     # Decode steps, and a lone prompt after cached columns, hand attention its
     # mask ready-made (decode_mask.py).
     ready_masks: bool = False
+    # Passes of several query columns take GQA's K/V heads in place rather
+    # than copied (grouped_query.py).
+    grouped_prompts: bool = False
 
     @functools.cached_property
     def tokens(self) -> TokenTable:

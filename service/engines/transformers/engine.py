@@ -23,7 +23,7 @@ from service.engines.base import (
     EngineStatus,
     LoadedModel,
 )
-from service.engines.transformers import decode_mask, kv, reading
+from service.engines.transformers import decode_mask, grouped_query, kv, reading
 from service.engines.transformers.admission import SchedulerLimits
 from service.engines.transformers.architecture import LayersNotFound, decoder_layers
 from service.engines.transformers.batch import ModelContext
@@ -207,6 +207,9 @@ class TransformersEngine(Engine):
             log.warning("steering unavailable for %s: %s", self.entry.id, exc)
             steering = None
         self._steering = steering
+        grouped = grouped_query.choose(self.model, self.device)
+        if grouped:
+            log.info("%s: prompt passes read grouped K/V heads in place", self.entry.id)
         ctx = ModelContext(
             model=self.model,
             decoder=self.decoder,
@@ -222,6 +225,7 @@ class TransformersEngine(Engine):
             steering=steering,
             reuses_prefixes=not self._recurrent,
             ready_masks=decode_mask.suffices(self.model, self._recurrent),
+            grouped_prompts=grouped,
         )
         self._scheduler = Scheduler(ctx, self.limits, self.prefix_cache)
         self._scheduler.start()

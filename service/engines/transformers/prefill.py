@@ -36,7 +36,7 @@ import time
 import torch
 
 from service.engines import faults
-from service.engines.transformers import kv
+from service.engines.transformers import grouped_query, kv
 from service.engines.transformers.batch import (
     GroupProgress,
     ModelContext,
@@ -127,7 +127,8 @@ class Prefill:
         faults.hit("prefill")
         start, end = self.done, min(self.width, self.done + columns)
         steering = self._steering(start, end)
-        with _steered(self.ctx, steering):
+        with _steered(self.ctx, steering), grouped_query.multi_column(
+                self.ctx.grouped_prompts and end - start > 1):
             out = self.ctx.model(
                 input_ids=self.ids[:, start - self.first:end - self.first],
                 attention_mask=self._mask(start, end),
