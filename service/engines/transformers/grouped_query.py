@@ -8,7 +8,7 @@ K/V heads; otherwise each cached K/V head is copied once for every query head
 it serves (`repeat_kv`). A pass of several columns with a mask is what a
 prefix-cache hit makes (the question after a cached system prompt) and what
 prompts prefilled together make, so each of those copied the whole cache of
-every layer: on the demo model about 6 % of a warm request's time to first
+every layer: on the demo model 2–3 % of a warm request's time to first
 token.
 
 PyTorch's SDPA with `enable_gqa` gives the same bits as after the copy on a
