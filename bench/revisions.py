@@ -62,14 +62,13 @@ runpy.run_module("service", run_name="__main__", alter_sys=True)
 """
 
 
-def checkout(rev: str, into: pathlib.Path) -> pathlib.Path:
+def checkout(rev: str, into: pathlib.Path) -> None:
     """`rev` in a detached worktree, with the GGUF steering callback built."""
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet",
                     str(into), rev], check=True)
     subprocess.run([sys.executable, "-c", _LAUNCH.replace('"service"',
                                                           '"service.engines.gguf.native"'),
                     str(into)], check=True, stdout=subprocess.DEVNULL)
-    return into
 
 
 def start(tree: pathlib.Path, tmp: pathlib.Path, cpus: set[int] | None,
@@ -176,10 +175,15 @@ def main() -> int:
         os.sched_setaffinity(0, client_cpus)
     with tempfile.TemporaryDirectory() as scratch:
         tmp = pathlib.Path(scratch)
-        trees = {"base": checkout(args.base, tmp / "base")}
-        trees["head"] = checkout(args.head, tmp / "head") if args.head else ROOT
+        trees: dict[str, pathlib.Path] = {}
         processes = {}
         try:
+            # Named before they are made, so a failed build is cleaned up too.
+            trees["base"] = tmp / "base"
+            checkout(args.base, trees["base"])
+            trees["head"] = tmp / "head" if args.head else ROOT
+            if args.head:
+                checkout(args.head, trees["head"])
             for name, tree in trees.items():
                 processes[name] = start(tree, tmp, engine_cpus, env[name])
             for process, port in processes.values():

@@ -1,5 +1,5 @@
 """How a Generate call's events become messages (servicers/generation_replies.py):
-in a stream, a message an event, the metadata alone first; for a caller that
+in a stream, a message an event (event_to_pb), the metadata alone; for a caller that
 reads the answer whole (`coalesce`), the metadata, then every step's output
 joined into one message, then the usage, each alone."""
 
@@ -14,7 +14,7 @@ from service.generation.events import (
     GenerationStarted,
 )
 from service.generation.job import ChoiceDelta, StepOutput
-from service.servicers.generation_replies import coalesced, streamed
+from service.servicers.generation_replies import coalesced, event_to_pb
 
 
 def _started() -> GenerationStarted:
@@ -38,8 +38,13 @@ def _shapes(stream) -> tuple[list[list[str]], list]:
     return [[field.name for field, _ in m.ListFields()] for m in messages], messages
 
 
+async def _each(events):
+    async for event in events:
+        yield event_to_pb(event)
+
+
 def test_a_stream_is_a_message_an_event_with_the_metadata_alone_first():
-    shapes, messages = _shapes(streamed(_events(
+    shapes, messages = _shapes(_each(_events(
         _started(), _step("a", 5), _step("b", 6), GenerationFinished(3, 2, 0))))
     assert shapes == [["metadata"], ["choices"], ["choices"], ["usage"]]
     assert messages[0].metadata.id == "g1" and messages[2].choices[0].text == "b"

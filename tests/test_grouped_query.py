@@ -37,10 +37,23 @@ def _question_after_prefix(model, grouped: bool) -> torch.Tensor:
                          use_cache=True).logits
 
 
-def test_the_demo_model_takes_its_groups_in_place_with_the_same_logits(demo):
+def test_the_demo_model_takes_its_groups_in_place_with_the_same_logits(demo, monkeypatch):
     assert demo.config.num_key_value_heads < demo.config.num_attention_heads
     assert grouped_query.choose(demo, CPU)
-    copied, in_place = _question_after_prefix(demo, False), _question_after_prefix(demo, True)
+    copies = []
+    original = sdpa_attention.repeat_kv
+
+    def counted(hidden, n_rep):
+        copies.append(n_rep)
+        return original(hidden, n_rep)
+
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", counted)
+    copied = _question_after_prefix(demo, False)
+    layers = demo.config.num_hidden_layers
+    assert len(copies) == 2 * layers  # keys and values, every layer: transformers' copy
+    copies.clear()
+    in_place = _question_after_prefix(demo, True)
+    assert copies == []  # the pass really took the groups in place
     assert torch.equal(copied, in_place)
 
 

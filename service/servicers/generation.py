@@ -18,7 +18,7 @@ from service.inference import InferenceService
 from service.requests import tools
 from service.requests.params import ChatTurn, GenerateParams, ResponseFormat, StructuredOutputs
 from service.servicers.error_handling import stream_errors
-from service.servicers.generation_replies import coalesced, streamed
+from service.servicers.generation_replies import coalesced, event_to_pb
 from service.steering import plan as runtime
 from service.steering import readout
 from service.structured_output import (
@@ -229,9 +229,11 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
             # cancels the job in the model thread.
             async with contextlib.aclosing(events):
                 if not request.coalesce or request.stream:
-                    async for message in streamed(events):
-                        yield message
+                    # A message an event, the metadata alone first (the
+                    # contract's order), with no generator between: this
+                    # loop runs once a streamed token.
+                    async for event in events:
+                        yield event_to_pb(event)
                     return
                 async for message in coalesced(events):
                     yield message
-

@@ -1,7 +1,7 @@
 """What a Generate call sends back: each generation event as a protobuf
-response, and how the events become messages: a message an event in a
-stream; for a caller reading the answer whole (`coalesce`), every step's
-output joined into one message."""
+response (a stream sends a message an event, in order), and for a caller
+reading the answer whole (`coalesce`), every step's output joined into one
+message."""
 
 from __future__ import annotations
 
@@ -143,12 +143,6 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
             )
         )
     raise TypeError(f"unknown generation event {event!r}")
-
-
-async def streamed(events) -> AsyncIterator[generation_service_pb2.GenerateResponse]:
-    """A message an event: the metadata alone first, as the contract says."""
-    async for event in events:
-        yield event_to_pb(event)
 
 
 async def coalesced(events) -> AsyncIterator[generation_service_pb2.GenerateResponse]:
