@@ -13,7 +13,7 @@ INSTALLED := $(VENV)/.installed
 TS_CLIENT := clients/typescript
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
-.PHONY: setup tools proto proto-check model run test lint breaking breaking-previous bench clean clients \
+.PHONY: setup tools proto proto-check model model-train run test lint breaking breaking-previous bench clean clients \
   llama-server go-toolchain eco-venvs postgres deploy-check kubectl cluster browser webui-check
 
 setup: $(INSTALLED)
@@ -52,8 +52,14 @@ proto-check: proto
 	  git status --short -- clients/python/src; \
 	  echo "generated code is stale: run 'make proto' and commit the result"; exit 1; fi
 
+# The repository ships the trained demo model (service/demo_model/shipped.py
+# says why); `make model` installs it and prints its revision. `make
+# model-train` trains it instead and stops if this CPU made other bits.
 model: $(INSTALLED)
 	$(PY) -m service.demo_model --models-dir $(MODELS_DIR)
+
+model-train: $(INSTALLED)
+	$(PY) -m service.demo_model --train --models-dir $(MODELS_DIR)
 
 run: setup proto model
 	$(PY) tools/run_stack.py

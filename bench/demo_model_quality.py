@@ -41,7 +41,7 @@ def load(directory: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from service.demo_model.build import training_documents
+    from service.demo_model.corpus import training_documents
 
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
@@ -81,7 +81,7 @@ def well_formed_call(text: str) -> bool:
 def evaluate(directory: str, seeds: int, verbose: bool) -> None:
     import torch
 
-    from service.demo_model.build import CORPUS, parse_corpus
+    from service.demo_model.corpus import CORPUS, parse_corpus
 
     tokenizer, model, unused = load(directory)
     print(f"=== {directory}: {len(tokenizer)} tokens, {len(unused)} never in the training text")

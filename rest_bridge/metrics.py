@@ -83,10 +83,15 @@ class _RouterCollector:
         routable = GaugeMetricFamily("millm_bridge_replica_routable", "1 while the engine "
                                      "reports SERVING over a live load stream",
                                      labels=["replica"])
+        load = GaugeMetricFamily("millm_bridge_replica_load", "the load the router weighs "
+                                 "for each engine: this bridge's calls in flight, or the "
+                                 "engine's last report of every bridge's when larger",
+                                 labels=["replica"])
         now = time.monotonic()
         for replica in list(self.router.replicas.values()):
             for reason, count in sorted(replica.routed.items()):
                 routed.add_metric([replica.target, reason], count)
             in_flight.add_metric([replica.target], replica.in_flight)
             routable.add_metric([replica.target], 1 if replica.routable(now) else 0)
-        yield from (routed, in_flight, routable)
+            load.add_metric([replica.target], replica.load)
+        yield from (routed, in_flight, routable, load)

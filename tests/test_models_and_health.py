@@ -81,10 +81,10 @@ def test_bridge_balances_over_several_engines(stack, tmp_path, server_stub):
             before = (inference_status(server_stub).completed_generations_total,
                       inference_status(second_stub).completed_generations_total)
             for _ in range(8):
-                # Under a loaded test machine a replica's load report can run
-                # late enough (picker.STALE_S) to leave it out of one pick;
-                # balancing is about replicas the router can route to.
-                assert wait_until(lambda: _routable(port) == 2, timeout=10)
+                # Each request starts from both replicas routable and idle as
+                # the router sees them, so its pick is the tie taken in turn.
+                assert wait_until(lambda: _routable(port) == 2 and _loads(port) == [0, 0],
+                                  timeout=30), (_routable(port), _loads(port))
                 reply, _ = post(port, "/v1/completions",
                                 {"model": MODEL, "prompt": "The river", "max_tokens": 2})
                 assert reply.status == 200
@@ -96,3 +96,13 @@ def test_bridge_balances_over_several_engines(stack, tmp_path, server_stub):
         if bridge is not None:
             bridge.stop()
         second.stop()
+
+
+def _loads(http: int) -> list[float]:
+    """The load the bridge's router weighs for each replica (its metrics)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("millm_bridge_replica_load{")]

@@ -211,7 +211,7 @@ def _replica(target: str, *, load: int = 0, state=SERVING, model: str = MODEL,
 
 def test_the_policy_skips_unroutable_replicas_and_prefers_the_loaded_model():
     switching = _replica("a", state=server_service_pb2.REPLICA_STATE_SWITCHING)
-    stale = _replica("b", age_s=picker.STALE_S + 1)
+    stale = _replica("b", age_s=picker.HANG_S + 1)
     other_model = _replica("c", model=GGUF)
     serving = _replica("d", load=5)
     for _ in range(4):
@@ -238,6 +238,23 @@ def test_the_policy_keeps_prefix_affinity_until_the_replica_is_overloaded():
     a.report.running_requests = 0
     picks = {picker.choose([a, b], MODEL, {}).replica.target for _ in range(4)}
     assert picks == {"a", "b"}
+
+
+def test_a_late_report_is_not_a_dead_replica():
+    """A report a few seconds late (a loaded machine) leaves the replica
+    routable; one that came before this bridge's last call there ended no
+    longer counts that call: the calls in flight alone do, until the next."""
+    late = _replica("a", load=1, age_s=5.0)
+    assert late.routable(time.monotonic()) and late.load == 1
+    late.done_at = time.monotonic()
+    assert late.load == 0
+    late.in_flight = 2
+    assert late.load == 2
+    fresh = _replica("b", load=0)
+    picks = {picker.choose([_replica("a", age_s=5.0), fresh], MODEL, {}).replica.target
+             for _ in range(4)}
+    assert picks == {"a", "b"}
+    assert not _replica("c", age_s=picker.HANG_S + 1).routable(time.monotonic())
 
 
 def test_the_prefix_index_matches_leading_blocks_and_stays_bounded():

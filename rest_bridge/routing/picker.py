@@ -16,7 +16,14 @@ In order:
 
 A replica's load is the larger of this bridge's calls in flight to it (exact
 and current, but blind to other bridges) and the running plus waiting
-requests it last reported (every bridge's, a report interval old).
+requests it last reported (every bridge's, a report interval old). A report
+that arrived before one of this bridge's calls there ended is out of date by
+that call: until the next one arrives, the calls in flight alone count.
+
+A late report is not a dead replica: on a loaded machine an engine's reports
+can run a second or more behind while it serves. The stream itself tells a
+replica that went away (it breaks); only a replica silent for HANG_S, far
+longer than any scheduling delay, is taken for hung and gets nothing new.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from millm.v1 import server_service_pb2
 
 IMBALANCE_ABS = 4
 IMBALANCE_REL = 1.5
-STALE_S = 2.0  # a report older than this (the engine hangs) makes a replica unroutable
+HANG_S = 30.0  # no report for this long over a live stream: the engine hangs
 _SERVING = server_service_pb2.REPLICA_STATE_SERVING
 
 
@@ -42,15 +49,16 @@ class Replica:
     in_flight: int = 0
     routed: dict = field(default_factory=dict)  # reason -> calls the router sent here
     seen_at: float = 0.0  # time.monotonic() of the last report
+    done_at: float = 0.0  # time.monotonic() when this bridge's last call there ended
 
     def routable(self, now: float) -> bool:
         return (self.streaming and self.report is not None and self.report.state == _SERVING
-                and now - self.seen_at < STALE_S)
+                and now - self.seen_at < HANG_S)
 
     @property
     def load(self) -> int:
         reported = 0
-        if self.report is not None:
+        if self.report is not None and self.seen_at > self.done_at:
             reported = self.report.running_requests + self.report.waiting_requests
         return max(self.in_flight, reported)
 

@@ -120,6 +120,7 @@ class Router:
 
         def done(_call) -> None:
             replica.in_flight -= 1
+            replica.done_at = time.monotonic()
 
         call.add_done_callback(done)
 

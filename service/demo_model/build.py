@@ -1,8 +1,12 @@
-"""Build millm-tiny: a tiny Llama with its own byte-level BPE tokenizer.
+"""Train millm-tiny: a tiny Llama with its own byte-level BPE tokenizer.
 
 No model hub is reachable, so the project makes its own model from text it
-ships (corpus.txt). The build is deterministic: a fixed seed, one torch thread
-and deterministic algorithms, so the same code gives the same weights. The
+ships (corpus.txt). The build is deterministic on one CPU: a fixed seed, one
+torch thread and deterministic algorithms, so the same code gives the same
+weights there. Another CPU's vector instructions round differently and four
+hundred steps carry the difference into other weights, so the repository
+ships what this build made (shipped.py): `make model` installs that, and this
+training runs only when asked (`python -m service.demo_model --train`). The
 model is trained for a few hundred steps, enough to learn the ChatML shape and
 end its turns with <|im_end|>, which makes the demo answer like a chat model
 instead of emitting noise. A dozen tool conversations, rendered by the same
@@ -32,18 +36,15 @@ them, and the output embedding is untied from the input one for that.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import pathlib
 import shutil
-import sys
 import time
 
-from service.chat_template import CHATML, render
-from service.demo_model import gguf_export
-from service.demo_model import sae as demo_sae
+from service.chat_template import CHATML
+from service.demo_model.corpus import VOCABULARY_TEXT, answer_prompts, training_documents
 from service.demo_model.unused_tokens import SharedUnusedLoss
 
 MODEL_ID = "millm-tiny"
@@ -74,61 +75,6 @@ METADATA_FILE = "millm_model.json"
 # 5: untied output embedding (the unused tokens score low), the tools' system
 #    turn masked out of the loss, 400 steps.
 BUILD_VERSION = 5
-
-CORPUS = pathlib.Path(__file__).with_name("corpus.txt")
-VOCABULARY_TEXT = pathlib.Path(__file__).with_name("vocabulary.txt")
-
-ROLES = ("system", "user", "assistant", "tool", "call", "tools", "function")
-
-def parse_corpus(text: str) -> tuple[list[str], list[tuple[list[dict] | None, list[dict]]]]:
-    """Split the corpus into prose paragraphs and conversations: (tools or
-    None, messages), in Hugging Face's shape for apply_chat_template."""
-    prose, blocks, functions = [], [], {}
-    for block in text.split("\n\n"):
-        lines = [ln for ln in block.strip().splitlines() if not ln.startswith("#")]
-        if not lines:
-            continue
-        turns = []
-        for line in lines:
-            role, sep, content = line.partition(": ")
-            if sep and role in ROLES:
-                turns.append((role, content))
-        if not turns or len(turns) != len(lines):
-            prose.append(" ".join(lines))
-        elif all(role == "function" for role, _ in turns):
-            for _, content in turns:
-                function = json.loads(content)
-                functions[function["name"]] = function
-        else:
-            blocks.append(turns)
-    return prose, [conversation(turns, functions) for turns in blocks]
-
-def conversation(turns: list[tuple[str, str]],
-                 functions: dict[str, dict]) -> tuple[list[dict] | None, list[dict]]:
-    tools, messages = None, []
-    for role, content in turns:
-        if role == "tools":
-            tools = [{"type": "function", "function": functions[name.strip()]}
-                     for name in content.split(",")]
-        elif role == "call":
-            name, _, arguments = content.partition(" ")
-            call = {"type": "function",
-                    "function": {"name": name, "arguments": json.loads(arguments)}}
-            if messages and messages[-1].get("tool_calls"):
-                messages[-1]["tool_calls"].append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        else:
-            messages.append({"role": role, "content": content})
-    return tools, messages
-
-def training_documents() -> tuple[list[str], list[str]]:
-    """Prose and plain chats, then the tool conversations, each conversation
-    rendered by the model's own template."""
-    prose, chats = parse_corpus(CORPUS.read_text(encoding="utf-8"))
-    plain = [render(messages) for tools, messages in chats if not tools]
-    with_tools = [render(messages, tools) for tools, messages in chats if tools]
-    return prose + plain, with_tools
 
 def build_tokenizer(documents: list[str]):
     """A byte-level BPE learned from the training documents and from
@@ -194,19 +140,8 @@ def padded(sequences: list[list[int]], pad_id: int, prompts: list[int]) -> dict:
     learned = torch.tensor([[0] * p + [1] * (width - p) for p in prompts]) * mask
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(learned == 0, -100)}
 
-def answer_prompts() -> list[str]:
-    """Every question of the corpus's conversations as a prompt for an
-    answer: after the conversation so far, and alone."""
-    _, chats = parse_corpus(CORPUS.read_text(encoding="utf-8"))
-    prompts = set()
-    for tools, messages in chats:
-        for i, message in enumerate(messages):
-            if message["role"] == "user":
-                prompts.add(render(messages[: i + 1], tools, add_generation_prompt=True))
-                prompts.add(render([message], tools, add_generation_prompt=True))
-    return sorted(prompts)
-
-def final_states(model, tokenizer, stream, conversations: list[list[int]], pad_id: int):
+def final_states(model, tokenizer, stream, conversations: list[list[int]], pad_id: int,
+                 seed: int = SEED):
     """The model's final hidden states over its training text, and over an
     answer it samples to every question of the corpus (a generator of their
     own: the build stays deterministic)."""
@@ -214,7 +149,7 @@ def final_states(model, tokenizer, stream, conversations: list[list[int]], pad_i
 
     texts = [stream[s : s + TRAIN_SEQ] for s in range(0, len(stream), TRAIN_SEQ)]
     texts += [torch.tensor(ids) for ids in conversations]
-    torch.manual_seed(SEED + 2)
+    torch.manual_seed(seed + 2)
     with torch.no_grad():
         for prompt in answer_prompts():
             ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
@@ -224,7 +159,7 @@ def final_states(model, tokenizer, stream, conversations: list[list[int]], pad_i
         return torch.cat([model.model(input_ids=ids[None]).last_hidden_state[0]
                           for ids in texts])
 
-def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
+def build_model(tokenizer, documents: list[str], tool_documents: list[str], seed: int = SEED):
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -244,13 +179,13 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
         pad_token_id=pad_id,
         rms_norm_eps=1e-5,
     )
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
 
     # One long stream of the prose and chats, each ended by <|endoftext|>, cut
     # into windows (drawn by a generator of their own).
     stream = token_stream(tokenizer, documents, pad_id)
-    generator = torch.Generator().manual_seed(SEED)
+    generator = torch.Generator().manual_seed(seed)
     # The tool conversations: whole ones, from their start as a prompt is,
     # so that a call is learned with the tools' system turn at the start of
     # the context; and windows cut anywhere from a stream of them, so that it
@@ -264,7 +199,7 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
     prompts = [ids.index(eos_id) + 1 for ids in conversations]
     positions = torch.arange(len(tool_stream))
     lm_loss = SharedUnusedLoss(len(tokenizer), stream.tolist() + tool_stream.tolist())
-    tool_generator = torch.Generator().manual_seed(SEED + 1)
+    tool_generator = torch.Generator().manual_seed(seed + 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     # The rate falls linearly to 20% by the last step: the last steps settle
     # the weights instead of leaving them wherever the last batches pushed.
@@ -291,7 +226,8 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str]):
         schedule.step()
     model.eval()
     lm_loss.untie(model)
-    lm_loss.push_down_unused(model, final_states(model, tokenizer, stream, conversations, pad_id))
+    lm_loss.push_down_unused(model, final_states(model, tokenizer, stream, conversations, pad_id,
+                                                            seed))
     # Training ends every document with <|endoftext|>, and llama.cpp stops on
     # it by name in any GGUF file, so it ends a generation here too: raw
     # completions stop where the model ends its text, on both engines.
@@ -306,14 +242,10 @@ def weights_revision(model_dir: pathlib.Path) -> str:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
-def is_built(models_dir: pathlib.Path) -> bool:
-    try:
-        meta = json.loads((models_dir / MODEL_ID / METADATA_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return meta.get("build") == BUILD_VERSION
-
-def build(models_dir: pathlib.Path) -> pathlib.Path:
+def build(models_dir: pathlib.Path, seed: int = SEED) -> pathlib.Path:
+    """Train millm-tiny under models_dir (a staging directory moved in
+    whole). Another seed gives another model, for checking that the tests
+    hold for more than one build."""
     import torch
 
     torch.set_num_threads(1)
@@ -325,7 +257,7 @@ def build(models_dir: pathlib.Path) -> pathlib.Path:
 
     documents, tool_documents = training_documents()
     tokenizer = build_tokenizer(documents + tool_documents)
-    model, final_loss = build_model(tokenizer, documents, tool_documents)
+    model, final_loss = build_model(tokenizer, documents, tool_documents, seed)
     tokenizer.save_pretrained(staging)
     model.save_pretrained(staging)
     metadata = {
@@ -335,47 +267,9 @@ def build(models_dir: pathlib.Path) -> pathlib.Path:
         "created": int(time.time()),
         "final_training_loss": round(final_loss, 4),
         "build": BUILD_VERSION,
+        "seed": seed,
     }
     (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     shutil.rmtree(target, ignore_errors=True)
     os.replace(staging, target)
     return target
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the millm-tiny demo model.")
-    parser.add_argument(
-        "--models-dir",
-        default=os.environ.get("MILLM_MODELS_DIR")
-        or os.path.join(os.environ.get("MILLM_DATA_DIR", ".millm"), "models"),
-    )
-    parser.add_argument("--force", action="store_true", help="rebuild even if present")
-    args = parser.parse_args(argv)
-    models_dir = pathlib.Path(args.models_dir)
-    rebuilt = False
-    if is_built(models_dir) and not args.force:
-        print(f"{MODEL_ID} already built in {models_dir}")
-    else:
-        started = time.monotonic()
-        target = build(models_dir)
-        rebuilt = True
-        meta = json.loads((target / METADATA_FILE).read_text())
-        print(
-            f"built {MODEL_ID} in {target} ({time.monotonic() - started:.1f}s, "
-            f"revision {meta['revision']}, loss {meta['final_training_loss']})",
-            file=sys.stderr,
-        )
-    # The demo SAEs are trained on the checkpoint's activations: a rebuilt
-    # checkpoint (another revision) gets them trained again.
-    started = time.monotonic()
-    for path in demo_sae.ensure_built(models_dir):
-        marker = json.loads((path / demo_sae.MARKER).read_text())
-        print(f"trained demo SAE {path} ({time.monotonic() - started:.1f}s, "
-              f"{marker['variance_explained']:.0%} of variance explained, "
-              f"{marker['features_alive']} features alive)", file=sys.stderr)
-    # The GGUF export follows the checkpoint: a rebuilt checkpoint is exported again.
-    if rebuilt or not gguf_export.is_exported(models_dir):
-        started = time.monotonic()
-        target = gguf_export.export(models_dir / MODEL_ID, models_dir)
-        print(f"exported {gguf_export.REPO_ID} ({', '.join(gguf_export.QUANTIZATIONS)}) in "
-              f"{target} ({time.monotonic() - started:.1f}s)", file=sys.stderr)
-    return 0

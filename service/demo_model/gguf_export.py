@@ -151,10 +151,6 @@ def file_name(quant: str) -> str:
     return f"{REPO_ID}-{quant}.gguf"
 
 
-def is_exported(models_dir: pathlib.Path) -> bool:
-    return (models_dir / REPO_ID / METADATA_FILE).is_file()
-
-
 def export(checkpoint: pathlib.Path, models_dir: pathlib.Path) -> pathlib.Path:
     """Write every quantization into a staging directory, then move it in
     whole, so a reader never sees half a repository."""

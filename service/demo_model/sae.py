@@ -16,7 +16,9 @@ residual holds, so a dial value reads the same on every feature. One SAE is a
 standard (ReLU) SAE on block 1's output, the other a JumpReLU SAE on block
 0's, so multi-layer circuits have two SAEs to span.
 
-The build is deterministic (fixed seeds, one thread) and takes a few seconds.
+The build is deterministic on one CPU (fixed seeds, one thread) and takes a
+few seconds; like the model's, its result depends on the CPU's vector
+instructions, so the repository ships the SAEs it made (shipped.py).
 A marker file records the build version and the model revision trained on;
 an SAE whose marker is missing or different is trained again, so a rebuilt
 model never keeps SAEs fitted to its predecessor.
@@ -86,7 +88,7 @@ def activations(model_dir: pathlib.Path, layers: list[int]):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from service.demo_model.build import training_documents
+    from service.demo_model.corpus import training_documents
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -214,9 +216,10 @@ def build_one(saes_dir: pathlib.Path, name: str, layer: int, d_sae: int, archite
     return target
 
 
-def ensure_built(models_dir: pathlib.Path) -> list[pathlib.Path]:
+def ensure_built(models_dir: pathlib.Path, seed_offset: int = 0) -> list[pathlib.Path]:
     """Train every demo SAE that is missing or outdated; return the ones built.
-    Needs millm-tiny built first."""
+    Needs millm-tiny built first. `seed_offset` moves every SAE's seed (a
+    model built with another seed gets SAEs of other seeds too)."""
     import torch
 
     missing = [spec for spec in DEMO_SAES if not is_built(models_dir, spec[0])]
@@ -227,6 +230,6 @@ def ensure_built(models_dir: pathlib.Path) -> list[pathlib.Path]:
     docs, per_layer, tokenizer = activations(models_dir / MODEL_ID,
                                              sorted({spec[1] for spec in missing}))
     revision = model_revision(models_dir)
-    return [build_one(saes_dir_for(models_dir), name, layer, d_sae, architecture, seed,
-                      per_layer[layer], docs, tokenizer, revision)
+    return [build_one(saes_dir_for(models_dir), name, layer, d_sae, architecture,
+                      seed + seed_offset, per_layer[layer], docs, tokenizer, revision)
             for name, layer, d_sae, architecture, seed in missing]
