@@ -2,7 +2,9 @@
 packed_linear.py): same answers as PyTorch's own linear on the demo model, the
 memory of an untied weight given back, a tied head packed only when small, and the engine's
 greedy text equal with MILLM_TORCH_LINEAR=packed and plain (the demo
-model is in cache, so the default, auto, leaves it plain: packed forces it)."""
+model is in cache, so the default, auto, leaves it plain: packed forces it).
+bf16 computes in bfloat16 exactly where packed_linear's own CPU rule says
+so, and in float32 elsewhere."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from millm.v1 import generation_service_pb2_grpc
+from service.engines.transformers import packed_linear
 from service.engines.transformers.packed_linear import PLAIN, PackedLinear, pack_linears
 from tests import harness
 from tests.grpc_helpers import concurrently, prompt_request
@@ -95,10 +98,12 @@ def test_engine_greedy_text_is_the_same_packed_and_plain(tmp_path):
 
 
 def test_bf16_is_opt_in_and_close():
+    # The engine's own rule (AVX512-BF16 or AMX), not oneDNN's
+    # _is_mkldnn_bf16_supported, which also says yes where bfloat16 is emulated.
+    fast = packed_linear._bf16_fast()
     plain, half = _demo(), _demo()
     assert pack_linears(half, "bf16") > 0
     head = half.get_output_embeddings()
-    fast = torch.ops.mkldnn._is_mkldnn_bf16_supported()
     assert head.dtype == (torch.bfloat16 if fast else torch.float32)
     ids = torch.tensor([[5, 17, 300, 42, 9, 1000, 77]])
     with torch.inference_mode():
@@ -109,11 +114,23 @@ def test_bf16_is_opt_in_and_close():
         assert not torch.equal(want, got)  # rounded: why it is never the default
 
 
+def test_bf16_without_bfloat16_instructions_packs_float32(monkeypatch):
+    """Where the rule says no, bf16 still packs, in float32: the products
+    match the plain model's to float32 rounding."""
+    monkeypatch.setattr(packed_linear, "_bf16_fast", lambda: False)
+    plain, model = _demo(), _demo()
+    assert pack_linears(model, "bf16") > 0
+    head = model.get_output_embeddings()
+    assert isinstance(head, PackedLinear) and head.dtype == torch.float32
+    ids = torch.tensor([[5, 17, 300, 42, 9, 1000, 77]])
+    with torch.inference_mode():
+        want, got = plain(input_ids=ids).logits, model(input_ids=ids).logits
+    assert torch.allclose(want, got, rtol=1e-4, atol=1e-5)
+
+
 def test_auto_packs_a_model_past_its_threshold(monkeypatch):
     """auto is "packed" for a model whose linear weights reach AUTO_MIN_BYTES:
     the demo model counts once the threshold is below its 2 MiB."""
-    from service.engines.transformers import packed_linear
-
     monkeypatch.setattr(packed_linear, "AUTO_MIN_BYTES", 1024)
     linears = [m for m in _demo().modules() if type(m) is torch.nn.Linear]
     assert pack_linears(_demo(), "auto") == len(linears) > 0
