@@ -38,7 +38,7 @@ from service.engines.transformers.admission import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
 from service.models.lifecycle import Phase
-from service.models.loading import LifecycleConfig
+from service.models.lifecycle_config import LifecycleConfig
 from service.models.registry import ModelRegistry
 from service.responses.store import ResponseStore, Retention
 from service.servicers.access import AccessInterceptor, DrainState
