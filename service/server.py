@@ -51,7 +51,7 @@ from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
 from service.servicers.steering import SteeringServicer
 from service.servicers.tokenization import TokenizationServicer
-from service.state.database import open_database
+from service.state.opening import open_database
 from service.steering.intensity import IntensityLimits
 from service.steering.manager import SteeringManager
 from service.steering.monitoring import MonitoringManager
