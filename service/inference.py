@@ -38,7 +38,7 @@ from service.engines.transformers.admission import SchedulerLimits
 from service.errors import EngineError, invalid_parameter, model_not_found, model_not_loaded
 from service.generation.run import Generation
 from service.models.lifecycle import Lease, ModelLifecycle, ModelState, ModelView
-from service.models.loading import LifecycleConfig
+from service.models.lifecycle_config import LifecycleConfig
 from service.models.registry import ModelEntry, ModelRegistry
 from service.requests import checks, embeddings, reasoning, tokenization, tools
 from service.requests.generation import ValidatedGeneration, fit_groups, validated

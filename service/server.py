@@ -38,7 +38,7 @@ from service.engines.transformers.admission import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
 from service.models.lifecycle import Phase
-from service.models.loading import LifecycleConfig
+from service.models.lifecycle_config import LifecycleConfig
 from service.models.registry import ModelRegistry
 from service.responses.store import ResponseStore, Retention
 from service.servicers.access import AccessInterceptor, DrainState
@@ -51,7 +51,7 @@ from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
 from service.servicers.steering import SteeringServicer
 from service.servicers.tokenization import TokenizationServicer
-from service.state.database import open_database
+from service.state.opening import open_database
 from service.steering.intensity import IntensityLimits
 from service.steering.manager import SteeringManager
 from service.steering.monitoring import MonitoringManager

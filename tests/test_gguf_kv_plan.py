@@ -133,7 +133,7 @@ def test_a_long_context_file_is_planned_to_memory_not_refused(tmp_path):
     from the memory this machine has free, instead of refusing it."""
     from service.errors import EngineError
     from service.models.lifecycle import ModelLifecycle
-    from service.models.loading import LifecycleConfig
+    from service.models.lifecycle_config import LifecycleConfig
     from service.models.registry import ModelRegistry
 
     registry = ModelRegistry(long_models_dir(tmp_path))

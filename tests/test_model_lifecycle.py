@@ -266,7 +266,7 @@ def test_two_changes_claimed_in_the_same_instant_start_one_load():
 
     from service.errors import EngineError
     from service.models.lifecycle import ModelLifecycle
-    from service.models.loading import LifecycleConfig
+    from service.models.lifecycle_config import LifecycleConfig
     from service.models.registry import ModelRegistry
 
     async def main():
@@ -292,7 +292,7 @@ def test_memory_needed_counts_weights_and_the_gguf_kv_cache():
     from service.engines import kinds
     from service.engines.gguf.kv_plan import engine_bytes
     from service.models.lifecycle import ModelLifecycle
-    from service.models.loading import LifecycleConfig
+    from service.models.lifecycle_config import LifecycleConfig
     from service.models.registry import ModelRegistry
 
     registry = ModelRegistry(harness.models_dir())
@@ -334,7 +334,7 @@ def test_loads_and_unloads_pass_through_the_expected_states(tmp_path, caplog):
     from service.errors import EngineError
     from service.models.lifecycle import ModelLifecycle
     from service.models.lifecycle import Phase as P
-    from service.models.loading import LifecycleConfig
+    from service.models.lifecycle_config import LifecycleConfig
     from service.models.registry import ModelRegistry
 
     caplog.set_level(logging.DEBUG, logger="service.models.lifecycle")

@@ -15,7 +15,8 @@ import pytest
 from service.errors import EngineError
 from service.responses.store import ResponseStore, Retention
 from service.state import migrations
-from service.state.database import SqliteDatabase, open_database
+from service.state.database import SqliteDatabase
+from service.state.opening import open_database
 from service.state.postgres import Listener, PostgresDatabase
 from service.steering.store import SteeringStore
 

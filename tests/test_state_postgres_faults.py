@@ -20,7 +20,7 @@ import pytest
 from service.errors import EngineError
 from service.responses.store import ResponseStore
 from service.state import migrations
-from service.state.database import open_database
+from service.state.opening import open_database
 from service.state.postgres import WRITE_LOCK, PostgresDatabase
 from service.steering.intensity import IntensityLimits
 from service.steering.manager import SteeringManager

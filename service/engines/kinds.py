@@ -6,14 +6,11 @@ The lifecycle asks here rather than branching on a kind itself."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from service.engines.base import Engine
 from service.engines.gguf.kv_plan import CellCost, KvPlan, plan
+from service.models.lifecycle_config import LifecycleConfig
 from service.models.registry import GGUF, ModelEntry
-
-if TYPE_CHECKING:
-    from service.models.loading import LifecycleConfig
 
 
 def make_engine(entry: ModelEntry, config: LifecycleConfig,

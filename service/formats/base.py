@@ -19,7 +19,6 @@ the streaming parsers (generation/tool_calls.py, generation/reasoning.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,6 +53,27 @@ class ReasoningSyntax:
         return block if mode == OPEN else st.OptionalFormat(content=block)
 
 
+class ArgumentNotation:
+    """How a family writes a call's arguments when they are not JSON text.
+    The family's module subclasses it (formats/qwen3_coder.py's XML,
+    formats/gemma4.py's notation) and names it in its CallSyntax, so this
+    module knows no family's module (they import it)."""
+
+    style = ""  # xgrammar's JSON-schema style for them ("qwen_xml", "gemma")
+    markup: tuple[str, ...] = ()  # markers inside them
+
+    def text(self, arguments_json: str, call_close: str) -> tuple[str, str]:
+        """JSON arguments as the model writes them, and the call's close as
+        written after them."""
+        raise NotImplementedError
+
+    def reader(self, schema: dict | None, call_close: str) -> tuple:
+        """What reads the arguments back into JSON text (`feed` a character,
+        get the JSON it completes; `done` at their end), and the part of
+        `call_close` left to expect once it is done."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class CallSyntax:
     name: str  # the tool_call_format reported
@@ -65,15 +85,13 @@ class CallSyntax:
     group_close: str = ""
     # Free text opens calls with this (a prefix of group_open or call_open).
     trigger: str = ""
-    # How arguments are written: "json", "qwen_xml" (formats/qwen3_coder.py)
-    # or "gemma" (formats/gemma4.py).
-    arguments: str = "json"
+    # How arguments are written when not as JSON text (None: JSON).
+    arguments: ArgumentNotation | None = None
 
     @property
     def argument_markup(self) -> tuple[str, ...]:
         """Markers inside non-JSON arguments."""
-        return {"qwen_xml": ("<parameter=", "</parameter>", "</function>"),
-                "gemma": ('<|"|>',)}.get(self.arguments, ())
+        return self.arguments.markup if self.arguments is not None else ()
 
     @property
     def opener(self) -> str:
@@ -84,21 +102,15 @@ class CallSyntax:
         """One call written out (with its group markers): what the grammar
         constrains and the parser reads."""
         arguments, close = arguments_json, self.call_close
-        if self.arguments == "qwen_xml":
-            from service.formats.qwen3_coder import xml_text
-
-            arguments, close = xml_text(arguments_json), close.removeprefix("\n")
-        elif self.arguments == "gemma":
-            from service.formats.gemma4 import gemma_text
-
-            arguments = gemma_text(json.loads(arguments_json))
+        if self.arguments is not None:
+            arguments, close = self.arguments.text(arguments_json, close)
         return (f"{self.group_open}{self.call_open}{name}{self.name_close}{arguments}"
                 f"{close}{self.group_close}")
 
     def arguments_format(self, schema: dict):
         """The grammar of a call's arguments when they are not JSON text (the
         schema in xgrammar's qwen_xml or gemma style); None for JSON."""
-        if self.arguments == "json":
+        if self.arguments is None:
             return None
         from xgrammar import structural_tag as st
 
@@ -106,23 +118,16 @@ class CallSyntax:
 
         # Whitespace between tokens at most one character at a time: left
         # free, a small model can lay out whitespace until max_tokens.
-        return st.JSONSchemaFormat(json_schema=grammar_schema(schema), style=self.arguments,
+        return st.JSONSchemaFormat(json_schema=grammar_schema(schema), style=self.arguments.style,
                                    max_whitespace_cnt=1)
 
     def argument_reader(self, schema: dict | None):
         """What reads a call's arguments back into JSON when they are not
         JSON text (None for JSON), and the part of call_close left to expect
         once it is done."""
-        if self.arguments == "qwen_xml":
-            from service.formats.qwen3_coder import FUNCTION_END, XmlArguments
-
-            close = self.call_close
-            return XmlArguments(schema), close[close.index(FUNCTION_END) + len(FUNCTION_END):]
-        if self.arguments == "gemma":
-            from service.formats.gemma4 import GemmaArguments
-
-            return GemmaArguments(schema), self.call_close
-        return None, ""
+        if self.arguments is None:
+            return None, ""
+        return self.arguments.reader(schema, self.call_close)
 
     def calls_format(self, tags: list, auto: bool, one: bool):
         """The calls part of a tool plan's grammar: `tags` are the per-tool

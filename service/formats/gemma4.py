@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import json
 
-from service.formats.base import CallSyntax, Family, ReasoningSyntax
+from service.formats.base import ArgumentNotation, CallSyntax, Family, ReasoningSyntax
 
 QUOTE = '<|"|>'
-CALLS = CallSyntax("gemma4", call_open="<|tool_call>call:", name_close="",
-                   call_close="<tool_call|>", separator="", arguments="gemma")
 REASONING = ReasoningSyntax("gemma4", "<|channel>thought\n", "<channel|>")
 BARE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+.")
 
@@ -86,5 +84,19 @@ class GemmaArguments:
         return json.dumps(value)
 
 
+class GemmaNotation(ArgumentNotation):
+    """Gemma's notation as CallSyntax writes and reads it."""
+
+    style, markup = "gemma", (QUOTE,)
+
+    def text(self, arguments_json: str, call_close: str) -> tuple[str, str]:
+        return gemma_text(json.loads(arguments_json)), call_close
+
+    def reader(self, schema: dict | None, call_close: str) -> tuple[GemmaArguments, str]:
+        return GemmaArguments(schema), call_close
+
+
+CALLS = CallSyntax("gemma4", call_open="<|tool_call>call:", name_close="",
+                   call_close="<tool_call|>", separator="", arguments=GemmaNotation())
 FAMILY = Family("gemma4", CALLS, REASONING, detect,
                 "the template writes `<|tool_call>` or `<|channel>`")

@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import json
 
-from service.formats.base import CallSyntax, Family
+from service.formats.base import ArgumentNotation, CallSyntax, Family
 
 FUNCTION_END = "</function>"
-CALLS = CallSyntax("qwen3_coder", call_open="<tool_call>\n<function=", name_close=">\n",
-                   call_close=f"\n{FUNCTION_END}\n</tool_call>", separator="\n",
-                   trigger="<tool_call>", arguments="qwen_xml")
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
 
 
@@ -80,5 +77,24 @@ class XmlArguments:
             return json.dumps(value)
 
 
+class XmlNotation(ArgumentNotation):
+    """The XML arguments as CallSyntax writes and reads them."""
+
+    style, markup = "qwen_xml", (PARAMETER, PARAMETER_END, FUNCTION_END)
+
+    def text(self, arguments_json: str, call_close: str) -> tuple[str, str]:
+        # The last element's line ends before `</function>`: the close's own
+        # newline is not written twice.
+        return xml_text(arguments_json), call_close.removeprefix("\n")
+
+    def reader(self, schema: dict | None, call_close: str) -> tuple[XmlArguments, str]:
+        # The reader consumes `</function>` itself.
+        return XmlArguments(schema), call_close[call_close.index(FUNCTION_END)
+                                                + len(FUNCTION_END):]
+
+
+CALLS = CallSyntax("qwen3_coder", call_open="<tool_call>\n<function=", name_close=">\n",
+                   call_close=f"\n{FUNCTION_END}\n</tool_call>", separator="\n",
+                   trigger="<tool_call>", arguments=XmlNotation())
 FAMILY = Family("qwen3_coder", CALLS, None, detect,
                 "the template writes `<function=` and `<parameter=`")

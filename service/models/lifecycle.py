@@ -59,7 +59,8 @@ from service.errors import (
     model_not_loaded,
 )
 from service.generation.job import GenerationJob
-from service.models.loading import LifecycleConfig, check_load
+from service.models.lifecycle_config import LifecycleConfig
+from service.models.loading import check_load
 from service.models.registry import ModelEntry, ModelRegistry
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """What a model load is given and whether it can succeed, checked before the
 loaded model is unloaded (step 1 of models/lifecycle.py's docstring).
 
-LifecycleConfig holds the engine settings the server reads from its
-environment; check_load refuses a quantization or architecture no engine
+Given the engine settings (LifecycleConfig, models/lifecycle_config.py),
+check_load refuses a quantization or architecture no engine
 loads, and a model that would not fit in the memory free once the loaded
 model's is counted back, naming the figures. For a GGUF file it plans the KV
 cells first (engines/gguf/kv_plan.py), since they are part of what must fit.
@@ -10,38 +10,13 @@ cells first (engines/gguf/kv_plan.py), since they are part of what must fit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from service.engines import kinds
 from service.engines.base import Engine, LoadedModel
 from service.engines.gguf.kv_plan import KvPlan
 from service.engines.kinds import available_memory_bytes
-from service.engines.transformers.admission import SchedulerLimits
 from service.errors import EngineError
+from service.models.lifecycle_config import MIB, LifecycleConfig
 from service.models.registry import GGUF, ModelEntry
-
-MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class LifecycleConfig:
-    device: str = "auto"
-    limits: SchedulerLimits = field(default_factory=SchedulerLimits)
-    prefix_cache_tokens: int = 32768
-    # How the transformers engine lays out float32 linear weights on a CPU
-    # (engines/transformers/packed_linear.py): auto, packed, plain or bf16.
-    torch_linear: str = "auto"
-    # Only this model is served (and listed) when set.
-    lock_model: str = ""
-    # How long an unload waits for running requests before ending them.
-    graceful_unload_timeout: float = 30.0
-    # Memory a load must leave free beyond the weights (activations, KV cache).
-    memory_headroom_bytes: int = 256 * MIB
-    gguf_threads: int = 1
-    gguf_context: int = 0  # 0: sized to memory (engines/gguf/kv_plan.py)
-    gguf_slots: int = 8  # sequences decoded together, each with a window of KV cells
-    gguf_flash_attn: bool = False  # llama.cpp's flash attention in GGUF contexts
-    gguf_kv_memory_bytes: int = 0  # what GGUF KV cells may take (0: the memory free)
 
 
 def check_load(entry: ModelEntry, config: LifecycleConfig, engine: Engine | None,

@@ -2,9 +2,10 @@
 
 Why: the steering state and the stored responses must be durable, and with
 several engine replicas they must be shared. SQLite in the data dir serves one
-engine with nothing to run; PostgreSQL (service/state/postgres.py) serves many.
-The stores above (steering/store.py, responses/store.py) write one SQL dialect
-that both accept, so the same code runs on either:
+engine with nothing to run; PostgreSQL (service/state/postgres.py) serves many;
+service/state/opening.py opens the one configured. The stores above
+(steering/store.py, responses/store.py) write one SQL dialect that both
+accept, so the same code runs on either:
 
 - placeholders are `?` (the PostgreSQL side turns them into `%s`), and SQL
   text holds no `%` and no literal `?`;
@@ -32,7 +33,6 @@ import logging
 import pathlib
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -184,31 +184,3 @@ class SqliteDatabase(Database):
     def close(self) -> None:
         self._conn.close()
 
-
-def open_database(url: str, data_dir: pathlib.Path, wait_s: float = 30.0) -> Database:
-    """The configured database, migrated to the current schema. An empty URL
-    is the SQLite file in the data dir. A database server that is not up yet
-    (replicas and their database often start together) is waited for up to
-    wait_s; then the error stands and the engine exits for its supervisor."""
-    from service.state import migrations
-
-    if url.startswith(("postgresql://", "postgres://")):
-        from service.state.postgres import PostgresDatabase
-
-        database: Database = PostgresDatabase(url)
-    elif url == "" or url.startswith("sqlite:"):
-        path = pathlib.Path(url.removeprefix("sqlite:")) if url else (
-            data_dir / "steering.sqlite3")
-        database = SqliteDatabase(path)
-    else:
-        raise ValueError("MILLM_DATABASE_URL must start with postgresql:// or sqlite:")
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            migrations.migrate(database)
-            return database
-        except EngineError as exc:
-            if not database.shared or time.monotonic() > deadline:
-                raise
-            log.warning("state database not reachable yet (%s); retrying", exc.message)
-            time.sleep(1.0)
