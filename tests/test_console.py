@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 
 import openai
 import pytest
@@ -170,10 +169,27 @@ def test_a_profile_made_on_the_page_steers_an_sdk_request(stack, browser, shots)
             max_tokens=40, temperature=1.0, seed=seed, extra_body=extra)
         return reply.choices[0].message.content
 
-    count = lambda t: len(re.findall(r"\btrain\b", t, re.IGNORECASE))  # noqa: E731
     pairs = [(ask(seed), ask(seed, steering_intensity="off")) for seed in range(3)]
     assert all(steered != unsteered for steered, unsteered in pairs)
-    assert sum(count(s) for s, _ in pairs) > sum(count(u) for _, u in pairs)
+    # What steers is the page's profile: a tied SAE's feature reads exactly
+    # the entry's strength above its unsteered value wherever it was active
+    # (whether the story then mentions trains more is the model's business:
+    # bench/steering_effect.py measures that).
+    def read(point: str) -> list[float]:
+        # A prompt with the feature's own word, so it is active somewhere.
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "The train left."}],
+                "max_tokens": 1, "return_sae_activations": {
+                    "sae_id": L0, "features": [feature], "positions": "prompt",
+                    "read_point": point}}
+        reply = stack.api("POST", "/v1/chat/completions", body)
+        assert reply.status_code == 200, reply.text
+        return [p["features"][0]["value"]
+                for p in json.loads(reply.text)["millm"]["sae_activations"]["positions"]]
+
+    pairs = list(zip(read("pre_steering"), read("post_steering"), strict=True))
+    assert any(before > 0 for before, _ in pairs), pairs
+    for before, after in pairs:
+        assert after - before == pytest.approx(6, abs=1e-3) if before > 0 else after >= 0
     browser.find_element(By.ID, "deactivate-profile").click()
     wait(browser, lambda: not json.loads(stack.api("GET", "/api/profiles/trains").text)[
         "profile"]["active"])

@@ -41,6 +41,7 @@ import pytest
 from tests import harness
 from tests.conftest import MODEL
 from tests.ecosystem.shared import MAX_TOKENS, PROMPT, SEED, TOOL_PROMPT, Weather
+from tests.json_prefix import is_json_prefix
 
 Q8 = "millm-tiny-gguf:Q8_0"
 HERE = harness.ROOT / "tests" / "ecosystem"
@@ -240,10 +241,14 @@ def test_pydantic_ai_output_is_its_final_result_tool(eco_stack, model):
 
 def test_langchain_json_mode(eco_stack, model):
     """json_mode sends no schema, so only "one JSON object" is guaranteed: the
-    raw document is an object, and LangChain either parsed a Weather from it
-    or says why not."""
+    raw document is an object (or, cut short by max_tokens, the start of one),
+    and LangChain either parsed a Weather from it or says why not."""
     report = run_path(eco_stack, model, "langchain", "json_mode")
-    assert report["finish_reason"] == "stop" and isinstance(report["raw"], dict)
+    if report["finish_reason"] == "length":
+        assert is_json_prefix(report["raw"]), report["raw"]
+    else:
+        assert report["finish_reason"] == "stop"
+        assert isinstance(json.loads(report["raw"]), dict)
     if report["parsing_error"] is None:
         check_weather(report["output"])
     else:
