@@ -28,6 +28,7 @@ import queue
 import threading
 
 from service.engines import faults
+from service.engines.admission import SchedulerLimits
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.batch import Runner
 from service.engines.gguf.constraint import GrammarMask
@@ -62,15 +63,22 @@ _DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 class GgufEngine(GgufVocab, Engine):
     kind = GGUF
 
-    def __init__(self, entry, kv: KvPlan, threads: int = 1, max_queued: int = 256,
-                 stall_s: float = 30.0, flash_attn: bool = False):
+    def __init__(self, entry, kv: KvPlan, threads: int = 1, flash_attn: bool = False,
+                 limits: SchedulerLimits | None = None, prefix_cache_tokens: int = 32768):
         super().__init__(entry)
         self.threads = threads
         self.flash_attn = flash_attn  # every context of the model: generation, lanes, reads
-        self.kv = kv  # the slots and window, sized to memory (engines/gguf/kv_plan.py)
+        # The slots and window, sized to memory (engines/gguf/kv_plan.py); the
+        # slots are at most MILLM_MAX_BATCH (engines/kinds.py).
+        self.kv = kv
         self.slots = kv.slots
-        self.max_queued = max_queued
-        self.stall_s = stall_s
+        # Admission as on the transformers engine (engines/admission.py), over the slots.
+        self.limits = limits or SchedulerLimits()
+        self.max_queued = self.limits.max_queued
+        self.stall_s = self.limits.stall_s
+        # 0: no prompt reuses a slot's cells (the slots' cells are reserved at
+        # load whatever the budget, so a positive one changes nothing here).
+        self.keep_prefixes = prefix_cache_tokens > 0
         self.llm = None
         self._readers: Readers | None = None
         self.info: LoadedModel | None = None
@@ -158,9 +166,10 @@ class GgufEngine(GgufVocab, Engine):
         model = self.llm._model.model
         whole_only = bool(lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
         self._runner = Runner(self._ctx, self._batch, n_batch,
-                              Slots(self.slots, cells, whole_only), lanes,
+                              Slots(self.slots, cells, whole_only, self.keep_prefixes), lanes,
                               self._eog, self._row_tools, self._token_bytes, self._count,
-                              self.stall_s, steerer, self._ctx_steer if steerer else None)
+                              self.stall_s, steerer, self._ctx_steer if steerer else None,
+                              self.limits)
 
     @property
     def capabilities(self):
@@ -326,7 +335,7 @@ class GgufEngine(GgufVocab, Engine):
             shared = len(slots.rows) if slots is not None else 0
             lanes = len(runner.lanes.running()) if runner is not None else 0
             return EngineStatus(
-                backend="gguf/continuous-batching",
+                backend="gguf/" + ("serial" if self.limits.serial else "continuous-batching"),
                 active_generations=self._running,
                 queued_requests=self._waiting,
                 generated_tokens_total=self._generated,

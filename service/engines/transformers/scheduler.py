@@ -14,13 +14,12 @@ sequences or lengths. A seeded group gets a lane of its own and never reads
 the prefix cache, so its forward passes hold nothing but its own rows: its
 text depends on the request alone, which is what SEED_SCOPE_REQUEST promises.
 
-Admission is fair rather than first-in-first-out. One request holds at most
-`max_rows_per_request` rows at once: a larger n, or many prompts, run in parts
-(a group's rows split, each part prefilled from the prefix cache the first one
-filled) as its own rows finish, so the rest of the batch stays open to others.
-A request that does not fit yet lets later ones pass it, but only for
-`aging_s`: after that nothing passes it until it has started, so a large
-request is never starved by a stream of small ones.
+Admission is fair rather than first-in-first-out, by the rule both engines
+share (engines/admission.py): one request holds at most
+`max_rows_per_request` rows at once, so a larger n, or many prompts, run in
+parts (here a group's rows split, each part prefilled from the prefix cache
+the first one filled) as its own rows finish; a request that does not fit the
+free rows yet lets later ones pass it, but only for `aging_s`.
 
 The thread is supervised. A part whose prefill fails is retried alone when it
 was prefilled with others, so only the part that cannot run fails (503
@@ -41,11 +40,11 @@ import collections
 import logging
 import queue
 import threading
-import time
 
 import torch
 
 from service.engines import faults
+from service.engines.admission import FairTurns, SchedulerLimits, Waiting
 from service.engines.base import EngineStatus
 from service.engines.model_thread import (
     ModelCall,
@@ -55,7 +54,7 @@ from service.engines.model_thread import (
     report_death,
     run_one_chunk,
 )
-from service.engines.transformers.admission import SchedulerLimits, Waiting, split_parts
+from service.engines.transformers.admission import split_parts
 from service.engines.transformers.batch import GroupProgress, ModelContext, Prefilled, Row
 from service.engines.transformers.delivery import step_posts
 from service.engines.transformers.lane import Lane
@@ -259,35 +258,31 @@ class Scheduler:
             self._end_job(job, "cancelled")
 
     def _admit(self) -> None:
-        """Admit waiting parts while the batch has room (module docstring: the
-        per-request share and aging). Unseeded parts with nothing cached are
-        prefilled together, up to a chunk of prompt tokens; a part with a
-        cached prefix, or a seeded one, is prefilled on its own."""
+        """Admit waiting parts while the batch has room, in the order and
+        within the share engines/admission.py gives (FairTurns). Unseeded
+        parts with nothing cached are prefilled together, up to a chunk of
+        prompt tokens; a part with a cached prefix, or a seeded one, is
+        prefilled on its own."""
         if not self._waiting:
             return  # every decode turn comes here: nothing to count when nothing waits
         together: list[GroupProgress] = []
         room = self.limits.max_batch - self._running_rows()
-        share = self.limits.request_rows
         held = collections.Counter(id(r.job) for lane in [self._shared, *self._isolated]
                                    for r in lane.rows)
         for progress in (p for prefill in self._prefills.items for p in prefill.progresses):
             held[id(progress.job)] += progress.group.n
-        now = time.monotonic()
-        for waiting in list(self._waiting):
+        turns = FairTurns(self.limits, self.limits.request_rows, held, self._groups_left)
+        for waiting in turns.order(self._waiting):
             job = waiting.job
-            if self.limits.serial and self._groups_left and id(job) not in self._groups_left:
-                break
             while waiting.groups:
                 group, continuation = waiting.groups[0]
                 busy = self._running_rows() > 0 or together
-                if not self.limits.serial and (
-                        (busy and group.n > room) or (held[id(job)] and
-                                                      held[id(job)] + group.n > share)):
+                if not turns.allows(job, group.n, room=not busy or group.n <= room):
                     break
                 waiting.groups.popleft()
-                job.admitted_at = job.admitted_at or now
+                job.admitted_at = job.admitted_at or turns.now
                 room -= group.n
-                held[id(job)] += group.n
+                turns.took(job, group.n)
                 with self._lock:
                     self._groups_left.setdefault(id(job), job.parts or len(job.spec.groups))
                     if not waiting.groups:
@@ -314,8 +309,6 @@ class Scheduler:
                             >= self.limits.prefill_chunk):
                         self._prefills.start(together, isolated=False)
                         together = []
-            if waiting.groups and not held[id(job)] and now - waiting.since >= self.limits.aging_s:
-                break  # it has waited long enough: rows now free up for it alone
         if together:
             self._prefills.start(together, isolated=False)
 
