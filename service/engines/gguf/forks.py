@@ -22,10 +22,10 @@ promise: choice j of a seeded request depends on the seed and j only, not on
 n nor on what else runs (the same text as the same request with n = 1 for
 choice 0).
 
-Fair admission is the transformers engine's (engines/admission.py): one
-request holds at most MILLM_MAX_ROWS_PER_REQUEST rows at once (by default
-half the slots), so a large n (or many prompts) never takes every slot; the
-oldest request under its share goes first.
+The parts are admitted by the rule both engines share (engines/admission.py):
+one request holds at most MILLM_MAX_ROWS_PER_REQUEST rows at once (by
+default half the slots), so a large n (or many prompts) never takes every
+slot; the oldest request under its share goes first.
 """
 
 from __future__ import annotations
