@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 
 from common.log_text import shown
 from service import formats
+from service.engines.admission import SchedulerLimits
 from service.engines.base import (
     KIND_CAPABILITIES,
     Engine,
@@ -34,7 +35,6 @@ from service.engines.base import (
     EngineStatus,
     LoadedModel,
 )
-from service.engines.transformers.admission import SchedulerLimits
 from service.errors import EngineError, invalid_parameter, model_not_found, model_not_loaded
 from service.generation.run import Generation
 from service.models.lifecycle import Lease, ModelLifecycle, ModelState, ModelView

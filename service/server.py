@@ -34,7 +34,7 @@ from millm.v1 import (
 )
 from service.config import EngineConfig
 from service.engines import model_thread
-from service.engines.transformers.admission import SchedulerLimits
+from service.engines.admission import SchedulerLimits
 from service.inference import InferenceService
 from service.metrics import EngineMetrics
 from service.models.lifecycle import Phase

@@ -290,6 +290,7 @@ def test_two_changes_claimed_in_the_same_instant_start_one_load():
 
 def test_memory_needed_counts_weights_and_the_gguf_kv_cache():
     from service.engines import kinds
+    from service.engines.admission import SchedulerLimits
     from service.engines.gguf.kv_plan import engine_bytes
     from service.models.lifecycle import ModelLifecycle
     from service.models.lifecycle_config import LifecycleConfig
@@ -309,6 +310,10 @@ def test_memory_needed_counts_weights_and_the_gguf_kv_cache():
     capped = ModelLifecycle(registry, LifecycleConfig(device="cpu", gguf_context=256,
                                                       gguf_slots=2)).check_load(gguf)
     assert (capped.window, capped.slots, capped.kv_bytes) == (256, 2, 256 * 256 * 2)
+    # MILLM_MAX_BATCH is the most rows either engine decodes together: it caps the slots.
+    batched = ModelLifecycle(registry, LifecycleConfig(
+        device="cpu", gguf_context=256, limits=SchedulerLimits(max_batch=3))).check_load(gguf)
+    assert (batched.window, batched.slots) == (256, 3)
 
 
 def test_the_state_table_refuses_an_illegal_move(tmp_path):

@@ -22,8 +22,8 @@ def make_engine(entry: ModelEntry, config: LifecycleConfig,
         if kv is None:  # not planned by a load check: plan with the memory free now
             kv = gguf_plan(entry, config, max(f for _, f in available_memory_bytes("cpu")))
         return GgufEngine(entry, kv, threads=config.gguf_threads,
-                          flash_attn=config.gguf_flash_attn,
-                          max_queued=config.limits.max_queued, stall_s=config.limits.stall_s)
+                          flash_attn=config.gguf_flash_attn, limits=config.limits,
+                          prefix_cache_tokens=config.prefix_cache_tokens)
     from service.engines.transformers.engine import TransformersEngine
 
     return TransformersEngine(entry, device=config.device, limits=config.limits,
@@ -43,11 +43,12 @@ def cell_cost(entry: ModelEntry) -> CellCost:
 def gguf_plan(entry: ModelEntry, config: LifecycleConfig, free: int) -> KvPlan:
     """The slots and window a GGUF file gets, given `free` bytes on its device:
     the engine may use MILLM_GGUF_KV_MEMORY_MIB, or else what is free beyond
-    its weights and the headroom."""
+    its weights and the headroom. MILLM_MAX_BATCH caps the slots: it is the
+    most rows either engine decodes together."""
     budget = config.gguf_kv_memory_bytes or max(
         0, free - entry.size_bytes - config.memory_headroom_bytes)
-    return plan(cell_cost(entry), entry.context_length, config.gguf_slots, budget,
-                config.gguf_context)
+    slots = min(config.gguf_slots, config.limits.max_batch)
+    return plan(cell_cost(entry), entry.context_length, slots, budget, config.gguf_context)
 
 
 def memory_needed(entry: ModelEntry, device: str, kv: KvPlan | None = None) -> tuple[int, int]:

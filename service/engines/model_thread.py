@@ -1,8 +1,10 @@
-"""What both engines' model threads share: a read of the model handed to the
-thread (ModelCall), the answer to whatever is still queued when a thread
-stops (answer_unrun), and the news that a thread died (report_death, heard by
-the server, which stops serving and exits for its supervisor to restart it),
-and what a failure on the thread is answered (failure_of).
+"""What both engines' model threads share: the inbox they take work from
+(Inbox: a job submitted with the queue-full check, a read of the model
+handed to the thread as a ModelCall, the drain each turn, the request to
+stop), the answer to whatever is still queued when a thread stops
+(Inbox.answer_unrun), the news that a thread died (report_death, heard by the
+server, which stops serving and exits for its supervisor to restart it), and
+what a failure on the thread is answered (failure_of).
 
 Each engine owns exactly one model thread, because neither torch's caches nor
 llama.cpp's contexts may be touched from two threads; everything that reads
@@ -17,12 +19,13 @@ import collections
 import inspect
 import logging
 import queue
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
-from service.errors import EngineError, internal_error
+from service.errors import EngineError, internal_error, queue_full, thread_died
 
 log = logging.getLogger(__name__)
 
@@ -123,22 +126,95 @@ def run_one_chunk(reads: collections.deque, ctx) -> None:
         return
 
 
-def answer_unrun(inbox: queue.Queue, error: EngineError | None = None) -> None:
-    """When a model thread stops (an unload that ran out of patience, or its
-    death), what is still queued is answered rather than left waiting forever:
-    reads get `error` (model_busy by default), jobs fail with it."""
-    error = error or EngineError(
-        "model_busy", "The model was unloaded before this request ran; retry.", "model")
-    while True:
+class Inbox:
+    """A model thread's inbox. From the event loop: jobs (`submit`, counted
+    against MILLM_MAX_QUEUED until the engine admits or drops them:
+    `dequeued`), reads (`call`) and the request to stop (`close`). On the
+    model thread: `take` moves what came into the engine's queue and into
+    `reads` (the reads under way, one chunk a turn: run_one_chunk); `die`
+    makes every later submit and call fail at once; `answer_unrun` answers
+    what never ran when the thread stops."""
+
+    def __init__(self, max_queued: int):
+        self.max_queued = max_queued
+        self.queued = 0  # jobs submitted and not yet admitted or dropped
+        self.dead = False
+        self.reads: collections.deque[ModelCall] = collections.deque()
+        self._items: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+
+    def submit(self, job, parts: int) -> None:
+        """Queue `job`, whose events() count `parts` GroupDones; refused when
+        the thread is dead or MILLM_MAX_QUEUED jobs already wait."""
+        with self._lock:
+            if self.dead:
+                raise thread_died()
+            if self.queued >= self.max_queued:
+                raise queue_full(self.max_queued)
+            self.queued += 1
+        job.parts = parts  # before the job is queued: the thread may read it at once
+        self._items.put(job)
+
+    def call(self, fn) -> asyncio.Future:
+        """Run fn(ctx) on the model thread (a ModelCall); await the returned future."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:
+            if self.dead:
+                future.set_exception(thread_died())
+                return future
+        self._items.put(ModelCall(fn, future, loop))
+        return future
+
+    def dequeued(self, count: int = 1) -> None:
+        with self._lock:
+            self.queued -= count
+
+    def take(self, add_job: Callable[[object], None], block: bool) -> bool:
+        """Move every job (to `add_job`) and read (to `reads`) that came,
+        waiting for one first when `block` (the thread has nothing else to
+        do); False once the thread was asked to stop."""
         try:
-            item = inbox.get_nowait()
+            item = self._items.get(block=block)
+            while item is not None:
+                if isinstance(item, ModelCall):
+                    self.reads.append(item)
+                else:
+                    add_job(item)
+                item = self._items.get_nowait()
+            return False
         except queue.Empty:
-            return
-        if isinstance(item, ModelCall):
-            item.drop()
-            item._hand_back(None, error)
-        elif item is not None:
-            item.fail_from_thread(error)
+            return True
+
+    def close(self) -> None:
+        """Ask the thread to stop (its loop sees it at its next take)."""
+        self._items.put(None)
+
+    def die(self) -> None:
+        with self._lock:
+            self.dead = True
+
+    def answer_unrun(self, error: EngineError | None = None) -> None:
+        """When the thread stops (an unload that ran out of patience, or its
+        death), what never ran is answered rather than left waiting forever:
+        the reads under way and those queued get `error` (model_busy by
+        default), the queued jobs fail with it."""
+        error = error or EngineError(
+            "model_busy", "The model was unloaded before this request ran; retry.", "model")
+        for call in self.reads:
+            call.drop()
+            call._hand_back(None, error)
+        self.reads.clear()
+        while True:
+            try:
+                item = self._items.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, ModelCall):
+                item.drop()
+                item._hand_back(None, error)
+            elif item is not None:
+                item.fail_from_thread(error)
 
 
 _death_listeners: list = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from service.engines.transformers.admission import SchedulerLimits
+from service.engines.admission import SchedulerLimits
 
 MIB = 1024 * 1024
 

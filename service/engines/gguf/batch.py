@@ -22,17 +22,21 @@ goes on while they run. Seeded and unseeded rows together never outnumber
 the slots.
 
 A request's n choices are parts of their own, sharing the prompt's cells
-where they start together, and one request holds at most half the slots
-(engines/gguf/forks.py).
+where they start together (engines/gguf/forks.py). Which waiting request
+starts a part next is the fair-admission rule both engines share
+(engines/admission.py): one request holds at most its share of the slots
+(MILLM_MAX_ROWS_PER_REQUEST, by default half), one whose cells do not fit yet
+lets later ones pass for MILLM_ADMISSION_AGING_S, and serial batching runs
+one request at a time.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from dataclasses import dataclass
 
 from service.engines import faults
+from service.engines.admission import FairTurns, SchedulerLimits, Waiting
 from service.engines.gguf import forks
 from service.engines.gguf.lanes import Lanes
 from service.engines.gguf.slots import Row, Slot, Slots, step_batch, take_token
@@ -47,12 +51,6 @@ from service.text_output import ByteLevelDetokenizer, StopMatcher
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Waiting:
-    job: GenerationJob
-    groups: collections.deque
-
-
 class Runner:
     """The GGUF model thread's generation work: admission into slots and
     lanes, one decode per step for the shared batch and one per lane,
@@ -61,12 +59,16 @@ class Runner:
     `new_row_tools(spec, seed)` gives a row its (sampler chain, grammar mask);
     `lanes` opens and keeps the seeded lanes; `counts` is the engine's
     counters (taken under its lock); a job whose reader leaves its events
-    untaken for `stall_s` is abandoned."""
+    untaken for `stall_s` is abandoned; `limits` are the admission settings
+    (engines/admission.py), their batch being the slots."""
 
     def __init__(self, ctx, batch, n_batch: int, slots: Slots, lanes: Lanes,
                  eog: frozenset[int], new_row_tools, token_bytes: list[bytes], counts,
-                 stall_s: float = 30.0, steerer=None, steer=None):
+                 stall_s: float = 30.0, steerer=None, steer=None,
+                 limits: SchedulerLimits | None = None):
         self.ctx, self.batch, self.n_batch, self.stall_s = ctx, batch, n_batch, stall_s
+        self.limits = limits or SchedulerLimits()
+        self.share = self.limits.rows_per_request(len(slots.slots))  # rows one request holds
         # engines/gguf/steering.py: the model's Steerer and the shared context's
         # tables (None where the model cannot be steered).
         self.steerer, self.steer = steerer, steer
@@ -97,7 +99,7 @@ class Runner:
         prompt may reuse) only when `keep_cells`. A lane is emptied before its
         next use anyway."""
         row.slot.row = None
-        if not keep_cells and not self.lanes.owns(row.slot):
+        if (not keep_cells or not self.slots.keep_prefixes) and not self.lanes.owns(row.slot):
             self.forget(row.slot, 0)
 
     def clear_idle(self) -> int:
@@ -132,79 +134,94 @@ class Runner:
                 self._end(row.job, "cancelled")
 
     def admit(self) -> None:
-        """Start waiting parts, oldest request under its fair share first,
-        while the rows are fewer than the slots: a seeded part in a lane of
-        its own, any other in the shared slot holding the longest prefix of
-        its prompt (or following a sibling choice: engines/gguf/forks.py),
-        once the cells it needs fit."""
+        """Start waiting parts in the order, and within the share, of the
+        shared fair-admission rule (engines/admission.py) while the rows are
+        fewer than the slots."""
         self.lanes.release_free()
-        share = forks.fair_share(len(self.slots.slots))
-        while len(self.rows) < len(self.slots.slots):
-            waiting = forks.next_turn(self.waiting, self.rows, share)
-            if waiting is None:
-                return
-            job, group = waiting.job, waiting.groups[0]
-            seeded = job.spec.seed is not None
-            slot, same = None, 0
-            steer = (self.steerer.row(job.spec, job.monitor, len(group.prompt_ids))
-                     if self.steerer is not None else None)
-            key = plan_key(job.spec.steering)
-            if job.monitor is not None:  # its prefix must come with its probes' scores
-                key = (key, monitor_key(job.monitor))
-            # A row that reads its prompt's activations evaluates the prompt itself.
-            leader = (None if seeded or (steer is not None and steer.reads_prompt)
-                      else self.forks.leader_for(job, group, self.slots.rows))
-            if not seeded:
-                picked = self.slots.pick(group.prompt_ids, key,
-                                         fresh=steer is not None and steer.reads_prompt)
-                if picked is None:
+        if not self.waiting:
+            return
+        held = collections.Counter(id(row.job) for row in self.rows)
+        turns = FairTurns(self.limits, self.share, held, self.groups_left)
+        for waiting in turns.order(self.waiting):
+            while waiting.groups and turns.allows(waiting.job, 1):
+                if len(self.rows) >= len(self.slots.slots):
+                    return  # every slot runs a row
+                started = self._start(waiting)
+                if started is None:
                     return
-                slot, same = picked
-                if leader is not None:
-                    same = 0  # its cells will be the leader's: it keeps none of its own
-                if same and job.monitor is not None:
-                    self.steer.flush()  # the slot's last scores may still be unscored
-                    if not replay_scores(slot.scores, job.monitor, same):
-                        same = 0
-                need = len(group.prompt_ids) - same + group.max_tokens
-                running = self.slots.rows
-                if not self.slots.fits(need, slot, same):
-                    for other in self.slots.slots:  # idle prefixes give their cells back
-                        if other.row is None and other is not slot and other.tokens:
-                            self.forget(other, 0)
-                    if not self.slots.fits(need, slot, same) and running:
-                        return  # waits for running rows to leave
-                self.forget(slot, same)
-            waiting.groups.popleft()
-            if not waiting.groups:
-                self.waiting.remove(waiting)
-                self.counts("waiting", -1)
-            if id(job) not in self.groups_left:
-                self.groups_left[id(job)] = job.parts or len(job.spec.groups)
-                self.counts("running", 1)
-            try:
-                sampler, mask = self.new_row_tools(job.spec, group.row_seeds[0] & 0xFFFFFFFF)
-            except Exception:
-                log.exception("a row could not be set up; its request fails alone")
-                self.fail_job(job, internal_error())
-                continue
-            if seeded:
-                try:
-                    slot = self.lanes.take().slot
-                except Exception:
-                    log.exception("a seeded lane could not be opened; its request fails alone")
-                    self.fail_job(job, out_of_memory())
-                    continue
-            self.counts("cache_hits", same)
-            self.slots.clock += 1
-            slot.used = self.slots.clock
-            slot.key = key
-            pending = [] if leader is not None else list(group.prompt_ids[same:])
-            slot.row = Row(job, group, slot, sampler, mask, pending, same,
-                           ByteLevelDetokenizer(self.token_bytes), StopMatcher(job.spec.stop),
-                           steer=steer)
+                if not started:
+                    break  # its cells do not fit yet (or it failed alone)
+                turns.took(waiting.job, 1)
+
+    def _start(self, waiting: Waiting) -> bool | None:
+        """Start the next part of `waiting`: a seeded part in a lane of its
+        own, any other in the shared slot holding the longest prefix of its
+        prompt (or following a sibling choice: engines/gguf/forks.py), once
+        the cells it needs fit. True: it runs; False: its cells do not fit
+        beside the running rows yet, or it failed alone; None: no slot is free."""
+        job, group = waiting.job, waiting.groups[0]
+        seeded = job.spec.seed is not None
+        slot, same = None, 0
+        steer = (self.steerer.row(job.spec, job.monitor, len(group.prompt_ids))
+                 if self.steerer is not None else None)
+        key = plan_key(job.spec.steering)
+        if job.monitor is not None:  # its prefix must come with its probes' scores
+            key = (key, monitor_key(job.monitor))
+        # A row that reads its prompt's activations evaluates the prompt itself.
+        leader = (None if seeded or (steer is not None and steer.reads_prompt)
+                  else self.forks.leader_for(job, group, self.slots.rows))
+        if not seeded:
+            picked = self.slots.pick(group.prompt_ids, key,
+                                     fresh=steer is not None and steer.reads_prompt)
+            if picked is None:
+                return None
+            slot, same = picked
             if leader is not None:
-                self.forks.follow(leader, slot.row)
+                same = 0  # its cells will be the leader's: it keeps none of its own
+            if same and job.monitor is not None:
+                self.steer.flush()  # the slot's last scores may still be unscored
+                if not replay_scores(slot.scores, job.monitor, same):
+                    same = 0
+            need = len(group.prompt_ids) - same + group.max_tokens
+            running = self.slots.rows
+            if not self.slots.fits(need, slot, same):
+                for other in self.slots.slots:  # idle prefixes give their cells back
+                    if other.row is None and other is not slot and other.tokens:
+                        self.forget(other, 0)
+                if not self.slots.fits(need, slot, same) and running:
+                    return False  # waits for running rows to leave
+            self.forget(slot, same)
+        waiting.groups.popleft()
+        if not waiting.groups:
+            self.waiting.remove(waiting)
+            self.counts("waiting", -1)
+        if id(job) not in self.groups_left:
+            self.groups_left[id(job)] = job.parts or len(job.spec.groups)
+            self.counts("running", 1)
+        try:
+            sampler, mask = self.new_row_tools(job.spec, group.row_seeds[0] & 0xFFFFFFFF)
+        except Exception:
+            log.exception("a row could not be set up; its request fails alone")
+            self.fail_job(job, internal_error())
+            return False
+        if seeded:
+            try:
+                slot = self.lanes.take().slot
+            except Exception:
+                log.exception("a seeded lane could not be opened; its request fails alone")
+                self.fail_job(job, out_of_memory())
+                return False
+        self.counts("cache_hits", same)
+        self.slots.clock += 1
+        slot.used = self.slots.clock
+        slot.key = key
+        pending = [] if leader is not None else list(group.prompt_ids[same:])
+        slot.row = Row(job, group, slot, sampler, mask, pending, same,
+                       ByteLevelDetokenizer(self.token_bytes), StopMatcher(job.spec.stop),
+                       steer=steer)
+        if leader is not None:
+            self.forks.follow(leader, slot.row)
+        return True
 
     # -- one step -----------------------------------------------------------------------
 

@@ -21,13 +21,12 @@ template and tokenization are engines/gguf/vocab.py's.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
-import queue
 import threading
 
 from service.engines import faults
+from service.engines.admission import SchedulerLimits
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.batch import Runner
 from service.engines.gguf.constraint import GrammarMask
@@ -39,15 +38,9 @@ from service.engines.gguf.sampling import sampler_chain
 from service.engines.gguf.slots import Slots
 from service.engines.gguf.steering import new_steerer, reachable
 from service.engines.gguf.vocab import GgufVocab
-from service.engines.model_thread import (
-    ModelCall,
-    answer_unrun,
-    own_torch_threads,
-    report_death,
-    run_one_chunk,
-)
+from service.engines.model_thread import Inbox, own_torch_threads, report_death, run_one_chunk
 from service.engines.scores import score_logits
-from service.errors import EngineError, batch_reset, queue_full, thread_died
+from service.errors import EngineError, batch_reset, thread_died
 from service.formats.base import CLOSED
 from service.generation.job import GenerationJob
 from service.generation.reasoning import CloseWatch
@@ -62,15 +55,22 @@ _DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 class GgufEngine(GgufVocab, Engine):
     kind = GGUF
 
-    def __init__(self, entry, kv: KvPlan, threads: int = 1, max_queued: int = 256,
-                 stall_s: float = 30.0, flash_attn: bool = False):
+    def __init__(self, entry, kv: KvPlan, threads: int = 1, flash_attn: bool = False,
+                 limits: SchedulerLimits | None = None, prefix_cache_tokens: int = 32768):
         super().__init__(entry)
         self.threads = threads
         self.flash_attn = flash_attn  # every context of the model: generation, lanes, reads
-        self.kv = kv  # the slots and window, sized to memory (engines/gguf/kv_plan.py)
+        # The slots and window, sized to memory (engines/gguf/kv_plan.py); the
+        # slots are at most MILLM_MAX_BATCH (engines/kinds.py).
+        self.kv = kv
         self.slots = kv.slots
-        self.max_queued = max_queued
-        self.stall_s = stall_s
+        # Admission as on the transformers engine (engines/admission.py), over the slots.
+        self.limits = limits or SchedulerLimits()
+        self.max_queued = self.limits.max_queued
+        self.stall_s = self.limits.stall_s
+        # 0: no prompt reuses a slot's cells (the slots' cells are reserved at
+        # load whatever the budget, so a positive one changes nothing here).
+        self.keep_prefixes = prefix_cache_tokens > 0
         self.llm = None
         self._readers: Readers | None = None
         self.info: LoadedModel | None = None
@@ -83,21 +83,19 @@ class GgufEngine(GgufVocab, Engine):
         self._control: frozenset[int] = frozenset()
         self._control_char_ids: list[int] = []
         self._grammars: GrammarCache | None = None
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._waiting = 0
+        # Jobs and reads in, from the event loop (engines/model_thread.py).
+        self._inbox = Inbox(self.limits.max_queued)
+        self._lock = threading.Lock()  # the counters status() reports
         self._running = 0
         self._generated = self._completed = self._cancelled = self._failed = 0
         self._cache_hits = 0
         self._runner: Runner | None = None
-        self._reads: collections.deque[ModelCall] = collections.deque()  # chunked reads
         self._ctx = self._batch = None  # the generation context and its batch
         # Per-row steering (engines/gguf/steering.py); None: this model is not steerable.
         self._steerer = None
         self._ctx_steer = None  # the generation context's callback tables (kept alive)
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._dead = False
 
     # -- loading and tokenization -------------------------------------------------
 
@@ -158,9 +156,10 @@ class GgufEngine(GgufVocab, Engine):
         model = self.llm._model.model
         whole_only = bool(lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
         self._runner = Runner(self._ctx, self._batch, n_batch,
-                              Slots(self.slots, cells, whole_only), lanes,
+                              Slots(self.slots, cells, whole_only, self.keep_prefixes), lanes,
                               self._eog, self._row_tools, self._token_bytes, self._count,
-                              self.stall_s, steerer, self._ctx_steer if steerer else None)
+                              self.stall_s, steerer, self._ctx_steer if steerer else None,
+                              self.limits)
 
     @property
     def capabilities(self):
@@ -181,33 +180,22 @@ class GgufEngine(GgufVocab, Engine):
         self._thread.start()
 
     def submit(self, job: GenerationJob) -> None:
-        with self._lock:
-            if self._dead:
-                raise thread_died()
-            if self._waiting >= self.max_queued:
-                raise queue_full(self.max_queued)
-            self._waiting += 1
-        # Before the job is queued: its events() counts one GroupDone a choice.
-        job.parts = part_count(job.spec.groups)
-        self._inbox.put(job)
+        # Its events() count one GroupDone a choice.
+        self._inbox.submit(job, part_count(job.spec.groups))
 
     def _call(self, fn):
         """Run fn(engine) on the model thread; await the returned future."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        with self._lock:
-            if self._dead:
-                future.set_exception(thread_died())
-                return future
-        self._inbox.put(ModelCall(fn, future, loop))
-        return future
+        return self._inbox.call(fn)
 
-    _COUNTERS = {"waiting": "_waiting", "running": "_running", "generated": "_generated",
+    _COUNTERS = {"running": "_running", "generated": "_generated",
                  "cache_hits": "_cache_hits", "done": "_completed", "cancelled": "_cancelled",
                  "failed": "_failed"}
 
     def _count(self, what: str, amount: int) -> None:
         """Move one of the counters status() reports (the runner's only way in)."""
+        if what == "waiting":
+            self._inbox.dequeued(-amount)
+            return
         attribute = self._COUNTERS[what]
         with self._lock:
             setattr(self, attribute, getattr(self, attribute) + amount)
@@ -220,27 +208,24 @@ class GgufEngine(GgufVocab, Engine):
             # A row's or a read's own failures are handled where they happen;
             # this is the thread itself.
             log.critical("GGUF model thread died; the engine stops serving", exc_info=True)
-            with self._lock:
-                self._dead = True
+            self._inbox.die()
             error = thread_died()
             self._runner.fail_all(error)
-            for call in self._reads:
-                self._inbox.put(call)
-            answer_unrun(self._inbox, error)
+            self._inbox.answer_unrun(error)
             report_death()
             return
         # Whatever still waits or runs is cancelled; its callers see the engine go.
         self._runner.stop()
-        for call in self._reads:
-            self._inbox.put(call)
-        answer_unrun(self._inbox)
+        self._inbox.answer_unrun()
 
     def _serve(self, runner: Runner) -> None:
         """Each turn: take the inbox, drop what callers left, one chunk of the
         oldest read (reads take turns between decode steps), admit, one step."""
-        while not self._stopping and self._take_inbox(runner):
+        inbox = self._inbox
+        while not self._stopping and inbox.take(
+                runner.add, block=not runner.waiting and not runner.rows and not inbox.reads):
             runner.drop_cancelled()
-            run_one_chunk(self._reads, self)
+            run_one_chunk(inbox.reads, self)
             faults.hit("turn")
             try:
                 runner.admit()
@@ -250,22 +235,6 @@ class GgufEngine(GgufVocab, Engine):
                 log.exception("GGUF model thread: a turn failed in shared batch state; "
                               "failing the running rows")
                 runner.fail_running(batch_reset())
-
-    def _take_inbox(self, runner: Runner) -> bool:
-        """Queue the reads and jobs the inbox holds, waiting for one while there
-        is nothing to do; False once shutdown is asked."""
-        idle = not runner.waiting and not runner.rows and not self._reads
-        try:
-            item = self._inbox.get(block=idle)
-            while item is not None:
-                if isinstance(item, ModelCall):
-                    self._reads.append(item)
-                else:
-                    runner.add(item)
-                item = self._inbox.get_nowait()
-            return False
-        except queue.Empty:
-            return True
 
     def _row_tools(self, spec, seed: int):
         """A row's sampler chain and grammar mask. Control tokens other than
@@ -326,9 +295,9 @@ class GgufEngine(GgufVocab, Engine):
             shared = len(slots.rows) if slots is not None else 0
             lanes = len(runner.lanes.running()) if runner is not None else 0
             return EngineStatus(
-                backend="gguf/continuous-batching",
+                backend="gguf/" + ("serial" if self.limits.serial else "continuous-batching"),
                 active_generations=self._running,
-                queued_requests=self._waiting,
+                queued_requests=self._inbox.queued,
                 generated_tokens_total=self._generated,
                 completed_generations_total=self._completed,
                 cancelled_generations_total=self._cancelled,
@@ -344,7 +313,7 @@ class GgufEngine(GgufVocab, Engine):
 
     def shutdown(self) -> None:
         self._stopping = True
-        self._inbox.put(None)
+        self._inbox.close()
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self._readers is not None:

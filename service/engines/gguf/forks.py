@@ -22,15 +22,14 @@ promise: choice j of a seeded request depends on the seed and j only, not on
 n nor on what else runs (the same text as the same request with n = 1 for
 choice 0).
 
-Fair admission, as on the transformers engine (engines/transformers/
-admission.py): one request holds at most half the slots at once, so a large
-n (or many prompts) never takes every slot; the oldest request under its
-share goes first.
+The parts are admitted by the rule both engines share (engines/admission.py):
+one request holds at most MILLM_MAX_ROWS_PER_REQUEST rows at once (by
+default half the slots), so a large n (or many prompts) never takes every
+slot; the oldest request under its share goes first.
 """
 
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass
 
 from service.requests.generation import PromptGroup
@@ -62,17 +61,6 @@ def parts(groups: tuple[PromptGroup, ...]) -> list[PromptGroup]:
 def part_count(groups: tuple[PromptGroup, ...]) -> int:
     """How many parts (GroupDone events) a request's groups make."""
     return sum(group.n for group in groups)
-
-
-def fair_share(slots: int) -> int:
-    """Rows one request may hold at once."""
-    return max(1, slots // 2)
-
-
-def next_turn(waiting, rows, share: int):
-    """The oldest waiting request still under its share of rows, or None."""
-    held = collections.Counter(id(row.job) for row in rows)
-    return next((w for w in waiting if held[id(w.job)] < share), None)
 
 
 class Forks:

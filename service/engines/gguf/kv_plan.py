@@ -119,7 +119,8 @@ def plan(cost: CellCost, trained: int, slots: int, budget: int, context: int = 0
         if fits(window, slots):
             return made(window, slots, "MILLM_GGUF_CONTEXT")
         return made(window, slots, "MILLM_GGUF_CONTEXT", refusal=(
-            f"MILLM_GGUF_CONTEXT={context} with MILLM_GGUF_SLOTS={slots} needs about "
+            f"MILLM_GGUF_CONTEXT={context} with {slots} slots (MILLM_GGUF_SLOTS, at most "
+            f"MILLM_MAX_BATCH) needs about "
             f"{engine_bytes(cost, window, slots) / MIB:.0f} MiB of KV cache and attention "
             f"buffers, more than the {budget / MIB:.0f} MiB it may use; set a shorter "
             "context, fewer slots, or leave MILLM_GGUF_CONTEXT unset to size it to memory"))

@@ -73,10 +73,14 @@ def common_prefix(a: list[int], b: tuple[int, ...], limit: int) -> int:
 class Slots:
     """The sequences of the batch context, and which row runs in each."""
 
-    def __init__(self, count: int, cells: int, whole_only: bool = False):
+    def __init__(self, count: int, cells: int, whole_only: bool = False,
+                 keep_prefixes: bool = True):
         self.slots = [Slot(i) for i in range(count)]
         self.cells = cells
         self.clock = 0
+        # False (MILLM_PREFIX_CACHE_TOKENS=0): no prompt reuses a slot's cells,
+        # and a row's cells are dropped when it leaves.
+        self.keep_prefixes = keep_prefixes
         # A recurrent (Mamba, RWKV) or hybrid model's state cannot be cut back
         # to a position (llama_memory_seq_rm refuses): a slot is reused only
         # when the prompt continues everything it holds.
@@ -104,7 +108,7 @@ class Slots:
             return None
 
         def keeps(s: Slot) -> int:
-            if fresh or s.key != key:
+            if fresh or s.key != key or not self.keep_prefixes:
                 return 0
             same = common_prefix(s.tokens, prompt, min(len(s.tokens), len(prompt) - 1))
             return 0 if self.whole_only and same < len(s.tokens) else same

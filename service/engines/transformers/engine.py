@@ -17,6 +17,7 @@ import torch
 import xgrammar
 
 from service.chat_template import CHATML, render_folding_system
+from service.engines.admission import SchedulerLimits
 from service.engines.base import (
     Engine,
     EngineCapabilities,
@@ -24,7 +25,6 @@ from service.engines.base import (
     LoadedModel,
 )
 from service.engines.transformers import decode_mask, grouped_query, kv, reading
-from service.engines.transformers.admission import SchedulerLimits
 from service.engines.transformers.architecture import LayersNotFound, decoder_layers
 from service.engines.transformers.batch import ModelContext
 from service.engines.transformers.packed_linear import AUTO, pack_linears

@@ -14,13 +14,12 @@ sequences or lengths. A seeded group gets a lane of its own and never reads
 the prefix cache, so its forward passes hold nothing but its own rows: its
 text depends on the request alone, which is what SEED_SCOPE_REQUEST promises.
 
-Admission is fair rather than first-in-first-out. One request holds at most
-`max_rows_per_request` rows at once: a larger n, or many prompts, run in parts
-(a group's rows split, each part prefilled from the prefix cache the first one
-filled) as its own rows finish, so the rest of the batch stays open to others.
-A request that does not fit yet lets later ones pass it, but only for
-`aging_s`: after that nothing passes it until it has started, so a large
-request is never starved by a stream of small ones.
+Admission is fair rather than first-in-first-out, by the rule both engines
+share (engines/admission.py): one request holds at most
+`max_rows_per_request` rows at once, so a larger n, or many prompts, run in
+parts (here a group's rows split, each part prefilled from the prefix cache
+the first one filled) as its own rows finish; a request that does not fit the
+free rows yet lets later ones pass it, but only for `aging_s`.
 
 The thread is supervised. A part whose prefill fails is retried alone when it
 was prefilled with others, so only the part that cannot run fails (503
@@ -39,23 +38,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import queue
 import threading
-import time
 
 import torch
 
 from service.engines import faults
+from service.engines.admission import FairTurns, SchedulerLimits, Waiting
 from service.engines.base import EngineStatus
 from service.engines.model_thread import (
-    ModelCall,
-    answer_unrun,
+    Inbox,
     failure_of,
     own_torch_threads,
     report_death,
     run_one_chunk,
 )
-from service.engines.transformers.admission import SchedulerLimits, Waiting, split_parts
+from service.engines.transformers.admission import split_parts
 from service.engines.transformers.batch import GroupProgress, ModelContext, Prefilled, Row
 from service.engines.transformers.delivery import step_posts
 from service.engines.transformers.lane import Lane
@@ -65,7 +62,6 @@ from service.errors import (
     EngineError,
     batch_reset,
     internal_error,
-    queue_full,
     thread_died,
 )
 from service.generation.job import GenerationJob, GroupFailed
@@ -77,10 +73,10 @@ class Scheduler:
     def __init__(self, ctx: ModelContext, limits: SchedulerLimits, prefix_cache: PrefixCache):
         self.ctx, self.limits, self.prefix_cache = ctx, limits, prefix_cache
         self.backend = "transformers/" + ("serial" if limits.serial else "continuous-batching")
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        # Jobs and reads (scoring, embeddings, attaching an SAE) in, from the
+        # event loop (engines/model_thread.py); the jobs wait here until admitted.
+        self._inbox = Inbox(limits.max_queued)
         self._waiting: collections.deque[Waiting] = collections.deque()
-        # Reads (scoring, embeddings, attaching an SAE) under way: one chunk a turn.
-        self._reads: collections.deque[ModelCall] = collections.deque()
         self._shared = Lane(ctx)
         self._isolated: list[Lane] = []
         # Admitted prompts being computed (a lone part that fails fails its request).
@@ -88,10 +84,8 @@ class Scheduler:
                                   lambda job, exc: self._fail(job, failure_of(exc)))
         self._groups_left: dict[int, int] = {}  # id(job) -> groups not yet done, once admitted
         self._lock = threading.Lock()
-        self._submitted = 0  # jobs in the inbox or waiting
         self._generated = self._completed = self._cancelled = self._failed = 0
         self._stopping = False
-        self._dead = False
         self._thread = threading.Thread(target=self._run, name="millm-model", daemon=True)
 
     # -- called from the event loop ---------------------------------------------------
@@ -101,29 +95,16 @@ class Scheduler:
 
     def stop(self) -> None:
         self._stopping = True
-        self._inbox.put(None)
+        self._inbox.close()
         self._thread.join(timeout=10)
 
     def submit(self, job: GenerationJob) -> None:
-        with self._lock:
-            if self._dead:
-                raise thread_died()
-            if self._submitted >= self.limits.max_queued:
-                raise queue_full(self.limits.max_queued)
-            self._submitted += 1
-        # Before the job is queued: its events() counts the parts' GroupDones.
-        job.parts = len(split_parts(job.spec.groups, self.limits.request_rows))
-        self._inbox.put(job)
+        # Its events() count the parts' GroupDones.
+        self._inbox.submit(job, len(split_parts(job.spec.groups, self.limits.request_rows)))
 
     def call(self, fn) -> asyncio.Future:
         """Run fn(ctx) on the model thread; await the returned future."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        if self._dead:
-            future.set_exception(thread_died())
-            return future
-        self._inbox.put(ModelCall(fn, future, loop))
-        return future
+        return self._inbox.call(fn)
 
     def status(self) -> EngineStatus:
         with self._lock:
@@ -132,7 +113,7 @@ class Scheduler:
             return EngineStatus(
                 backend=self.backend,
                 active_generations=len(self._groups_left),
-                queued_requests=self._submitted,
+                queued_requests=self._inbox.queued,
                 generated_tokens_total=self._generated,
                 completed_generations_total=self._completed,
                 cancelled_generations_total=self._cancelled,
@@ -167,15 +148,14 @@ class Scheduler:
             return
         for waiting in self._waiting:
             waiting.job.cancelled.set()
-        for call in self._reads:
-            self._inbox.put(call)
-        answer_unrun(self._inbox)
+        self._inbox.answer_unrun()
 
     def _turn(self) -> None:
-        self._take_inbox()
+        self._inbox.take(self._queue_job, block=not self._waiting and not self._inbox.reads
+                         and self._running_rows() == 0)
         with self._lock:
             self._drop_cancelled()
-        run_one_chunk(self._reads, self.ctx)
+        run_one_chunk(self._inbox.reads, self.ctx)
         faults.hit("turn")
         self._admit()
         for isolated, new in self._prefills.turn():
@@ -199,15 +179,12 @@ class Scheduler:
 
     def _die(self) -> None:
         """The thread cannot go on: answer everything, refuse new work, tell the server."""
-        with self._lock:
-            self._dead = True
+        self._inbox.die()
         error = thread_died()
         for job in [*self._running_jobs(), *(w.job for w in self._waiting)]:
             self._fail(job, error)
         self._waiting.clear()
-        for call in self._reads:
-            self._inbox.put(call)
-        answer_unrun(self._inbox, error)
+        self._inbox.answer_unrun(error)
         report_death()
 
     def _running_rows(self) -> int:
@@ -215,19 +192,9 @@ class Scheduler:
         return (len(self._shared.rows) + sum(len(lane.rows) for lane in self._isolated)
                 + self._prefills.rows())
 
-    def _take_inbox(self) -> None:
-        idle = not self._waiting and not self._reads and self._running_rows() == 0
-        try:
-            item = self._inbox.get(block=idle)
-            while item is not None:
-                if isinstance(item, ModelCall):
-                    self._reads.append(item)
-                else:
-                    parts = split_parts(item.spec.groups, self.limits.request_rows)
-                    self._waiting.append(Waiting(item, collections.deque(parts)))
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            pass
+    def _queue_job(self, job: GenerationJob) -> None:
+        parts = split_parts(job.spec.groups, self.limits.request_rows)
+        self._waiting.append(Waiting(job, collections.deque(parts)))
 
     def _end_job(self, job: GenerationJob, outcome: str) -> None:
         """Count a job once, when it ends: "done", "cancelled" or "failed". Lock held."""
@@ -246,7 +213,7 @@ class Scheduler:
         for waiting in [w for w in self._waiting if w.job.cancelled.is_set()]:
             # The caller left while it waited: drop it without running it.
             self._waiting.remove(waiting)
-            self._submitted -= 1
+            self._inbox.dequeued()
             self._end_job(waiting.job, "cancelled")
         for lane in [self._shared, *self._isolated]:
             gone = [r.job for r in lane.rows if r.job.cancelled.is_set()]
@@ -259,40 +226,36 @@ class Scheduler:
             self._end_job(job, "cancelled")
 
     def _admit(self) -> None:
-        """Admit waiting parts while the batch has room (module docstring: the
-        per-request share and aging). Unseeded parts with nothing cached are
-        prefilled together, up to a chunk of prompt tokens; a part with a
-        cached prefix, or a seeded one, is prefilled on its own."""
+        """Admit waiting parts while the batch has room, in the order and
+        within the share engines/admission.py gives (FairTurns). Unseeded
+        parts with nothing cached are prefilled together, up to a chunk of
+        prompt tokens; a part with a cached prefix, or a seeded one, is
+        prefilled on its own."""
         if not self._waiting:
             return  # every decode turn comes here: nothing to count when nothing waits
         together: list[GroupProgress] = []
         room = self.limits.max_batch - self._running_rows()
-        share = self.limits.request_rows
         held = collections.Counter(id(r.job) for lane in [self._shared, *self._isolated]
                                    for r in lane.rows)
         for progress in (p for prefill in self._prefills.items for p in prefill.progresses):
             held[id(progress.job)] += progress.group.n
-        now = time.monotonic()
-        for waiting in list(self._waiting):
+        turns = FairTurns(self.limits, self.limits.request_rows, held, self._groups_left)
+        for waiting in turns.order(self._waiting):
             job = waiting.job
-            if self.limits.serial and self._groups_left and id(job) not in self._groups_left:
-                break
             while waiting.groups:
                 group, continuation = waiting.groups[0]
                 busy = self._running_rows() > 0 or together
-                if not self.limits.serial and (
-                        (busy and group.n > room) or (held[id(job)] and
-                                                      held[id(job)] + group.n > share)):
+                if not turns.allows(job, group.n, room=not busy or group.n <= room):
                     break
                 waiting.groups.popleft()
-                job.admitted_at = job.admitted_at or now
+                job.admitted_at = job.admitted_at or turns.now
                 room -= group.n
-                held[id(job)] += group.n
+                turns.took(job, group.n)
                 with self._lock:
                     self._groups_left.setdefault(id(job), job.parts or len(job.spec.groups))
                     if not waiting.groups:
                         self._waiting.remove(waiting)
-                        self._submitted -= 1
+                        self._inbox.dequeued()
                 try:
                     faults.hit("admit")
                     progress = GroupProgress(job, group, rows_left=group.n,
@@ -314,8 +277,6 @@ class Scheduler:
                             >= self.limits.prefill_chunk):
                         self._prefills.start(together, isolated=False)
                         together = []
-            if waiting.groups and not held[id(job)] and now - waiting.since >= self.limits.aging_s:
-                break  # it has waited long enough: rows now free up for it alone
         if together:
             self._prefills.start(together, isolated=False)
 
