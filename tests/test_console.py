@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import urllib.parse
 
 import openai
 import pytest
@@ -109,11 +110,27 @@ def snap(driver, shots: pathlib.Path, name: str) -> None:
     driver.save_screenshot(str(shots / f"{name}.png"))
 
 
-def train_feature(stack) -> int:
-    """The layer-0 feature whose strongest tokens hold ' train' most often."""
+def search_word(stack) -> str:
+    """' train' where the layer-0 records name a feature that fires on it
+    (the shipped build's do); on another build, the strongest token of the
+    feature that fires most often, so the page's search has a hit on any
+    build."""
     page = json.loads(stack.api("GET", f"/api/saes/{L0}/features?query=train&limit=256").text)
+    if any(t["token"].strip() == "train" for f in page["features"] for t in f["top_tokens"]):
+        return "train"
+    page = json.loads(stack.api("GET", f"/api/saes/{L0}/features?limit=256").text)
+    densest = max(page["features"], key=lambda f: f["density"])
+    return max(densest["top_tokens"], key=lambda t: t["count"])["token"].strip()
+
+
+def train_feature(stack) -> int:
+    """The layer-0 feature whose strongest tokens hold the search word
+    (' train' on the shipped build) most often."""
+    word = search_word(stack)
+    page = json.loads(stack.api(
+        "GET", f"/api/saes/{L0}/features?query={urllib.parse.quote(word)}&limit=256").text)
     return max(page["features"], key=lambda f: sum(
-        t["count"] for t in f["top_tokens"] if t["token"].strip() == "train"))["index"]
+        t["count"] for t in f["top_tokens"] if t["token"].strip() == word))["index"]
 
 
 def test_page_loads_and_takes_the_admin_key(stack, browser, shots):
@@ -138,18 +155,40 @@ def test_attaching_from_the_page_attaches_through_the_api(stack, browser, shots)
     assert saes[L0]["attached"] is True
     # The feature browser: what a feature fires on, searched by word.
     Select(browser.find_element(By.ID, "feature-sae")).select_by_value(L0)
-    fill(browser, "#feature-query", "train")
+    word = search_word(stack)
+    fill(browser, "#feature-query", word)
     browser.find_element(By.CSS_SELECTOR, "#feature-form button[type=submit]").click()
     feature = train_feature(stack)
     wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR,
                                                 f'.feature[data-feature="{feature}"]'))
     card = text(browser, f'.feature[data-feature="{feature}"]')
-    assert "train" in card and "of tokens" in card
+    assert word in card and "of tokens" in card
     snap(browser, shots, "02-features")
 
 
+def firing_feature(stack, text: str) -> int:
+    """The layer-0 feature that fires hardest on `text`, read before any
+    steering: active there by construction, on any build of the model."""
+    stack.api("POST", f"/api/saes/{L0}/attach")
+    reply = stack.api("POST", "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1,
+        "steering_intensity": "off", "return_sae_activations": {
+            "sae_id": L0, "positions": "prompt", "top_k": 1, "read_point": "pre_steering"}})
+    positions = json.loads(reply.text)["millm"]["sae_activations"]["positions"]
+    return max((p["features"][0] for p in positions if p["features"]),
+               key=lambda f: f["value"])["index"]
+
+
+def densest_feature(stack) -> int:
+    """The layer-0 feature that fires on the most tokens of the records: the
+    one most likely to light up a heat map of forty tokens, on any build."""
+    page = json.loads(stack.api("GET", f"/api/saes/{L0}/features?limit=256").text)
+    return max(page["features"], key=lambda f: f["density"])["index"]
+
+
 def test_a_profile_made_on_the_page_steers_an_sdk_request(stack, browser, shots):
-    feature = train_feature(stack)
+    read_text = "The train left."
+    feature = firing_feature(stack, read_text)
     tab(browser, "profiles")
     fill(browser, "#profile-name", "trains")
     browser.find_element(By.ID, "add-entry").click()
@@ -176,8 +215,8 @@ def test_a_profile_made_on_the_page_steers_an_sdk_request(stack, browser, shots)
     # (whether the story then mentions trains more is the model's business:
     # bench/steering_effect.py measures that).
     def read(point: str) -> list[float]:
-        # A prompt with the feature's own word, so it is active somewhere.
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "The train left."}],
+        # The text the feature was chosen on, so it is active somewhere.
+        body = {"model": MODEL, "messages": [{"role": "user", "content": read_text}],
                 "max_tokens": 1, "return_sae_activations": {
                     "sae_id": L0, "features": [feature], "positions": "prompt",
                     "read_point": point}}
@@ -196,7 +235,7 @@ def test_a_profile_made_on_the_page_steers_an_sdk_request(stack, browser, shots)
 
 
 def test_playground_shows_two_different_texts_and_a_heat_map(stack, browser, shots):
-    feature = train_feature(stack)
+    feature = densest_feature(stack)
     tab(browser, "playground")
     Select(browser.find_element(By.ID, "pg-sae")).select_by_value(L0)
     fill(browser, "#pg-features", f"{feature}, 31")

@@ -243,9 +243,13 @@ def test_a_vector_equal_to_a_features_direction_steers_exactly_as_the_feature(cl
     assert answer(clean, model, profile="vec")[0] == by_sae
     # The same float32 vector, added at the same place (the plans are equal
     # byte for byte: test_a_features_vector_makes_the_same_plan_as_the_feature):
-    # the same numbers, but for llama.cpp's run-to-run rounding.
+    # the same numbers on transformers; on GGUF, but for llama.cpp's run-to-run
+    # rounding, which its f16 K/V cache can turn into a half-ULP (4.9e-4
+    # relative) of a cached value when a prefix is reused (3.5e-4 absolute
+    # measured on one of three builds).
     by_sae_read = activations(clean, model, profile="sae")
-    assert close(activations(clean, model, profile="vec"), by_sae_read, 1e-6, 1e-5)
+    tolerance = (1e-3, 1e-3) if model.startswith("millm-tiny-gguf") else (1e-6, 1e-5)
+    assert close(activations(clean, model, profile="vec"), by_sae_read, *tolerance)
     assert not close(by_sae_read, activations(clean, model), 1e-2)
     # The dial scales a vector's scale as it scales a strength.
     half_sae, h1 = answer(clean, model, profile="sae", steering_intensity=0.5)

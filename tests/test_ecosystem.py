@@ -253,7 +253,10 @@ def test_langchain_json_mode(eco_stack, model):
         check_weather(report["output"])
     else:
         assert report["output"]["class"] == "NoneType"
-        assert report["parsing_error"] == "OutputParserException"
+        # Cut short, the openai SDK's parse refuses it before LangChain reads it.
+        assert report["parsing_error"] == ("LengthFinishReasonError"
+                                           if report["finish_reason"] == "length"
+                                           else "OutputParserException")
 
 
 @pytest.mark.parametrize(("library", "path"), [
@@ -282,10 +285,12 @@ def test_agent_calls_the_tool_then_answers(eco_stack, model, library, path, answ
     assert report["output"]["class"] == answer
     if "tool_outputs" in report:
         assert report["tool_outputs"] == [f"Sunny in {c}, 21 degrees." for c in cities]
+    # One model turn per call at most (calls made in parallel share one),
+    # then the answer after the results went back.
     if library == "agents":
-        assert report["turns"] == len(cities) + 1
+        assert 2 <= report["turns"] <= len(cities) + 1, report
     if library == "pydantic_ai":
-        assert report["requests"] == len(cities) + 1
+        assert 2 <= report["requests"] <= len(cities) + 1, report
 
 
 # -- the Responses API: the Node SDK, the Agents SDK's default model, pydantic-ai -----------

@@ -28,7 +28,6 @@ from tests.conftest import wait_until
 from tests.http_helpers import SseStream
 
 F32, Q8 = "millm-tiny-gguf:F32", "millm-tiny-gguf:Q8_0"
-MODELS = harness.ROOT / ".millm" / "models"
 PROMPTS = [
     "Tell me a story about the river.",
     "What does the miller do in the morning?",
@@ -171,7 +170,7 @@ def _direct_log_probabilities(path, ids) -> np.ndarray:
 @pytest.mark.parametrize("model", [F32, Q8])
 def test_scoring_equals_a_direct_llama_cpp_computation(gclient, model):
     quant = model.split(":")[1]
-    path = MODELS / "millm-tiny-gguf" / f"millm-tiny-gguf-{quant}.gguf"
+    path = harness.models_dir() / "millm-tiny-gguf" / f"millm-tiny-gguf-{quant}.gguf"
     prompt = "Every morning he opened the water"
     reply = gclient.completions.create(
         model=model, prompt=prompt, max_tokens=1, logprobs=3, echo=True, temperature=0,

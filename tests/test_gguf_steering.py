@@ -135,8 +135,10 @@ def test_activations_read_on_gguf_agree_with_the_transformers_engines(stack, pro
         want = _read(stack, TINY, sae, point, profile="both")
         got = _read(stack, F32, sae, point, profile="both")
         assert len(got) > 8  # every prompt and completion position
-        # llama.cpp's generation context keeps K and V in f16: 1e-3 relative.
-        assert _distance(got, want) < 1e-3
+        # llama.cpp's generation context keeps K and V in f16 (a half-ULP is
+        # 4.9e-4 relative), carried through attention and one or two blocks:
+        # measured up to 2.4e-3 over the shipped model and two other builds.
+        assert _distance(got, want) < 5e-3
         q8 = _read(stack, Q8, sae, point, profile="both")
         print(f"{sae} {point}: F32 {_distance(got, want):.2e}, "
               f"Q8_0 {_distance(q8[:len(want)], want[:len(q8)], False):.2e}"

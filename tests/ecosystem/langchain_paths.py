@@ -19,6 +19,7 @@ its object.
 
 from __future__ import annotations
 
+import openai
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -51,11 +52,16 @@ if path == "bind_tools":
 elif path in ("function_calling", "json_schema"):
     emit(output=model_report(llm.with_structured_output(Weather, method=path).invoke(PROMPT)))
 elif path == "json_mode":
-    result = llm.with_structured_output(Weather, method="json_mode",
-                                        include_raw=True).invoke(PROMPT)
-    emit(raw=result["raw"].content, output=model_report(result["parsed"]),
-         parsing_error=type(result["parsing_error"]).__name__ if result["parsing_error"]
-         else None, finish_reason=result["raw"].response_metadata.get("finish_reason"))
+    try:
+        result = llm.with_structured_output(Weather, method="json_mode",
+                                            include_raw=True).invoke(PROMPT)
+    except openai.LengthFinishReasonError as exc:  # cut short: the SDK's parse refuses it
+        emit(raw=exc.completion.choices[0].message.content, output=model_report(None),
+             parsing_error=type(exc).__name__, finish_reason="length")
+    else:
+        emit(raw=result["raw"].content, output=model_report(result["parsed"]),
+             parsing_error=type(result["parsing_error"]).__name__ if result["parsing_error"]
+             else None, finish_reason=result["raw"].response_metadata.get("finish_reason"))
 elif path == "n_choices":
     result = ChatOpenAI(model=model, base_url=base_url, api_key="unused", max_retries=0,
                         n=2, max_tokens=8, timeout=120).generate([[HumanMessage(PROMPT)]])
