@@ -18,7 +18,9 @@ original does, and keeps as much of its structure as the subset can say:
   of its branches, since xgrammar reads a union and ignores what sits beside
   it;
 - `prefixItems` (and draft-07 tuple `items`) become a union of the item
-  schemas; `patternProperties` become `additionalProperties` of their union;
+  schemas; `patternProperties` become `additionalProperties` of their union
+  (dropped where other properties are forbidden: a grammar cannot hold a
+  key's pattern, and a small model let loose on key names never stops);
 - every `$ref` inside the document (`#`, `#/definitions/..`, any pointer)
   becomes a `#/$defs/..` one, recursion included; a ref to elsewhere allows
   any value;
@@ -172,7 +174,7 @@ class _Relaxer:
         extra = node.get("additionalProperties", None)
         extra = self.node(extra, depth + 1) if isinstance(extra, dict | bool) else None
         patterns = node.get("patternProperties")
-        if isinstance(patterns, dict) and patterns:
+        if isinstance(patterns, dict) and patterns and extra is not False:
             values = [self.node(v, depth + 1) for v in patterns.values()]
             if extra is not None and extra is not False:
                 values.append(extra)
