@@ -210,7 +210,8 @@ def test_unknown_model_is_not_found(generation_stub):
 
 
 def test_context_length_message_gives_the_figures(generation_stub):
-    with pytest.raises(grpc.RpcError) as err:
-        list(generation_stub.Generate(chat_request(max_tokens=CONTEXT_WINDOW), timeout=30))
+    with pytest.raises(grpc.RpcError) as err:  # (strict: otherwise max_tokens is capped)
+        list(generation_stub.Generate(_strict(chat_request(max_tokens=CONTEXT_WINDOW)),
+                                      timeout=30))
     assert f"maximum context length is {CONTEXT_WINDOW} tokens" in err.value.details()
     assert f"{CONTEXT_WINDOW} in the completion" in err.value.details()
