@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 
 ANY_OBJECT = {"type": "object"}
 _CUT_DEPTH = MAX_DEPTH - 8  # room for the unions that merging adds
+MAX_NODES = 50_000  # values in a relaxed schema (a 64 KiB one has far fewer)
 _LOWER = {"minimum", "exclusiveMinimum", "minLength", "minItems"}
 _UPPER = {"maximum", "exclusiveMaximum", "maxLength", "maxItems"}
 _NAME = re.compile(r"[^A-Za-z0-9_.-]")
@@ -72,8 +73,8 @@ _NAME = re.compile(r"[^A-Za-z0-9_.-]")
 def relax(schema: dict, budget: RepeatBudget | None = None) -> dict:
     """The enforceable part of a tool's parameters (a JSON object schema):
     a schema in the structured-output subset describing JSON objects."""
-    relaxed = _Relaxer(schema, budget or RepeatBudget()).run()
     try:
+        relaxed = _Relaxer(schema, budget or RepeatBudget()).run()
         _check(relaxed)
     except ValueError as exc:
         log.warning("a non-strict tool schema relaxed to any object: %s", exc)
@@ -85,7 +86,7 @@ def _check(relaxed: dict) -> None:
     """Refuse (ValueError) a result outside the subset: the safety net."""
     import jsonschema
 
-    if len(json.dumps(relaxed)) > 4 * MAX_SCHEMA_BYTES:
+    if len(json.dumps(relaxed)) > 4 * MAX_SCHEMA_BYTES:  # (after _too_big: bounded)
         raise ValueError("the relaxed schema grew too large")
     walk = _SchemaWalk(relaxed, RepeatBudget(MAX_REPEATS * 1000))
     try:
@@ -129,6 +130,8 @@ class _Relaxer:
             out = dict(ANY_OBJECT)  # `false`, or a ref that cannot merge: any object
         if self.defs:
             out["$defs"] = self.defs
+        if _too_big(out):  # merges share what they copy; written out, it could explode
+            raise ValueError(f"the relaxed schema has more than {MAX_NODES} nodes")
         return _prune(out)
 
     # -- one schema ------------------------------------------------------------------
@@ -184,7 +187,7 @@ class _Relaxer:
             out["additionalProperties"] = extra
         required = node.get("required")
         if isinstance(required, list):  # (pruned to what can be written once merged: _prune)
-            kept = [r for r in dict.fromkeys(required) if isinstance(r, str)]
+            kept = list(dict.fromkeys(r for r in required if isinstance(r, str)))
             if kept:
                 out["required"] = kept
 
@@ -315,6 +318,22 @@ class _Relaxer:
         siblings = {k: v for k, v in node.items() if k != "anyOf"}
         branches = [self.merge(siblings, branch) for branch in node["anyOf"]]
         return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def _too_big(node) -> bool:
+    """Whether the schema, written out, has more than MAX_NODES values
+    (counted without recursion, stopping at the limit)."""
+    stack, seen = [node], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _prune(node):
