@@ -72,7 +72,7 @@ class ToolPlan:
     parallel: bool = True
     # The loaded model's call syntax (set once the model is known).
     syntax: CallSyntax = hermes.CALLS
-    # (name, schema as sent) of each non-strict tool whose grammar enforces a
+    # (name, schema as sent) of each non-strict tool, whose grammar enforces a
     # relaxed schema (schema_relax.py): the model is shown what was sent.
     sent: tuple[tuple[str, dict], ...] = ()
 
@@ -163,8 +163,7 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
         elif tool.parameters_json:
             described = _described_schema(tool.parameters_json, f"{where}.parameters")
             schema = relax(described, budget)
-            if schema != described:
-                sent.append((tool.name, described))
+            sent.append((tool.name, described))  # shown as sent, its key order too
         checked.append((tool.name, tool.description, schema))
     name = ""
     if mode == FUNCTION:
