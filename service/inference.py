@@ -222,7 +222,9 @@ class InferenceService:
             grammar = await engine.grammar_for(constrained)
         groups = fit_groups(params, checked, prompt_ids, info.context_window)
         if plan is not None and plan.budget is not None:
-            reasoning.check_budget(plan.budget, groups[0].max_tokens)
+            reasoning.check_budget(plan.budget, checked.max_tokens or groups[0].max_tokens)
+            if plan.budget > groups[0].max_tokens:  # max_tokens capped to the window's room
+                plan = dataclasses.replace(plan, budget=groups[0].max_tokens)
         if activations is not None:
             readout.check_size(activations, len(groups[0].prompt_ids),
                                0 if checked.scoring else groups[0].max_tokens)

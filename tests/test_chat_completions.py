@@ -228,8 +228,16 @@ def test_bad_value_is_400_naming_it(client):
 
 
 def test_context_length_exceeded(client):
+    """A prompt past the window is refused; max_tokens past the room the
+    prompt leaves is capped instead (tests/test_agent_requests.py), unless
+    the caller is strict."""
+    too_long = [{"role": "user", "content": "mill " * (CONTEXT_WINDOW + 100)}]
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=CONTEXT_WINDOW)
+        client.chat.completions.create(model=MODEL, messages=too_long, max_tokens=4)
+    assert err.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=CONTEXT_WINDOW,
+                                       extra_headers={"X-miLLM-Strict": "1"})
     assert err.value.code == "context_length_exceeded"
 
 

@@ -70,12 +70,18 @@ def test_pattern_repetitions_are_budgeted_per_schema():
 
 def test_a_requests_tools_share_one_budget():
     half = json.dumps(prop(type="string", pattern=f"^x{{{MAX_REPEATS // 2 + 1}}}$"))
-    tools = (FunctionTool("f", parameters_json=half), FunctionTool("g", parameters_json=half))
+    tools = (FunctionTool("f", parameters_json=half, strict=True),
+             FunctionTool("g", parameters_json=half, strict=True))
     check_tools(tools[:1], ToolChoice("required"), None, [])
     with pytest.raises(EngineError) as caught:
         check_tools(tools, ToolChoice("required"), None, [])
     assert caught.value.param == "tools[1].function.parameters"
     assert "/properties/a/pattern" in caught.value.message
+    # Non-strict tools are relaxed instead: the pattern past the budget is dropped.
+    loose = (FunctionTool("f", parameters_json=half), FunctionTool("g", parameters_json=half))
+    plan = check_tools(loose, ToolChoice("required"), None, [])
+    assert "pattern" in plan.schema_of("f")["properties"]["a"]
+    assert "pattern" not in plan.schema_of("g")["properties"]["a"]
 
 
 def test_the_refusal_is_a_400_over_http(stack):

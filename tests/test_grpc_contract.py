@@ -153,6 +153,11 @@ def test_token_id_prompt(generation_stub):
     assert usage.prompt_tokens == 3 and usage.completion_tokens == len(tokens[0])
 
 
+def _strict(request):
+    request.strict = True
+    return request
+
+
 @pytest.mark.parametrize(
     ("request_factory", "param", "reason"),
     [
@@ -167,7 +172,10 @@ def test_token_id_prompt(generation_stub):
         (lambda: chat_request(frequency_penalty=3), "frequency_penalty", "invalid_parameter"),
         (lambda: chat_request(stop=["a", "b", "c", "d", "e"]), "stop", "invalid_parameter"),
         (lambda: chat_request(stop=[""]), "stop[0]", "invalid_parameter"),
-        (lambda: chat_request(max_tokens=CONTEXT_WINDOW), "messages",
+        # max_tokens past the window's room: capped, refused only when strict.
+        (lambda: _strict(chat_request(max_tokens=CONTEXT_WINDOW)), "messages",
+         "context_length_exceeded"),
+        (lambda: chat_request("mill " * (CONTEXT_WINDOW + 100), max_tokens=1), "messages",
          "context_length_exceeded"),
         (lambda: prompt_request("x " * (CONTEXT_WINDOW + 100), max_tokens=1), "prompt",
          "context_length_exceeded"),
@@ -202,7 +210,8 @@ def test_unknown_model_is_not_found(generation_stub):
 
 
 def test_context_length_message_gives_the_figures(generation_stub):
-    with pytest.raises(grpc.RpcError) as err:
-        list(generation_stub.Generate(chat_request(max_tokens=CONTEXT_WINDOW), timeout=30))
+    with pytest.raises(grpc.RpcError) as err:  # (strict: otherwise max_tokens is capped)
+        list(generation_stub.Generate(_strict(chat_request(max_tokens=CONTEXT_WINDOW)),
+                                      timeout=30))
     assert f"maximum context length is {CONTEXT_WINDOW} tokens" in err.value.details()
     assert f"{CONTEXT_WINDOW} in the completion" in err.value.details()

@@ -165,11 +165,16 @@ ROWS = [
     ("model-empty", CHAT, chat(model=""), {}, 400, "invalid_parameter", "model", None),
     ("completion-model-unknown", COMPLETIONS, text(model="nope"), {}, 404, "model_not_found",
      "model", None),
-    ("chat-too-long", CHAT, chat(max_tokens=CONTEXT_WINDOW), {}, 400, "context_length_exceeded",
-     "messages", None),
-    ("completion-too-long", COMPLETIONS, text(max_tokens=CONTEXT_WINDOW), {}, 400,
+    # max_tokens past the window's room is capped (X-miLLM-Max-Tokens-Capped),
+    # refused only under strict mode; a prompt leaving no room is always refused.
+    ("chat-too-long", CHAT, chat(max_tokens=CONTEXT_WINDOW), STRICT, 400,
+     "context_length_exceeded", "messages", None),
+    ("completion-too-long", COMPLETIONS, text(max_tokens=CONTEXT_WINDOW), STRICT, 400,
      "context_length_exceeded", "prompt", None),
-    ("streamed-too-long", CHAT, chat(max_tokens=CONTEXT_WINDOW, stream=True), {}, 400,
+    ("streamed-too-long", CHAT, chat(max_tokens=CONTEXT_WINDOW, stream=True), STRICT, 400,
+     "context_length_exceeded", "messages", None),
+    ("chat-prompt-too-long", CHAT, chat(messages=[{"role": "user", "content": "mill " * (
+        CONTEXT_WINDOW + 100)}]), {}, 400,
      "context_length_exceeded", "messages", None),
     # -- fields that cannot be honoured --------------------------------------------------------
     ("tools-built-in", CHAT, chat(tools=[{"type": "web_search"}]), {}, 400,

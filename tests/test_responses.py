@@ -288,7 +288,7 @@ def test_json_schema_text_format(client):
     ({"prompt": {"id": "pmpt_1"}}, 400, "field_not_honoured", "prompt"),
     ({"temperature": 5}, 400, "invalid_parameter", "temperature"),
     ({"max_output_tokens": 0}, 400, "invalid_parameter", "max_output_tokens"),
-    ({"max_output_tokens": CONTEXT_WINDOW}, 400, "context_length_exceeded", "input"),
+    ({"input": "mill " * (CONTEXT_WINDOW + 100)}, 400, "context_length_exceeded", "input"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [TOOL]}, 400,
      "invalid_parameter", "tool_choice.name"),
     ({"input": [{"role": "user", "content": "a"},

@@ -121,8 +121,9 @@ def test_a_conversation_with_a_call_and_its_answer_is_served(generation_stub):
 @pytest.mark.parametrize(("change", "param"), [
     (lambda r: r.tools.append(tool("get_weather", TIME)), "tools[2].function.name"),
     (lambda r: r.tools.append(tool("bad name", TIME)), "tools[2].function.name"),
-    (lambda r: r.tools.append(tool("odd", {"type": "object", "properties": {
-        "x": {"not": {}}}})), "tools[2].function.parameters"),
+    (lambda r: r.tools.append(generation_pb2.FunctionTool(  # strict: held to the subset
+        name="odd", strict=True, parameters_json=json.dumps({"type": "object", "properties": {
+            "x": {"not": {}}}}))), "tools[2].function.parameters"),
     (lambda r: r.tool_choice.CopyFrom(named("nowhere")), "tool_choice.function.name"),
     (lambda r: r.sampling.stop.append("}"), "stop"),
     (lambda r: r.response_format.json_object.SetInParent(), "response_format"),

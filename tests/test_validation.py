@@ -28,17 +28,28 @@ def test_max_completion_tokens_stands_for_max_tokens():
 
 def test_context_fit_counts_prompt_and_completion():
     params = GenerateParams(model="m", prompts=("x",), max_tokens=10)
-    resolve(params, check_params(params), [[1] * 90], 100, "r")  # exactly fits
-    with pytest.raises(EngineError) as err:
-        resolve(params, check_params(params), [[1] * 91], 100, "r")
-    assert err.value.code == "context_length_exceeded"
-    assert "101 tokens (91 in the prompt, 10 in the completion)" in err.value.message
+    fits = resolve(params, check_params(params), [[1] * 90], 100, "r")  # exactly fits
+    assert fits.groups[0].max_tokens == 10 and fits.max_tokens_cap is None
+    # Past the window's room, max_tokens is capped to it (issue 42 item 5)...
+    capped = resolve(params, check_params(params), [[1] * 91], 100, "r")
+    assert capped.groups[0].max_tokens == 9 and capped.max_tokens_cap == (10, 9)
+    # ...unless the caller is strict, and a prompt leaving no room is refused.
+    strict = GenerateParams(model="m", prompts=("x",), max_tokens=10, strict=True)
+    for p, ids in ((strict, [1] * 91), (params, [1] * 100), (params, [1] * 150)):
+        with pytest.raises(EngineError) as err:
+            resolve(p, check_params(p), [ids], 100, "r")
+        assert err.value.code == "context_length_exceeded"
+    assert "101 tokens (91 in the prompt, 10 in the completion)" in str(
+        pytest.raises(EngineError, resolve, strict, check_params(strict), [[1] * 91], 100,
+                      "r").value.message)
 
 
-def test_several_prompts_name_the_one_too_long():
+def test_several_prompts_are_capped_to_each_ones_room_and_name_the_one_too_long():
     params = GenerateParams(model="m", prompts=("a", "b"), max_tokens=10)
+    spec = resolve(params, check_params(params), [[1], [1] * 95], 100, "r")
+    assert [g.max_tokens for g in spec.groups] == [10, 5] and spec.max_tokens_cap == (10, 5)
     with pytest.raises(EngineError) as err:
-        resolve(params, check_params(params), [[1], [1] * 95], 100, "r")
+        resolve(params, check_params(params), [[1], [1] * 100], 100, "r")
     assert "prompt[1]" in err.value.message
 
 

@@ -45,6 +45,9 @@ SEED_SCOPES = {
     generation_pb2.SEED_SCOPE_BATCH_SHAPE: "batch-shape",
     generation_pb2.SEED_SCOPE_BEST_EFFORT: "best-effort",
 }
+# max_tokens capped to the context window's room: "<applied>;requested=<asked>"
+# (an RFC 8941 integer with a parameter).
+MAX_TOKENS_CAPPED = "X-miLLM-Max-Tokens-Capped"
 
 
 @dataclass
@@ -154,6 +157,9 @@ class GenerationHandler(abc.ABC):
         if ignored is not None:
             headers[ignored_fields.HEADER] = ignored
         headers.update(steering_fields.headers(meta))
+        if meta.HasField("max_tokens_cap"):  # max_tokens past the window's room
+            cap = meta.max_tokens_cap
+            headers[MAX_TOKENS_CAPPED] = f"{cap.applied};requested={cap.requested}"
         return headers
 
     def _base(self, meta) -> dict:

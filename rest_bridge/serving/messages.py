@@ -96,7 +96,8 @@ class MessagesHandler:
         pb = common_fields(request, pb, strict)
         call, meta = await failover.start(self.engine, pb, http_request.app.state,
                                           bool(request.stream), origins.relabel)
-        fold = MessageFold(f"msg_{meta.id}", meta.model, meta.prompt_tokens)
+        fold = MessageFold(f"msg_{meta.id}", meta.model, meta.prompt_tokens,
+                           meta.HasField("max_tokens_cap"))
         if request.stream:
             call.pin_seed()
             body = self._stream(call, fold, origins.relabel, http_request)
@@ -109,7 +110,8 @@ class MessagesHandler:
                 async for message in call.rest():
                     if message is RESTARTED:  # sent again on another engine: start over
                         m = call.metadata
-                        folded = MessageFold(f"msg_{m.id}", m.model, m.prompt_tokens)
+                        folded = MessageFold(f"msg_{m.id}", m.model, m.prompt_tokens,
+                                             m.HasField("max_tokens_cap"))
                         continue
                     folded.feed(message)
             except grpc.aio.AioRpcError as exc:

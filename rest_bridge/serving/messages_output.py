@@ -43,9 +43,16 @@ def usage_json(usage: generation_pb2.Usage | None, prompt_tokens: int) -> dict:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
+# Where a reply was cut short: at max_tokens, or (max_tokens capped to the
+# window's room) at the end of the context window.
+CUT_SHORT = frozenset({"max_tokens", "model_context_window_exceeded"})
+
+
 class MessageFold:
-    def __init__(self, message_id: str, model: str, prompt_tokens: int):
+    def __init__(self, message_id: str, model: str, prompt_tokens: int,
+                 window_capped: bool = False):
         self.id, self.model, self.prompt_tokens = message_id, model, prompt_tokens
+        self.window_capped = window_capped  # a length finish is the window's end
         self.blocks: list[dict] = []
         self._open: dict | None = None  # the block still receiving deltas
         self._arguments: dict[int, str] = {}  # block index -> a call's JSON so far
@@ -114,6 +121,8 @@ class MessageFold:
                                         "partial_json": fragment.arguments}, events)
             if delta.finish_reason:
                 self.stop_reason = STOP_REASONS.get(delta.finish_reason)
+                if self.stop_reason == "max_tokens" and self.window_capped:
+                    self.stop_reason = "model_context_window_exceeded"
                 if delta.stop_sequence:
                     self.stop_reason, self.stop_sequence = "stop_sequence", delta.stop_sequence
         if message.HasField("usage"):
@@ -127,13 +136,13 @@ class MessageFold:
         self._close(events)
         cut = []
         for index, arguments in self._arguments.items():
-            if not arguments and self.stop_reason == "max_tokens":
+            if not arguments and self.stop_reason in CUT_SHORT:
                 cut.append(index)  # ended after its name, before any argument
                 continue
             try:
                 self.blocks[index]["input"] = json.loads(arguments) if arguments else {}
             except ValueError:
-                if self.stop_reason != "max_tokens":
+                if self.stop_reason not in CUT_SHORT:
                     raise OpenAIError(500, "The engine returned tool-call arguments that do "
                                       "not parse.", type="server_error",
                                       code="internal_error") from None

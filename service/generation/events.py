@@ -30,6 +30,8 @@ class GenerationStarted:
     steering_echo: float | None = None
     circuit_rung: int | None = None
     unsteered: bool = False
+    # (asked, applied) when max_tokens was capped to the window's room.
+    max_tokens_cap: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

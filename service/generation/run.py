@@ -63,6 +63,7 @@ class Generation:
             steering_echo=spec.steering_echo,
             circuit_rung=spec.circuit_rung,
             unsteered=spec.scoring,
+            max_tokens_cap=spec.max_tokens_cap,
         )
 
     async def events(self) -> AsyncIterator[Event]:

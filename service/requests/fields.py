@@ -171,7 +171,9 @@ RULES: dict[str, FieldRule] = {
     "dimensions": FieldRule(why="embeddings with chosen dimensions are " + NOT_YET),
     # Calls are constrained by the same grammar masks as response_format.
     "tools": FieldRule({CHAT: "grammar"}, no_change=([],), why="tool calling is served on "
-                       "chat completions only", why_engine="this engine cannot constrain calls"),
+                       "chat completions only", why_engine="this engine cannot constrain calls",
+                       note="a non-strict tool's schema may be any JSON Schema: calls are "
+                       "constrained by the part a grammar enforces; strict ones keep the subset"),
     "tool_choice": FieldRule({CHAT: "grammar"}, no_change=("none",), why="tool calling is "
                              "served on chat completions only",
                              why_engine="this engine cannot constrain calls"),

@@ -81,10 +81,21 @@ class ValidatedGeneration:
     monitoring: MonitorSpec | None = None
     # A model with a reasoning format: where its answer starts, and the budget.
     reasoning: ReasoningPlan | None = None
+    # max_tokens as the request asked it (None: unset).
+    max_tokens_asked: int | None = None
 
     @property
     def prompt_tokens(self) -> int:
         return sum(len(g.prompt_ids) for g in self.groups)
+
+    @property
+    def max_tokens_cap(self) -> tuple[int, int] | None:
+        """(asked, the most any choice may now generate) when the window
+        left less than max_tokens beside a prompt; None when it fit."""
+        if self.max_tokens_asked is None or self.scoring:
+            return None
+        used = min(g.max_tokens for g in self.groups)
+        return (self.max_tokens_asked, used) if used < self.max_tokens_asked else None
 
 
 def row_seeds(seed: int | None, n: int) -> tuple[int, ...]:
@@ -128,7 +139,10 @@ def fit_groups(params: GenerateParams, checked: CheckedParams,
             raise refuse(what, f"The {label} tokenizes to no tokens.")
         room = context_window - len(ids)
         wanted = checked.max_tokens if checked.max_tokens is not None else 1
-        if (room < 1 and wanted > 0) or wanted > room:
+        # A prompt that fits with room to spare runs, its max_tokens capped to
+        # that room (finish_reason "length" when a choice reaches it, the cap
+        # reported: ResponseMetadata.max_tokens_cap); strict mode refuses it.
+        if (room < 1 and wanted > 0) or (wanted > room and params.strict):
             raise context_length_exceeded(
                 what,
                 f"This model's maximum context length is {context_window} tokens. However, you "
@@ -140,7 +154,7 @@ def fit_groups(params: GenerateParams, checked: CheckedParams,
             PromptGroup(
                 prompt_ids=tuple(ids),
                 n=checked.n,
-                max_tokens=(checked.max_tokens if checked.max_tokens is not None
+                max_tokens=(min(checked.max_tokens, room) if checked.max_tokens is not None
                             else _default_max_tokens(what, room)),
                 first_index=i * checked.n,
                 # Each prompt is seeded separately: its text does not depend on
@@ -190,6 +204,7 @@ def validated(params: GenerateParams, checked: CheckedParams, groups: tuple[Prom
         tools=checked.tools,
         monitoring=None if checked.scoring else monitoring,
         reasoning=reasoning,
+        max_tokens_asked=checked.max_tokens,
     )
 
 

@@ -31,7 +31,8 @@ from service.errors import EngineError, invalid_parameter
 from service.formats import hermes
 from service.formats.base import CallSyntax
 from service.schema_limits import RepeatBudget
-from service.structured_output import NAME_PATTERN, check_schema
+from service.schema_relax import relax
+from service.structured_output import MAX_SCHEMA_BYTES, NAME_PATTERN, check_schema, unsupported
 
 MAX_TOOLS = 128
 NONE, AUTO, REQUIRED, FUNCTION = "none", "auto", "required", "function"
@@ -71,6 +72,9 @@ class ToolPlan:
     parallel: bool = True
     # The loaded model's call syntax (set once the model is known).
     syntax: CallSyntax = hermes.CALLS
+    # (name, schema as sent) of each non-strict tool, whose grammar enforces a
+    # relaxed schema (schema_relax.py): the model is shown what was sent.
+    sent: tuple[tuple[str, dict], ...] = ()
 
     @property
     def key(self) -> str:
@@ -81,9 +85,11 @@ class ToolPlan:
         return next((schema for n, _, schema in self.tools if n == name), None)
 
     def openai_tools(self) -> list[dict]:
-        """The tools in OpenAI's (and Hugging Face templates') shape."""
+        """The tools in OpenAI's (and Hugging Face templates') shape, each
+        schema as it was sent."""
+        sent = dict(self.sent)
         return [{"type": "function", "function": {"name": name, "description": description,
-                                                  "parameters": schema}}
+                                                  "parameters": sent.get(name, schema)}}
                 for name, description, schema in self.tools]
 
     @property
@@ -140,7 +146,7 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
         if parallel is not None:
             unused.append("parallel_tool_calls")
         return None
-    checked, seen = [], set()
+    checked, seen, sent = [], set(), []
     budget = RepeatBudget()  # one grammar holds every tool: their patterns share it
     for i, tool in enumerate(tools):
         where = f"tools[{i}].function"
@@ -151,8 +157,13 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
             raise invalid_parameter(f"{where}.name", f"Two tools are named '{tool.name}'; "
                                     "function names must be unique.")
         seen.add(tool.name)
-        schema = (_tool_schema(tool.parameters_json, f"{where}.parameters", budget)
-                  if tool.parameters_json else {"type": "object"})
+        schema = {"type": "object"}
+        if tool.parameters_json and tool.strict:
+            schema = _tool_schema(tool.parameters_json, f"{where}.parameters", budget)
+        elif tool.parameters_json:
+            described = _described_schema(tool.parameters_json, f"{where}.parameters")
+            schema = relax(described, budget)
+            sent.append((tool.name, described))  # shown as sent, its key order too
         checked.append((tool.name, tool.description, schema))
     name = ""
     if mode == FUNCTION:
@@ -160,12 +171,30 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
         if name not in seen:
             raise invalid_parameter("tool_choice.function.name", f"'tool_choice' names "
                                     f"'{name}', which is not among the tools.")
-    return ToolPlan(tuple(checked), mode, name, parallel is not False)
+    return ToolPlan(tuple(checked), mode, name, parallel is not False, sent=tuple(sent))
+
+
+def _described_schema(parameters_json: str, param: str) -> dict:
+    """A non-strict tool's parameters: any JSON Schema of an object, up to the
+    size any schema may be. What it says beyond the subset is relaxed, never
+    refused (schema_relax.py)."""
+    size = len(parameters_json.encode())
+    if size > MAX_SCHEMA_BYTES:
+        raise unsupported(param, f"'{param}' is {size} bytes; at most {MAX_SCHEMA_BYTES}.")
+    try:
+        schema = json_text.loads(parameters_json)
+    except ValueError as exc:
+        raise invalid_parameter(param, f"'{param}' is not JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise invalid_parameter(param, f"'{param}' must be a JSON object.")
+    if schema.get("type", "object") not in ("object", ["object"]):
+        raise invalid_parameter(param, f"'{param}' must describe an object (type: object).")
+    return schema
 
 
 def _tool_schema(parameters_json: str, param: str, budget: RepeatBudget) -> dict:
-    """A tool's parameters, held to the structured-output subset; refusals name
-    the tool's parameters and the pointer within them."""
+    """A strict tool's parameters, held to the structured-output subset;
+    refusals name the tool's parameters and the pointer within them."""
     try:
         schema = check_schema(parameters_json, budget)
     except EngineError as exc:

@@ -102,6 +102,9 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
             metadata.circuit_rung.rung = event.circuit_rung
             metadata.circuit_rung.language = RUNG_LANGUAGE[event.circuit_rung]
         metadata.unsteered = event.unsteered
+        if event.max_tokens_cap is not None:
+            asked, applied = event.max_tokens_cap
+            metadata.max_tokens_cap.requested, metadata.max_tokens_cap.applied = asked, applied
         return generation_service_pb2.GenerateResponse(metadata=metadata)
     if isinstance(event, ActivationsRead):
         return generation_service_pb2.GenerateResponse(

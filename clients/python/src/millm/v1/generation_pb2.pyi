@@ -251,7 +251,7 @@ class ChoiceList(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ResponseMetadata(_message.Message):
-    __slots__ = ("id", "created", "model", "system_fingerprint", "seed", "seed_scope", "prompt_tokens", "ignored_fields", "constraint", "constraint_name", "steering_intensity", "circuit_rung", "unsteered")
+    __slots__ = ("id", "created", "model", "system_fingerprint", "seed", "seed_scope", "prompt_tokens", "ignored_fields", "constraint", "constraint_name", "steering_intensity", "circuit_rung", "unsteered", "max_tokens_cap")
     ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +265,7 @@ class ResponseMetadata(_message.Message):
     STEERING_INTENSITY_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_RUNG_FIELD_NUMBER: _ClassVar[int]
     UNSTEERED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_CAP_FIELD_NUMBER: _ClassVar[int]
     id: str
     created: int
     model: str
@@ -278,7 +279,16 @@ class ResponseMetadata(_message.Message):
     steering_intensity: float
     circuit_rung: _steering_pb2.CircuitRung
     unsteered: bool
-    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., system_fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., seed_scope: _Optional[_Union[SeedScope, str]] = ..., prompt_tokens: _Optional[int] = ..., ignored_fields: _Optional[_Iterable[str]] = ..., constraint: _Optional[_Union[OutputConstraint, str]] = ..., constraint_name: _Optional[str] = ..., steering_intensity: _Optional[float] = ..., circuit_rung: _Optional[_Union[_steering_pb2.CircuitRung, _Mapping]] = ..., unsteered: _Optional[bool] = ...) -> None: ...
+    max_tokens_cap: MaxTokensCap
+    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., system_fingerprint: _Optional[str] = ..., seed: _Optional[int] = ..., seed_scope: _Optional[_Union[SeedScope, str]] = ..., prompt_tokens: _Optional[int] = ..., ignored_fields: _Optional[_Iterable[str]] = ..., constraint: _Optional[_Union[OutputConstraint, str]] = ..., constraint_name: _Optional[str] = ..., steering_intensity: _Optional[float] = ..., circuit_rung: _Optional[_Union[_steering_pb2.CircuitRung, _Mapping]] = ..., unsteered: _Optional[bool] = ..., max_tokens_cap: _Optional[_Union[MaxTokensCap, _Mapping]] = ...) -> None: ...
+
+class MaxTokensCap(_message.Message):
+    __slots__ = ("requested", "applied")
+    REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    requested: int
+    applied: int
+    def __init__(self, requested: _Optional[int] = ..., applied: _Optional[int] = ...) -> None: ...
 
 class ChoiceDelta(_message.Message):
     __slots__ = ("index", "text", "token_ids", "finish_reason", "logprobs", "tool_calls", "stop_sequence", "reasoning")
