@@ -47,7 +47,9 @@ class Spelling:
         whole setting changed nothing)."""
         if name == "thinking_token_budget":
             return "thinking"
-        return self.names.get(name, name).removesuffix(".effort")
+        if name in self.names:
+            return self.names[name].removesuffix(".effort")
+        return name
 
 
 def _invalid(param: str, message: str, code: str = "invalid_parameter") -> OpenAIError:
