@@ -92,3 +92,29 @@ def first_request(model: str, *, stream: bool, max_tokens: int = 16) -> dict:
         "output_config": {"effort": "high"},
     }
     return body
+
+
+def compact_request(model: str, parameters: dict) -> dict:
+    """The same kinds of field in a small body, for the sweep's nested values
+    (tests/sweep_support.py): a system message inside messages, adaptive
+    thinking, effort, context edits, a deferred tool loaded by a tool_reference,
+    cache_control."""
+    return {
+        "model": model, "max_tokens": 1, "stream": True,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": CACHE}]},
+            {"role": "system", "content": "Tools load later."},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "t", "signature": "s"},
+                {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1",
+                 "content": [{"type": "tool_reference", "tool_name": "f"}]}]}],
+        "tools": [{"name": "search", "input_schema": {"type": "object"}},
+                  {"name": "f", "input_schema": parameters, "defer_loading": True}],
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "output_config": {"effort": "high"},
+        "context_management": {"edits": [
+            {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}},
+            {"type": "clear_tool_uses_20250919"}]},
+    }

@@ -35,6 +35,7 @@ from rest_bridge.serving import monitoring_api
 from rest_bridge.serving.steering_api import ROUTES as STEERING_ROUTES
 from service.errors import ERROR_CODES
 from service.requests.fields import RULES
+from tests import claude_code_body
 from tests.conftest import MODEL
 
 # One value of each JSON type: a string, the empty string, integers small,
@@ -237,28 +238,8 @@ FULL_BODIES = (
     ("POST", "/v1/messages", {
         "model": MODEL, "max_tokens": 1, "stop_sequences": ["a", "b"],
         "messages": [{"role": "user", "content": "Hi"}]}),
-    # As coding agents send it (Claude Code): a system message inside messages,
-    # adaptive thinking, effort, context edits, a deferred tool loaded by a
-    # tool_reference, cache_control.
-    ("POST", "/v1/messages", {
-        "model": MODEL, "max_tokens": 1, "stream": True,
-        "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "Hi",
-                                          "cache_control": {"type": "ephemeral"}}]},
-            {"role": "system", "content": "Tools load later."},
-            {"role": "assistant", "content": [
-                {"type": "thinking", "thinking": "t", "signature": "s"},
-                {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1",
-                 "content": [{"type": "tool_reference", "tool_name": "f"}]}]}],
-        "tools": [{"name": "search", "input_schema": {"type": "object"}},
-                  {"name": "f", "input_schema": _PARAMETERS, "defer_loading": True}],
-        "thinking": {"type": "adaptive", "display": "omitted"},
-        "output_config": {"effort": "high"},
-        "context_management": {"edits": [
-            {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}},
-            {"type": "clear_tool_uses_20250919"}]}}),
+    # As coding agents send it (tests/claude_code_body.py).
+    ("POST", "/v1/messages", claude_code_body.compact_request(MODEL, _PARAMETERS)),
     ("POST", "/v1/messages/count_tokens", {
         "model": MODEL, "system": "Be brief.",
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
