@@ -65,14 +65,16 @@ def _text_of(blocks: str | list[ContentBlock], where: str,
     for j, block in enumerate(blocks):
         if block.type == "tool_reference" and request is not None:
             line = messages_context.tool_reference_text(block, f"{where}[{j}]", request)
-            texts.append(("\n" if texts else "") + line + "\n")
+            # One line each, apart from the text around it.
+            texts.append(("\n" if texts and not texts[-1].endswith("\n") else "") + line
+                         + ("\n" if j + 1 < len(blocks) else ""))
             continue
         if block.type != "text":
             raise _unsupported_block(f"{where}[{j}].type", block.type)
         if block.text is None:
             raise _missing(f"{where}[{j}].text")
         texts.append(block.text)
-    return "".join(texts).rstrip("\n") if request is not None else "".join(texts)
+    return "".join(texts)
 
 
 @dataclass
