@@ -1,7 +1,7 @@
 """ChatML: the demo model's chat template, and the fallback for checkpoints
 that ship none (so both render a conversation the same way); and the one rule
-for templates without a system role (`render_folding_system`), which both
-engines follow.
+for templates without a system role, or with one only at the head of the
+conversation (`render_folding_system`), which both engines follow.
 
 A plain conversation renders as `<|im_start|>{role}\\n{content}<|im_end|>\\n`
 per message, then `<|im_start|>assistant\\n` when a generation prompt is asked
@@ -105,24 +105,47 @@ def render(messages: list[dict], tools: list[dict] | None = None,
 
 
 def render_folding_system(render_with, messages: list[dict]):
-    """`render_with(messages)`: the model's own template; when the template
-    refuses the conversation and it opens with a system turn, the system
-    text goes at the head of the first user turn instead (what Gemma 3's own
-    template does, and what Gemma 2's, which refuses system turns, needs) and
-    rendering is tried once more. The first refusal stands if that fails too."""
+    """`render_with(messages)`: the model's own template. System turns stay
+    where the caller put them while the template renders them there (ChatML
+    does; agents send instructions mid-conversation). When the template
+    refuses the conversation, two repairs are tried in turn, each rendered:
+
+    - system turns after the first message are merged, in order, into the
+      leading system turn (one is made when the conversation has none):
+      templates such as Qwen3's allow a system turn only at the head;
+    - then the (leading) system text goes at the head of the first user turn
+      (what Gemma 3's own template does, and what Gemma 2's, which refuses
+      system turns, needs).
+
+    The first refusal stands if every repair fails too."""
     from jinja2 import TemplateError
 
     try:
         return render_with(messages)
     except TemplateError:
-        folded = _fold_system(messages)
-        if folded is None:
-            raise
-        try:
-            return render_with(folded)
-        except TemplateError:
-            pass
+        merged = _merge_system(messages)
+        for candidate in (merged, _fold_system(merged or messages)):
+            if candidate is None:
+                continue
+            try:
+                return render_with(candidate)
+            except TemplateError:
+                pass
         raise
+
+
+def _merge_system(messages: list[dict]) -> list[dict] | None:
+    """Every system turn's text in one leading system turn; None when there
+    is no system turn after the first message (nothing to merge)."""
+    later = [m for m in messages[1:] if m.get("role") == "system"]
+    if not later or not all(isinstance(m.get("content"), str) for m in later):
+        return None
+    head = messages[0] if messages and messages[0].get("role") == "system" else None
+    if head is not None and not isinstance(head.get("content"), str):
+        return None
+    texts = ([head["content"]] if head is not None else []) + [m["content"] for m in later]
+    rest = [m for m in messages[1 if head is not None else 0:] if m.get("role") != "system"]
+    return [{**(head or {}), "role": "system", "content": "\n\n".join(texts)}, *rest]
 
 
 def _fold_system(messages: list[dict]) -> list[dict] | None:

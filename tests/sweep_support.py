@@ -35,6 +35,7 @@ from rest_bridge.serving import monitoring_api
 from rest_bridge.serving.steering_api import ROUTES as STEERING_ROUTES
 from service.errors import ERROR_CODES
 from service.requests.fields import RULES
+from tests import claude_code_body
 from tests.conftest import MODEL
 
 # One value of each JSON type: a string, the empty string, integers small,
@@ -237,6 +238,8 @@ FULL_BODIES = (
     ("POST", "/v1/messages", {
         "model": MODEL, "max_tokens": 1, "stop_sequences": ["a", "b"],
         "messages": [{"role": "user", "content": "Hi"}]}),
+    # As coding agents send it (tests/claude_code_body.py).
+    ("POST", "/v1/messages", claude_code_body.compact_request(MODEL, _PARAMETERS)),
     ("POST", "/v1/messages/count_tokens", {
         "model": MODEL, "system": "Be brief.",
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],

@@ -167,3 +167,55 @@ def test_the_demo_model_calls_the_weather_tool(tokenizer, model_path):
         out = model.generate(**inputs, max_new_tokens=40, do_sample=False)
     answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:])
     assert answer.startswith('<tool_call>\n{"name": "get_weather"'), answer
+
+
+# -- system turns after the first message (service/chat_template.py) ----------------------
+
+# A template that takes a system turn only at the head, as Qwen3's does.
+HEAD_ONLY = ("{%- for m in messages %}{%- if m.role == 'system' and not loop.first %}"
+             "{{ raise('System message must be at the beginning.') }}{%- endif %}"
+             "<{{ m.role }}>{{ m.content }}{%- endfor %}")
+# One with no system role at all, as Gemma 2's.
+NO_SYSTEM = ("{%- for m in messages %}{%- if m.role == 'system' %}"
+             "{{ raise('System role not supported') }}{%- endif %}"
+             "<{{ m.role }}>{{ m.content }}{%- endfor %}")
+
+
+def _renderer(template: str):
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def fail(message):
+        raise jinja2.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment()
+    env.globals["raise"] = fail
+    return lambda messages: env.from_string(template).render(messages=messages)
+
+
+MID = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+       {"role": "system", "content": "Tools load later."}, {"role": "user", "content": "Go"}]
+
+
+def test_a_system_turn_mid_conversation_stays_where_the_template_allows():
+    from service.chat_template import render_folding_system
+
+    rendered = render_folding_system(lambda m: render(m, add_generation_prompt=True), MID)
+    assert rendered.index("Tools load later.") > rendered.index("Hi")
+
+
+def test_a_later_system_turn_is_merged_into_the_leading_one_where_refused():
+    from service.chat_template import render_folding_system
+
+    assert render_folding_system(_renderer(HEAD_ONLY), MID) == (
+        "<system>Be brief.\n\nTools load later.<user>Hi<user>Go")
+    # No leading system turn: one is made.
+    assert render_folding_system(_renderer(HEAD_ONLY), MID[1:]) == (
+        "<system>Tools load later.<user>Hi<user>Go")
+
+
+def test_merged_system_text_is_folded_into_the_first_user_turn_without_a_system_role():
+    from service.chat_template import render_folding_system
+
+    assert render_folding_system(_renderer(NO_SYSTEM), MID) == (
+        "<user>Be brief.\n\nTools load later.\n\nHi<user>Go")

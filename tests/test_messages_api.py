@@ -245,7 +245,7 @@ def test_prefix_cache_reads_are_counted_apart(stack):
     ({"max_tokens": 0}, 400, "invalid_request_error", "'max_tokens'"),
     ({"stop_sequences": ["a", "b", "c", "d", "e"]}, 400, "invalid_request_error",
      "'stop_sequences'"),
-    ({"messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error",
+    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "invalid_request_error",
      "'messages[0].role'"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
      "invalid_request_error", "'image'"),

@@ -4,8 +4,12 @@
 Only the JSON shape is checked here (types, the required fields), with the
 same strict base as the OpenAI routes: keys the schema does not declare are
 kept, so the engine's field table judges the top-level ones by name (say
-`output_config`) and nested ones are reported as unused (say a block's
-`cache_control`: the prefix cache needs no marker).
+`output_format`) and nested ones are reported as unused (say a block's
+`cache_control`: the prefix cache needs no marker). What coding agents send
+(Claude Code: `system` turns inside `messages`, adaptive thinking with its
+`display`, `output_config.effort`, `context_management`, tools with
+`defer_loading` and the `tool_reference` blocks that load them) is declared
+here, so the translation maps it rather than the engine refusing it by name.
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ class ContentBlock(OpenAIBaseModel):
     thinking: str | None = None
     signature: str | None = None
     data: str | None = None  # redacted_thinking
+    tool_name: str | None = None  # tool_reference (inside a tool_result's content)
 
 
 class Message(OpenAIBaseModel):
-    # Any string: the translation names a role other than user or assistant.
+    # Any string: the translation names a role other than user, assistant or system.
     role: str
     content: str | list[ContentBlock]
 
@@ -47,6 +52,8 @@ class Tool(OpenAIBaseModel):
     # Absent or "custom" for a client tool; Anthropic's server tools
     # (web_search_..., bash_..., text_editor_...) are refused by type.
     type: str | None = None
+    # Left out of the prompt until a tool_reference block loads it.
+    defer_loading: bool | None = None
 
 
 class ToolChoice(OpenAIBaseModel):
@@ -58,6 +65,22 @@ class ToolChoice(OpenAIBaseModel):
 class Thinking(OpenAIBaseModel):
     type: str  # enabled (with budget_tokens), adaptive, disabled
     budget_tokens: Int64 | None = None
+    display: str | None = None  # summarized (the default here) or omitted
+
+
+class OutputConfig(OpenAIBaseModel):
+    effort: str | None = None  # low, medium, high, xhigh, max
+    format: dict[str, Any] | None = None  # structured output: refused by the engine
+
+
+class ContextEdit(OpenAIBaseModel):
+    type: str  # clear_thinking_20251015 (done), clear_tool_uses_20250919 (reported)
+    # clear_thinking: "all", {"type": "all"} or {"type": "thinking_turns", "value": N}.
+    keep: str | dict[str, Any] | None = None
+
+
+class ContextManagement(OpenAIBaseModel):
+    edits: list[ContextEdit] | None = None
 
 
 class Metadata(OpenAIBaseModel):
@@ -74,6 +97,10 @@ class MessagesInput(OpenAIBaseModel):
     tool_choice: ToolChoice | None = None
     # A reasoning model's thinking (what the prompt renders can depend on it).
     thinking: Thinking | None = None
+    # effort is the model's reasoning effort (what a template renders can depend on it).
+    output_config: OutputConfig | None = None
+    # clear_thinking changes which thinking blocks the prompt holds.
+    context_management: ContextManagement | None = None
     # miLLM's steering extensions (extra fields to the Anthropic SDKs): a
     # steered prompt renders the same, so a count takes them too.
     profile: str | None = None

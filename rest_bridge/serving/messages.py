@@ -12,6 +12,11 @@ prefill), and an `error` event for a failure after the 200 went out.
 A token count is the prompt a generation would render: the same request
 with max_tokens 1 is opened, its metadata (the engine's count of the
 rendered prompt) read, and the call cancelled before it generates.
+
+`anthropic-beta` flags change nothing here (each feature miLLM serves is
+served whether or not its beta is named): they are accepted whatever they
+say, and a flag this bridge has not met before is logged once, so an
+operator can see what new clients ask for.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -37,6 +43,26 @@ from rest_bridge.serving.messages_output import Event, MessageFold
 from rest_bridge.serving.request_fields import common_fields, strict_mode
 
 PING_INTERVAL_S = 5.0
+log = logging.getLogger(__name__)
+# Betas whose features this route serves or reports (docs/anthropic-compatibility.md).
+KNOWN_BETAS = frozenset({
+    "claude-code-20250219", "interleaved-thinking-2025-05-14",
+    "context-management-2025-06-27", "advanced-tool-use-2025-11-20", "effort-2025-11-24",
+    "prompt-caching-2024-07-31", "token-counting-2024-11-01", "fine-grained-tool-streaming-"
+    "2025-05-14", "tool-search-tool-2025-10-19"})
+_SEEN_BETAS: set[str] = set()
+_MAX_SEEN = 256  # a client cannot grow the set without bound
+
+
+def note_betas(http_request: Request) -> None:
+    """Log each anthropic-beta flag not met before (once per process)."""
+    for flag in http_request.headers.get("anthropic-beta", "").split(","):
+        flag = flag.strip()[:80]
+        if not flag or flag in KNOWN_BETAS or flag in _SEEN_BETAS:
+            continue
+        if len(_SEEN_BETAS) < _MAX_SEEN:
+            _SEEN_BETAS.add(flag)
+            log.info("anthropic_beta_unknown flag=%r (accepted; nothing depends on it)", flag)
 
 
 def event(name: str, payload: dict) -> bytes:
@@ -50,10 +76,11 @@ def _frame(events: list[Event]) -> bytes:
 
 def _headers(meta, origins: messages_input.Origins) -> dict[str, str]:
     """Chat's headers, the ignored fields named as the Messages body names
-    them ("thinking.budget_tokens", not the contract's thinking_token_budget)."""
-    if any(messages_input.field_name(n) != n for n in meta.ignored_fields):
-        renamed = [n if n in origins.extras else messages_input.field_name(n)
-                   for n in meta.ignored_fields]
+    them ("thinking" or "output_config.effort", not the contract's
+    reasoning_effort)."""
+    spelled = origins.spelling.reported
+    if any(spelled(n) != n for n in meta.ignored_fields):
+        renamed = [n if n in origins.extras else spelled(n) for n in meta.ignored_fields]
         original, meta = meta, type(meta)()
         meta.CopyFrom(original)
         del meta.ignored_fields[:]
@@ -92,12 +119,19 @@ class MessagesHandler:
 
     async def create(self, request: MessagesRequest, http_request: Request):
         strict = strict_mode(http_request)
+        note_betas(http_request)
         pb, origins = messages_input.generate_request(request)
         pb = common_fields(request, pb, strict)
         call, meta = await failover.start(self.engine, pb, http_request.app.state,
                                           bool(request.stream), origins.relabel)
-        fold = MessageFold(f"msg_{meta.id}", meta.model, meta.prompt_tokens,
-                           meta.HasField("max_tokens_cap"))
+
+        def new_fold(m) -> MessageFold:
+            return MessageFold(f"msg_{m.id}", m.model, m.prompt_tokens,
+                               window_capped=m.HasField("max_tokens_cap"),
+                               omit_thinking=origins.spelling.omit_thinking,
+                               context_management=origins.context.response_field())
+
+        fold = new_fold(meta)
         if request.stream:
             call.pin_seed()
             body = self._stream(call, fold, origins.relabel, http_request)
@@ -109,9 +143,7 @@ class MessagesHandler:
             try:
                 async for message in call.rest():
                     if message is RESTARTED:  # sent again on another engine: start over
-                        m = call.metadata
-                        folded = MessageFold(f"msg_{m.id}", m.model, m.prompt_tokens,
-                                             m.HasField("max_tokens_cap"))
+                        folded = new_fold(call.metadata)
                         continue
                     folded.feed(message)
             except grpc.aio.AioRpcError as exc:
@@ -149,6 +181,7 @@ class MessagesHandler:
 
     async def count_tokens(self, request: CountTokensRequest, http_request: Request):
         strict = strict_mode(http_request)
+        note_betas(http_request)
         pb, origins = messages_input.generate_request(request)
         # As short as the request allows: a thinking budget needs room for itself.
         pb.sampling.max_tokens = max(1, pb.thinking_token_budget)

@@ -1,10 +1,14 @@
 """Anthropic's Messages request into the contract's GenerateRequest.
 
 A Messages body is a chat conversation in other clothes: `system` becomes a
-system turn, each message a turn, an assistant's tool_use blocks its tool
+system turn, each message a turn (a `system` message a system turn where it
+stands: the engine renders it there or merges it into the leading one,
+service/chat_template.py), an assistant's tool_use blocks its tool
 calls and its thinking blocks its reasoning_content, and a user's
 tool_result blocks tool turns (before the user's text, where Anthropic puts
-them); `thinking` is the contract's reasoning budget. `tool_choice` any/tool are the contract's
+them); `thinking` and `output_config.effort` are the contract's reasoning fields
+(messages_reasoning.py); context edits and deferred tools decide which
+blocks and tools reach the prompt (messages_context.py). `tool_choice` any/tool are the contract's
 required/named choices, so forced calls are grammar-constrained exactly as
 on chat completions. The engine judges everything else and names the field;
 `Origins.relabel` turns its chat-shaped names back into the client's
@@ -20,7 +24,9 @@ from dataclasses import dataclass, field
 from millm.v1 import generation_pb2, generation_service_pb2
 from rest_bridge.errors import OpenAIError
 from rest_bridge.protocol.messages import ContentBlock, MessagesInput, MessagesRequest
-from rest_bridge.serving import tool_calls
+from rest_bridge.serving import messages_context, messages_reasoning, tool_calls
+from rest_bridge.serving.messages_context import ContextPlan
+from rest_bridge.serving.messages_reasoning import Spelling
 
 _CHOICES = {
     "auto": generation_pb2.TOOL_CHOICE_MODE_AUTO,
@@ -49,12 +55,20 @@ def _unsupported_block(param: str, kind: str) -> OpenAIError:
                     "tool_use, tool_result and thinking blocks are.", "unsupported_content_type")
 
 
-def _text_of(blocks: str | list[ContentBlock], where: str) -> str:
-    """Text blocks' text, joined (system prompts, tool results)."""
+def _text_of(blocks: str | list[ContentBlock], where: str,
+             request: MessagesInput | None = None) -> str:
+    """Text blocks' text, joined (system prompts, tool results; a tool
+    result's tool_reference blocks, given `request`, as the tools they load)."""
     if isinstance(blocks, str):
         return blocks
     texts = []
     for j, block in enumerate(blocks):
+        if block.type == "tool_reference" and request is not None:
+            line = messages_context.tool_reference_text(block, f"{where}[{j}]", request)
+            # One line each, apart from the text around it.
+            texts.append(("\n" if texts and not texts[-1].endswith("\n") else "") + line
+                         + ("\n" if j + 1 < len(blocks) else ""))
+            continue
         if block.type != "text":
             raise _unsupported_block(f"{where}[{j}].type", block.type)
         if block.text is None:
@@ -72,12 +86,18 @@ class Origins:
     unused: list[str] = field(default_factory=list)
     # Top-level keys sent as extra fields: the engine names them as sent.
     extras: frozenset[str] = frozenset()
+    # The contract's tools[k] is the body's tools[tool_index[k]] (deferred
+    # tools not yet loaded are left out).
+    tool_index: list[int] = field(default_factory=list)
+    spelling: Spelling = field(default_factory=Spelling)
+    context: ContextPlan = field(default_factory=ContextPlan)
 
     def relabel(self, error: OpenAIError) -> OpenAIError:
         param = error.param
         if param is None or param in self.extras:
             return error
-        new = _PLAIN.get(param) or self._rename(param)
+        new = (self.spelling.names.get(param) or _PLAIN.get(param)
+               or self._rename(param))
         if new != param:
             error.message = error.message.replace(f"'{param}'", f"'{new}'")
             error.param = new
@@ -87,7 +107,9 @@ class Origins:
         tool = re.fullmatch(r"tools\[(\d+)\]\.function\.(name|description|parameters)(.*)", param)
         if tool:
             name = "input_schema" if tool[2] == "parameters" else tool[2]
-            return f"tools[{tool[1]}].{name}{tool[3]}"
+            k = int(tool[1])
+            index = self.tool_index[k] if k < len(self.tool_index) else k
+            return f"tools[{index}].{name}{tool[3]}"
         found = _TURN.fullmatch(param)
         if not found or int(found[1]) >= len(self.turns):
             return param
@@ -101,25 +123,14 @@ class Origins:
 
 _PLAIN = {"stop": "stop_sequences", "tool_choice.function.name": "tool_choice.name",
           "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
-          "max_completion_tokens": "max_tokens",
-          "thinking_token_budget": "thinking.budget_tokens", "reasoning_effort": "thinking"}
-
-
-# Contract fields that a Messages body's field became, for the ignored-fields
-# report: both reasoning fields come from `thinking`.
-_REPORTED_AS = {"thinking_token_budget": "thinking", "reasoning_effort": "thinking"}
-
-
-def field_name(name: str) -> str:
-    """A contract field's name as a Messages body spells it (for the
-    ignored-fields report)."""
-    return _REPORTED_AS.get(name, name)
+          "max_completion_tokens": "max_tokens", "output_format": "output_config.format"}
 _TURN = re.compile(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\].*|(\.tool_call_id)"
                    r"|\.(role|content|name)(?:.*))?")
 
 
 def conversation(request: MessagesInput) -> tuple[generation_pb2.ChatInput, Origins]:
     chat, origins = generation_pb2.ChatInput(), Origins()
+    origins.context = messages_context.context_plan(request)
 
     def turn(origin: str, **fields) -> generation_pb2.ChatMessage:
         origins.turns.append(origin)
@@ -131,22 +142,29 @@ def conversation(request: MessagesInput) -> tuple[generation_pb2.ChatInput, Orig
                                                                          "system"))
     for i, message in enumerate(request.messages):
         where = f"messages[{i}]"
-        if message.role not in ("user", "assistant"):
-            raise _invalid(f"{where}.role", f"'{where}.role' must be user or assistant; got "
-                           f"'{message.role[:64]}'.")
+        if message.role not in ("user", "assistant", "system"):
+            raise _invalid(f"{where}.role", f"'{where}.role' must be user, assistant or "
+                           f"system; got '{message.role[:64]}'.")
         blocks = message.content
+        if message.role == "system":
+            # Agents' mid-conversation instructions: a system turn where it stands.
+            turn(where, role=generation_pb2.ROLE_SYSTEM,
+                 content=_text_of(blocks, f"{where}.content"))
+            continue
         if isinstance(blocks, str):
             blocks = [ContentBlock(type="text", text=blocks)]
         if message.role == "user":
-            _user_turns(blocks, where, turn, origins)
+            _user_turns(blocks, where, turn, origins, request)
         else:
-            _assistant_turn(blocks, where, turn, origins)
+            _assistant_turn(blocks, where, turn, origins,
+                            origins.context.keeps_thinking(i))
     # A final assistant message (Anthropic's prefill) is continued by the
     # engine, as it continues any conversation that ends with one.
     return chat, origins
 
 
-def _user_turns(blocks: list[ContentBlock], where: str, turn, origins: Origins) -> None:
+def _user_turns(blocks: list[ContentBlock], where: str, turn, origins: Origins,
+                request: MessagesInput) -> None:
     texts = []
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
@@ -157,7 +175,7 @@ def _user_turns(blocks: list[ContentBlock], where: str, turn, origins: Origins) 
         elif block.type == "tool_result":
             if block.tool_use_id is None:
                 raise _missing(f"{at}.tool_use_id")
-            output = _text_of(block.content or "", f"{at}.content")
+            output = _text_of(block.content or "", f"{at}.content", request)
             if block.is_error:
                 # The contract's tool turn is text: the failure is said in it.
                 output = f"Error: {output}"
@@ -171,7 +189,8 @@ def _user_turns(blocks: list[ContentBlock], where: str, turn, origins: Origins) 
         turn(where, role=generation_pb2.ROLE_USER, content="".join(texts))
 
 
-def _assistant_turn(blocks: list[ContentBlock], where: str, turn, origins: Origins) -> None:
+def _assistant_turn(blocks: list[ContentBlock], where: str, turn, origins: Origins,
+                    keep_thinking: bool) -> None:
     texts, calls, call_origins, thoughts = [], [], [], []
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
@@ -182,6 +201,8 @@ def _assistant_turn(blocks: list[ContentBlock], where: str, turn, origins: Origi
         elif block.type == "thinking":
             if block.thinking is None:
                 raise _missing(f"{at}.thinking")
+            if not keep_thinking:
+                continue  # cleared by context_management's clear_thinking
             thoughts.append(block.thinking)
             if block.signature is not None:
                 origins.unused.append(f"{at}.signature")  # nothing is signed here
@@ -194,7 +215,8 @@ def _assistant_turn(blocks: list[ContentBlock], where: str, turn, origins: Origi
                 arguments_json=json.dumps(block.input, separators=(",", ":"))))
             call_origins.append(at)
         elif block.type in _NOT_RENDERED:
-            origins.unused.append(at)
+            if keep_thinking:
+                origins.unused.append(at)
         else:
             raise _unsupported_block(f"{at}.type", block.type)
     turn(where, role=generation_pb2.ROLE_ASSISTANT, content="".join(texts), tool_calls=calls,
@@ -202,8 +224,9 @@ def _assistant_turn(blocks: list[ContentBlock], where: str, turn, origins: Origi
     origins.calls[-1] = call_origins
 
 
-def add_tools(request: MessagesInput, pb: generation_service_pb2.GenerateRequest) -> None:
-    for i, tool in enumerate(request.tools or ()):
+def add_tools(request: MessagesInput, pb: generation_service_pb2.GenerateRequest,
+              origins: Origins) -> None:
+    for i, tool in messages_context.offered(request):
         if tool.type not in (None, "custom"):
             raise OpenAIError(400, f"Tools of type '{tool.type[:64]}' (Anthropic's server "
                               "tools) are not supported; only client tools (name, "
@@ -211,9 +234,10 @@ def add_tools(request: MessagesInput, pb: generation_service_pb2.GenerateRequest
                               code="field_not_honoured")
         tool_calls.add_tool(pb.tools, i, "function", tool.name, tool.description,
                             tool.input_schema, None)
+        origins.tool_index.append(i)
     choice = request.tool_choice
-    if choice is None:
-        return
+    if choice is None or (not pb.tools and request.tools and choice.type in ("auto", "none")):
+        return  # every tool deferred: nothing to choose among yet
     if choice.type not in _CHOICES:
         raise _invalid("tool_choice.type", "'tool_choice.type' must be auto, any, tool or none; "
                        f"got '{choice.type[:64]}'.")
@@ -226,25 +250,6 @@ def add_tools(request: MessagesInput, pb: generation_service_pb2.GenerateRequest
         pb.parallel_tool_calls = not choice.disable_parallel_tool_use
 
 
-def add_thinking(request: MessagesInput, pb: generation_service_pb2.GenerateRequest) -> None:
-    """Anthropic's thinking in the contract's reasoning fields: a budget caps
-    the reasoning block (the engine closes it there), `disabled` switches a
-    reasoning model's thinking off, `adaptive` leaves it to the model. A
-    model with no reasoning format reports them as ignored."""
-    thinking = request.thinking
-    if thinking is None:
-        return
-    if thinking.type == "enabled":
-        if thinking.budget_tokens is None:
-            raise _missing("thinking.budget_tokens")
-        pb.thinking_token_budget = thinking.budget_tokens
-    elif thinking.type == "disabled":
-        pb.reasoning_effort = "none"
-    elif thinking.type != "adaptive":
-        raise _invalid("thinking.type", "'thinking.type' must be enabled, adaptive or "
-                       f"disabled; got '{thinking.type[:64]}'.")
-
-
 def generate_request(request: MessagesInput) -> tuple[generation_service_pb2.GenerateRequest,
                                                       Origins]:
     """The contract's request for a Messages body (a count's too: it has no
@@ -252,8 +257,12 @@ def generate_request(request: MessagesInput) -> tuple[generation_service_pb2.Gen
     chat, origins = conversation(request)
     origins.extras = frozenset(request.model_extra or ())
     pb = generation_service_pb2.GenerateRequest(model=request.model, chat=chat)
-    add_tools(request, pb)
-    add_thinking(request, pb)
+    add_tools(request, pb, origins)
+    origins.spelling = messages_reasoning.add_reasoning(request, pb, origins.unused)
+    output_format = messages_reasoning.output_format(request)
+    if output_format is not None and "output_format" not in origins.extras:
+        pb.extra_fields.update({"output_format": output_format})  # the engine refuses it
+    pb.unused_fields.extend(origins.context.unused)
     pb.unused_fields.extend(origins.unused)
     if isinstance(request, MessagesRequest):
         _sampling(request, pb.sampling)

@@ -5,9 +5,11 @@ stream's events (content_block_start / _delta / _stop) while it builds the
 content blocks, and `finish` closes the message; a non-streamed request
 keeps only the built message, so the streamed and the whole answer cannot
 drift apart. A reasoning model's reasoning is a thinking block (thinking_delta events),
-before the text. Text is one text block; each tool call a tool_use block whose
-`input` is the call's arguments parsed (the engine has checked them against
-the tool's schema), streamed as input_json_delta pieces. A call that
+before the text; with `thinking.display: omitted` the block is there with its
+text left empty (no thinking_delta), as Anthropic answers it. Text is one
+text block; each tool call a tool_use block whose `input` is the call's
+arguments parsed (the engine has checked them against the tool's schema),
+streamed as input_json_delta pieces. A call that
 max_tokens cut before or inside its arguments has no input, and the whole
 message leaves it out.
 """
@@ -49,10 +51,14 @@ CUT_SHORT = frozenset({"max_tokens", "model_context_window_exceeded"})
 
 
 class MessageFold:
-    def __init__(self, message_id: str, model: str, prompt_tokens: int,
-                 window_capped: bool = False):
+    def __init__(self, message_id: str, model: str, prompt_tokens: int, *,
+                 window_capped: bool = False, omit_thinking: bool = False,
+                 context_management: dict | None = None):
         self.id, self.model, self.prompt_tokens = message_id, model, prompt_tokens
         self.window_capped = window_capped  # a length finish is the window's end
+        self.omit_thinking = omit_thinking
+        # The request's context edits as applied (None: it sent none).
+        self.context_management = context_management
         self.blocks: list[dict] = []
         self._open: dict | None = None  # the block still receiving deltas
         self._arguments: dict[int, str] = {}  # block index -> a call's JSON so far
@@ -100,9 +106,10 @@ class MessageFold:
                 if self._open is None or self._open["type"] != "thinking":
                     # Nothing is signed here: the signature stays empty.
                     self._begin({"type": "thinking", "thinking": "", "signature": ""}, events)
-                self._open["thinking"] += delta.reasoning
-                self._delta(len(self.blocks) - 1, {"type": "thinking_delta",
-                                                   "thinking": delta.reasoning}, events)
+                if not self.omit_thinking:
+                    self._open["thinking"] += delta.reasoning
+                    self._delta(len(self.blocks) - 1, {"type": "thinking_delta",
+                                                       "thinking": delta.reasoning}, events)
             if delta.text:
                 if self._open is None or self._open["type"] != "text":
                     self._begin({"type": "text", "text": ""}, events)
@@ -151,14 +158,19 @@ class MessageFold:
         # has no input to give: the whole message leaves it out (stop_reason
         # max_tokens says why); a stream has sent its pieces.
         self.blocks = [b for i, b in enumerate(self.blocks) if i not in cut]
-        events.append(("message_delta", {
-            "type": "message_delta",
-            "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
-            "usage": usage_json(self.usage, self.prompt_tokens)}))
+        delta = {"type": "message_delta",
+                 "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
+                 "usage": usage_json(self.usage, self.prompt_tokens)}
+        if self.context_management is not None:
+            delta["context_management"] = self.context_management
+        events.append(("message_delta", delta))
         events.append(("message_stop", {"type": "message_stop"}))
         return events
 
     def message(self) -> dict:
-        return {**self._head(), "content": self.blocks, "stop_reason": self.stop_reason,
-                "stop_sequence": self.stop_sequence,
-                "usage": usage_json(self.usage, self.prompt_tokens)}
+        message = {**self._head(), "content": self.blocks, "stop_reason": self.stop_reason,
+                   "stop_sequence": self.stop_sequence,
+                   "usage": usage_json(self.usage, self.prompt_tokens)}
+        if self.context_management is not None:
+            message["context_management"] = self.context_management
+        return message

@@ -47,8 +47,19 @@ MESSAGES_PLACES = frozenset({"seed", "profile", "steering_intensity", "tools", "
                              "grammar"})
 # Messages fields of the table that the bridge maps onto another field of the
 # contract: their cell is that field's on chat (`thinking` is the reasoning
-# budget; its `disabled` is reasoning_effort "none").
-MESSAGES_ALIASES = {"thinking": "thinking_token_budget"}
+# budget; its `disabled` is reasoning_effort "none"; `output_config.effort` is
+# reasoning_effort, and its `format` comes as `output_format`, refused).
+MESSAGES_ALIASES = {"thinking": "thinking_token_budget", "output_config": "reasoning_effort"}
+# Messages fields the bridge does itself, before the conversation reaches the
+# contract (a gRPC caller sends the conversation it wants rendered): always
+# honoured there, with what they do.
+MESSAGES_BRIDGED = {
+    "context_management": "clear_thinking_20251015 leaves older assistant turns' thinking "
+    "out of the prompt (keep: all, or the last N turns); other edits are reported",
+}
+MESSAGES_NOTES = {
+    "output_config": "effort is the reasoning effort (max as xhigh); format is refused",
+}
 NO_PLACE = "this endpoint's request has no place for it"
 ALWAYS = ""  # a cell honoured on every engine
 
@@ -218,13 +229,14 @@ RULES: dict[str, FieldRule] = {
     # it is an unknown request to think, refused.
     "thinking": FieldRule(no_change=({"type": "disabled"},), why="thinking is Anthropic's "
                           "Messages API field; use thinking_token_budget or reasoning_effort"),
-    "output_config": FieldRule(no_change=({},), why="output formats and effort levels are "
-                               + NOT_YET + "; force a tool for structured output"),
+    "output_config": FieldRule(no_change=({},), why="output_config is Anthropic's Messages "
+                               "API field; use reasoning_effort or response_format"),
     "output_format": FieldRule(why="output formats are " + NOT_YET + "; force a tool for "
                                "structured output"),
     "mcp_servers": FieldRule(no_change=([],), why="the server calls no MCP servers"),
     "container": FieldRule(why="code-execution containers are not served"),
-    "context_management": FieldRule(why="the server never edits the context it is sent"),
+    "context_management": FieldRule(why="context edits are Anthropic's Messages API field; "
+                                    "send the conversation as it should be rendered"),
 }
 
 
@@ -242,8 +254,13 @@ def messages_cell(name: str, rule: FieldRule, kind: EngineCapabilities,
     """The Messages route's cell: chat's, except that a field chat honours
     but a Messages body cannot place is refused, as check() refuses an
     unmapped extra field."""
+    if name in MESSAGES_BRIDGED:
+        return Cell(Treatment.HONOURED, reason=MESSAGES_BRIDGED[name])
     if name in MESSAGES_ALIASES:
-        return RULES[MESSAGES_ALIASES[name]].cell(CHAT, kind, model)
+        cell = RULES[MESSAGES_ALIASES[name]].cell(CHAT, kind, model)
+        if cell.treatment is Treatment.HONOURED and name in MESSAGES_NOTES:
+            return Cell(Treatment.HONOURED, reason=MESSAGES_NOTES[name])
+        return cell
     # check() runs first with the engine kind's capabilities: a field the kind
     # honours but the body could not place is refused there, whatever the
     # loaded model would make of it.
