@@ -30,6 +30,7 @@ from service import json_text
 from service.errors import EngineError, invalid_parameter
 from service.formats import hermes
 from service.formats.base import CallSyntax
+from service.requests import custom_tools
 from service.schema_limits import RepeatBudget
 from service.structured_output import NAME_PATTERN, check_schema
 
@@ -44,6 +45,9 @@ class FunctionTool:
     description: str = ""
     parameters_json: str = ""  # as sent; empty: any object
     strict: bool | None = None
+    # A custom (freeform) tool's input format, (syntax, definition):
+    # requests/custom_tools.py. None: a function tool.
+    custom: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,15 @@ class ToolPlan:
     parallel: bool = True
     # The loaded model's call syntax (set once the model is known).
     syntax: CallSyntax = hermes.CALLS
+    # Custom tools whose input grammar constrains their calls: (name, EBNF
+    # of the arguments, the tool's index in the request).
+    custom: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def key(self) -> str:
         return "tools:" + json.dumps([self.syntax.name, self.tools, self.mode, self.name,
-                                      self.parallel], sort_keys=True, separators=(",", ":"))
+                                      self.parallel, self.custom], sort_keys=True,
+                                     separators=(",", ":"))
 
     def schema_of(self, name: str) -> dict | None:
         return next((schema for n, _, schema in self.tools if n == name), None)
@@ -93,7 +101,12 @@ class ToolPlan:
 
     def structural_format(self):
         """The calls as an xgrammar structural-tag format, in the model's syntax."""
-        tags = [self.syntax.tag(name, self.syntax.arguments_format(schema) or _arguments(schema))
+        from xgrammar import structural_tag as st
+
+        grammars = {name: ebnf for name, ebnf, _ in self.custom}
+        tags = [self.syntax.tag(name, self.syntax.arguments_format(schema)
+                                or (st.GrammarFormat(grammar=grammars[name]) if name in grammars
+                                    else _arguments(schema)))
                 for name, _, schema in self.tools if self.mode != FUNCTION or name == self.name]
         one = self.mode == FUNCTION or not self.parallel
         return self.syntax.calls_format(tags, auto=self.mode == AUTO, one=one)
@@ -140,7 +153,7 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
         if parallel is not None:
             unused.append("parallel_tool_calls")
         return None
-    checked, seen = [], set()
+    checked, seen, custom = [], set(), []
     budget = RepeatBudget()  # one grammar holds every tool: their patterns share it
     for i, tool in enumerate(tools):
         where = f"tools[{i}].function"
@@ -151,6 +164,16 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
             raise invalid_parameter(f"{where}.name", f"Two tools are named '{tool.name}'; "
                                     "function names must be unique.")
         seen.add(tool.name)
+        if tool.custom is not None:
+            # Its input is text, written as the one string argument `input`.
+            schema = custom_tools.INPUT_SCHEMA
+            ebnf = custom_tools.arguments_grammar(*tool.custom)
+            if ebnf is not None:
+                custom.append((tool.name, ebnf, i))
+            elif tool.custom[0] != custom_tools.FREE:
+                unused.append(f"tools[{i}].custom")  # the text stays free
+            checked.append((tool.name, tool.description, schema))
+            continue
         schema = (_tool_schema(tool.parameters_json, f"{where}.parameters", budget)
                   if tool.parameters_json else {"type": "object"})
         checked.append((tool.name, tool.description, schema))
@@ -160,7 +183,7 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
         if name not in seen:
             raise invalid_parameter("tool_choice.function.name", f"'tool_choice' names "
                                     f"'{name}', which is not among the tools.")
-    return ToolPlan(tuple(checked), mode, name, parallel is not False)
+    return ToolPlan(tuple(checked), mode, name, parallel is not False, custom=tuple(custom))
 
 
 def _tool_schema(parameters_json: str, param: str, budget: RepeatBudget) -> dict:
