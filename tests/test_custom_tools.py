@@ -70,3 +70,12 @@ def test_offered_names_join_namespace_and_name():
     assert offered_name("mcp__files__", "read") == "mcp__files__read"
     long = offered_name("mcp__" + "x" * 50, "y" * 30)
     assert len(long) == 64 and long == offered_name("mcp__" + "x" * 50, "y" * 30)
+
+
+def test_a_cut_custom_call_shows_the_text_written_so_far():
+    from rest_bridge.serving.responses_tools import custom_input
+
+    assert custom_input('{"input": "a\\nb"}') == "a\nb"
+    assert custom_input('{"input": "*** Add \\"sun\\') == '*** Add "sun'
+    assert custom_input('{"input": "ab\\u00') == "ab"
+    assert custom_input("not json") == "not json"

@@ -137,14 +137,25 @@ def set_choice(request: ResponsesRequest, target: generation_pb2.ToolChoice,
     tool_calls.set_choice(target, choice, named, '{"type": "function", "name": ...}')
 
 
+_OPEN = '{"input": "'
+
+
 def custom_input(arguments_json: str) -> str:
     """A custom tool call's input from the arguments the model wrote
-    ({"input": TEXT}); text that is not that (a call cut short) as it is."""
+    ({"input": TEXT}). A call cut short (max_output_tokens) gives the text
+    written so far; anything else is shown as it is."""
     try:
         value = json.loads(arguments_json)
     except ValueError:
-        return arguments_json
+        value = None
     if isinstance(value, dict) and isinstance(value.get("input"), str):
         return value["input"]
+    if arguments_json.startswith(_OPEN):
+        body = arguments_json[len(_OPEN):]
+        for cut in range(min(len(body), 6) + 1):  # a dangling escape: \, \u00
+            try:
+                return json.loads('"' + body[:len(body) - cut] + '"')
+            except ValueError:
+                continue
     return arguments_json
 
