@@ -171,6 +171,9 @@ class InferenceService:
             # Calls are written (and constrained) in the model's own syntax.
             checked = dataclasses.replace(checked, tools=dataclasses.replace(
                 checked.tools, syntax=fmt.calls))
+            if fmt.calls.arguments is not None:
+                # A custom tool's grammar is for JSON text; this notation is not.
+                ignored.extend(f"tools[{i}].custom" for _, _, i in checked.tools.custom)
         variables = {}
         if params.messages is not None:
             # (A model with no reasoning format reports the fields: fields.py.)

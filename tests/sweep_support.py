@@ -214,6 +214,25 @@ FULL_BODIES = (
         "model": MODEL, "max_output_tokens": 1, "stream": True, "input": "Hi",
         "text": {"format": {"type": "json_schema", "name": "s", "schema": _PARAMETERS,
                             "strict": True}}, "include": [], "reasoning": {"effort": None}}),
+    # As Codex CLI sends it: a namespace, a custom tool with a grammar, a hosted tool.
+    ("POST", "/v1/responses", {
+        "model": MODEL, "max_output_tokens": 1, "store": False, "stream": True,
+        "input": [{"type": "message", "role": "developer",
+                   "content": [{"type": "input_text", "text": "Be brief."}]},
+                  {"type": "custom_tool_call", "call_id": "c2", "name": "patch", "input": "a"},
+                  {"type": "custom_tool_call_output", "call_id": "c2", "output": "ok"},
+                  {"type": "function_call", "call_id": "c3", "name": "g", "namespace": "ns",
+                   "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "c3", "output": "ok"}],
+        "tools": [{"type": "namespace", "name": "ns", "description": "d", "tools": [
+                      {"type": "function", "name": "g", "parameters": _PARAMETERS}]},
+                  {"type": "custom", "name": "patch", "description": "d",
+                   "format": {"type": "grammar", "syntax": "lark",
+                              "definition": 'start: "a"+'}},
+                  {"type": "web_search", "external_web_access": False}],
+        "tool_choice": "auto", "parallel_tool_calls": True,
+        "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "k", "client_metadata": {"originator": "codex_exec"}}),
     ("POST", "/v1/messages", {
         "model": MODEL, "max_tokens": 1, "system": [{"type": "text", "text": "Be brief."}],
         "messages": [

@@ -281,7 +281,9 @@ def test_json_schema_text_format(client):
      400, "unsupported_item_type", "input[1].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, 400,
      "unsupported_content_type", "input[0].content[0].type"),
-    ({"tools": [TOOL, {"type": "web_search"}]}, 400, "field_not_honoured", "tools[1].type"),
+    # A hosted tool is reported (test_responses_agents.py); forcing one is refused.
+    ({"tools": [TOOL, {"type": "web_search"}], "tool_choice": {"type": "web_search"}}, 400,
+     "field_not_honoured", "tool_choice.type"),
     ({"background": True}, 400, "field_not_honoured", "background"),
     ({"truncation": "auto"}, 400, "field_not_honoured", "truncation"),
     ({"n": 2}, 400, "field_not_honoured", "n"),

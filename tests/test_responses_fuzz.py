@@ -37,23 +37,50 @@ ITEM = with_unknown_keys(st.one_of(
     st.fixed_dictionaries({"type": st.just("function_call_output")}, optional={
         "call_id": sometimes(st.sampled_from(["call_1", "call_9"])),
         "output": sometimes(CONTENT)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["custom_tool_call",
+                                                    "custom_tool_call_output"])}, optional={
+        "call_id": sometimes(st.sampled_from(["call_1", "call_9"])),
+        "name": sometimes(st.sampled_from(["patch", "f"])),
+        "input": sometimes(TEXT), "output": sometimes(CONTENT)}),
     st.fixed_dictionaries({"type": st.sampled_from(["input_image", "web_search_call",
-                                                    "item_reference", "reasoning"])}),
+                                                    "item_reference", "reasoning"])},
+                          optional={"encrypted_content": sometimes(TEXT)}),
 ), max_size=1)
 TOOL = st.one_of(
     st.fixed_dictionaries({"type": st.just("function"), "name": st.sampled_from(
         ["get_weather", "f", "bad name"])}, optional={"parameters": sometimes(
             st.sampled_from([{"type": "object"}, {"type": "string"}, {"type": "object",
                              "properties": {"city": {"type": "string", "maxLength": 8}}}]))}),
-    st.fixed_dictionaries({"type": st.sampled_from(["web_search", "file_search"])}))
+    st.fixed_dictionaries({"type": st.sampled_from(["web_search", "file_search", "mcp",
+                                                    "local_shell"])}),
+    # Codex's shapes: a namespace of functions, a custom tool with a grammar.
+    st.fixed_dictionaries({"type": st.just("namespace"), "name": sometimes(
+        st.sampled_from(["collab", "mcp__x__", "bad name"])), "tools": sometimes(st.lists(
+            st.fixed_dictionaries({"type": st.sampled_from(["function", "custom", "mcp"]),
+                                   "name": sometimes(st.sampled_from(["f", "g"]))}),
+            max_size=2))}),
+    st.fixed_dictionaries({"type": st.just("custom"), "name": st.sampled_from(
+        ["patch", "f"])}, optional={"format": sometimes(st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "grammar", "yaml"])}, optional={
+                "syntax": sometimes(st.sampled_from(["lark", "regex", "ebnf"])),
+                "definition": sometimes(st.one_of(TEXT, st.sampled_from(
+                    ['start: "a"+', "[a-z]{1,3}", 'start: x\nx: "\\"" /[^"]*/']))),
+            }))}))
 FIELDS = {
     "instructions": sometimes(TEXT),
     "temperature": sometimes(st.floats(-1, 3)),
     "top_p": sometimes(st.floats(-0.5, 1.5)),
     "tools": sometimes(st.lists(TOOL, max_size=2)),
     "tool_choice": sometimes(st.one_of(st.sampled_from(["auto", "none", "required", "any"]),
-                                       st.fixed_dictionaries({"type": st.just("function"),
-                                                              "name": st.just("f")}))),
+                                       st.fixed_dictionaries({"type": st.sampled_from(
+                                           ["function", "custom", "web_search"]),
+                                           "name": st.sampled_from(["f", "patch"])},
+                                           optional={"namespace": sometimes(st.sampled_from(
+                                               ["collab", "mcp__x__"]))}))),
+    "include": sometimes(st.lists(st.sampled_from(
+        ["reasoning.encrypted_content", "message.output_text.logprobs", ""]), max_size=2)),
+    "prompt_cache_key": sometimes(TEXT),
+    "client_metadata": sometimes(JSON_VALUES),
     "parallel_tool_calls": sometimes(st.booleans()),
     "text": sometimes(st.fixed_dictionaries({}, optional={"format": st.sampled_from([
         {"type": "text"}, {"type": "json_object"}, {"type": "yaml"},

@@ -270,3 +270,16 @@ def test_the_prefix_index_matches_leading_blocks_and_stays_bounded():
     assert len(index._sent) <= 6  # the oldest blocks went first
     index.forget("a")
     assert "a" not in index.matches(one)
+
+
+def test_a_prompt_cache_key_is_a_block_of_its_own():
+    # A Responses request's prompt_cache_key leads its prefix: same key,
+    # same replica, even before the prompts share a whole block.
+    one, two = block_hashes("short", "session-1"), block_hashes("other", "session-1")
+    assert one == two and len(one) == 1
+    assert block_hashes("short", "session-2") != one
+    long = block_hashes("x" * BLOCK_CHARS, "session-1")
+    assert long[0] == one[0] and long[1] != block_hashes("x" * BLOCK_CHARS)[0]
+    index = PrefixIndex()
+    index.record(one, "a")
+    assert index.matches(two) == {"a": 1} and index.matches(block_hashes("short")) == {}

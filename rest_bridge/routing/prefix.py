@@ -13,6 +13,7 @@ was sent.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 from collections import OrderedDict
 
@@ -22,6 +23,12 @@ INDEX_ENTRIES = 65_536
 
 
 HASHED_CHARS = MAX_BLOCKS * BLOCK_CHARS
+# A request's prompt_cache_key (the Responses API's), set by its handler: a
+# client's hint that its requests share a prefix. It becomes a first block of
+# their own, so requests with the same key go where the key went before
+# (while that replica is not overloaded) even when their text has no whole
+# block in common yet, and requests with different keys share no prefix.
+cache_key: contextvars.ContextVar[str] = contextvars.ContextVar("cache_key", default="")
 
 
 def prompt_text(request) -> str:
@@ -56,10 +63,15 @@ def prompt_text(request) -> str:
     return ""
 
 
-def block_hashes(text: str) -> list[bytes]:
+def block_hashes(text: str, key: str = "") -> list[bytes]:
     """Chained hashes of the text's whole blocks (a shorter tail is left out:
-    two prompts share a block only if they share all of it)."""
+    two prompts share a block only if they share all of it), after the
+    key's block when there is a key (cache_key)."""
     hashes, previous = [], b""
+    if key:
+        previous = hashlib.blake2b(b"\x1ckey\x1c" + key.encode("utf-8", "surrogatepass"),
+                                   digest_size=8).digest()
+        hashes.append(previous)
     for start in range(0, min(len(text), MAX_BLOCKS * BLOCK_CHARS) - BLOCK_CHARS + 1,
                        BLOCK_CHARS):
         block = text[start:start + BLOCK_CHARS].encode("utf-8", "surrogatepass")

@@ -36,7 +36,7 @@ import grpc
 from millm.client import AsyncClient
 from millm.v1 import server_service_pb2
 from rest_bridge.routing.picker import Replica, choose
-from rest_bridge.routing.prefix import PrefixIndex, block_hashes
+from rest_bridge.routing.prefix import PrefixIndex, block_hashes, cache_key
 
 log = logging.getLogger("millm.bridge")
 
@@ -102,7 +102,8 @@ class Router:
         """The replica for a call asking for `model` with this prompt text
         (prefix.prompt_text); None when no replica is routable (the caller
         falls back to the balanced channel)."""
-        hashes = block_hashes(prompt) if prompt else []
+        key = cache_key.get()
+        hashes = block_hashes(prompt, key) if prompt or key else []
         choice = choose(list(self.replicas.values()), model,
                         self.index.matches(hashes) if hashes else {}, exclude)
         if choice is None:

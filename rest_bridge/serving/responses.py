@@ -23,6 +23,7 @@ from rest_bridge.engine_client import EngineClient
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import query_int
 from rest_bridge.protocol.responses import ResponsesRequest
+from rest_bridge.routing.prefix import cache_key
 from rest_bridge.serving import failover, responses_input, responses_stream, sse
 from rest_bridge.serving.disconnect import unless_disconnected
 from rest_bridge.serving.failover import RESTARTED, GenerateCall
@@ -41,6 +42,15 @@ async def _stream_of(call: GenerateCall):
     async for message in call.rest():
         if message is not RESTARTED:
             yield message
+
+
+def _headers(meta, origins: responses_input.Origins) -> dict[str, str]:
+    """The generation headers, the ignored fields named as the client wrote them."""
+    shown = type(meta)()
+    shown.CopyFrom(meta)
+    del shown.ignored_fields[:]
+    shown.ignored_fields.extend(origins.relabel_ignored(meta.ignored_fields))
+    return GenerationHandler.response_headers(shown)
 
 
 def _param_error(exc: grpc.aio.AioRpcError, renames: dict[str, str]) -> OpenAIError:
@@ -84,7 +94,8 @@ class ResponsesHandler:
             raise OpenAIError(400, "'prompt' is not honoured: stored prompt templates are not "
                               "served; send the text as 'input' or 'instructions'.",
                               param="prompt", code="field_not_honoured")
-        new = responses_input.input_items(request)
+        unused: list[str] = []
+        new = responses_input.input_items(request, unused)
         replayed: list[rpb.ResponseItem] = []
         if request.previous_response_id is not None:
             earlier = await self._read(request.previous_response_id, "previous_response_id",
@@ -93,10 +104,15 @@ class ResponsesHandler:
         if not new and not replayed:
             raise OpenAIError(400, "Missing required parameter: 'input'.", param="input",
                               code="missing_required_parameter")
-        settings = responses_input.settings(request)
+        settings, tools = responses_input.settings(request)
         chat, origins = responses_input.conversation(request.instructions, replayed, new)
+        origins.tools = tools.origins
         pb = common_fields(request, responses_input.generate_request(request, chat, settings),
                            strict)
+        # Hosted tools are kept from the model, and reported.
+        pb.unused_fields.extend([*tools.hosted, *unused])
+        if request.prompt_cache_key:
+            cache_key.set(request.prompt_cache_key)
 
         call, meta = await failover.start(self.engine, pb, http_request.app.state,
                                           bool(request.stream), origins.relabel)
@@ -107,8 +123,8 @@ class ResponsesHandler:
         if request.instructions is not None:
             response.instructions = request.instructions
         store = request.store is not False
-        builder = OutputBuilder(response)
-        headers = GenerationHandler.response_headers(meta)
+        builder = OutputBuilder(response, tools)
+        headers = _headers(meta, origins)
 
         async def save() -> None:
             await self._save(response, [*replayed, *new])
@@ -134,7 +150,7 @@ class ResponsesHandler:
                     if message is RESTARTED:  # sent again on another engine: start over
                         del response.output[:]
                         response.ClearField("usage")
-                        builder = OutputBuilder(response)
+                        builder = OutputBuilder(response, tools)
                         continue
                     builder.feed(message)
             except grpc.aio.AioRpcError as exc:
@@ -147,7 +163,7 @@ class ResponsesHandler:
         # A retried request is answered from the call that completed.
         meta = call.metadata
         response.created_at, response.model = meta.created, meta.model
-        headers = GenerationHandler.response_headers(meta)
+        headers = _headers(meta, origins)
         if store:
             await save()
         return JSONResponse(response_json(response, store=store), headers=headers)

@@ -11,6 +11,7 @@ is the engine's to say; `Origins` maps its `messages[k]...` back to
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -19,8 +20,9 @@ from millm.v1 import generation_pb2, generation_service_pb2
 from millm.v1 import response_service_pb2 as rpb
 from rest_bridge.errors import OpenAIError
 from rest_bridge.protocol.responses import ContentPart, ResponsesRequest
-from rest_bridge.serving import tool_calls
+from rest_bridge.serving import responses_tools
 from rest_bridge.serving.chat import add_reasoning_fields, response_format_pb
+from rest_bridge.serving.responses_json import decrypted_reasoning
 
 ROLES = {"user": generation_pb2.ROLE_USER, "system": generation_pb2.ROLE_SYSTEM,
          "developer": generation_pb2.ROLE_DEVELOPER, "assistant": generation_pb2.ROLE_ASSISTANT}
@@ -56,8 +58,9 @@ def _text_parts(parts: str | list[ContentPart], where: str, default_type: int,
     return out
 
 
-def input_items(request: ResponsesRequest) -> list[rpb.ResponseItem]:
-    """The request's input as items, each with a fresh id."""
+def input_items(request: ResponsesRequest, unused: list[str]) -> list[rpb.ResponseItem]:
+    """The request's input as items, each with a fresh id; what it holds that
+    nothing reads is appended to `unused`."""
     if request.input is None:
         return []
     if isinstance(request.input, str):
@@ -86,32 +89,51 @@ def input_items(request: ResponsesRequest) -> list[rpb.ResponseItem]:
                 if getattr(item, name) is None:
                     raise _missing(f"{where}.{name}")
             items.append(rpb.ResponseItem(id=new_id("fc"), function_call=rpb.FunctionCallItem(
-                call_id=item.call_id, name=item.name, arguments_json=item.arguments)))
-        elif kind == "function_call_output":
+                call_id=item.call_id, name=item.name, arguments_json=item.arguments,
+                namespace=item.namespace or "")))
+        elif kind == "custom_tool_call":
+            for name in ("call_id", "name", "input"):
+                if getattr(item, name) is None:
+                    raise _missing(f"{where}.{name}")
+            items.append(rpb.ResponseItem(id=new_id("ctc"), custom_tool_call=rpb.CustomToolCallItem(
+                call_id=item.call_id, name=item.name, input=item.input)))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             if item.call_id is None:
                 raise _missing(f"{where}.call_id")
             if item.output is None:
                 raise _missing(f"{where}.output")
             parts = _text_parts(item.output, f"{where}.output",
                                 rpb.CONTENT_PART_TYPE_INPUT_TEXT, ("input_text",))
-            items.append(rpb.ResponseItem(
-                id=new_id("fco"), function_call_output=rpb.FunctionCallOutputItem(
-                    call_id=item.call_id, output="".join(p.text for p in parts))))
+            text = "".join(p.text for p in parts)
+            if kind == "function_call_output":
+                items.append(rpb.ResponseItem(
+                    id=new_id("fco"), function_call_output=rpb.FunctionCallOutputItem(
+                        call_id=item.call_id, output=text)))
+            else:
+                items.append(rpb.ResponseItem(
+                    id=new_id("ctco"), custom_tool_call_output=rpb.CustomToolCallOutputItem(
+                        call_id=item.call_id, output=text)))
         elif kind == "reasoning":
             items.append(rpb.ResponseItem(id=new_id("rs"), reasoning=rpb.ReasoningItem(
-                text=_reasoning_text(item, where))))
+                text=_reasoning_text(item, where, unused))))
         elif kind is None:
             raise _missing(f"{where}.type")
         else:
             raise OpenAIError(400, f"Input items of type '{kind}' are not supported; only "
-                              "message, function_call, function_call_output and reasoning "
-                              "items are.",
+                              "message, function_call, function_call_output, custom_tool_call, "
+                              "custom_tool_call_output and reasoning items are.",
                               param=f"{where}.type", code="unsupported_item_type")
     return items
 
 
-def _reasoning_text(item, where: str) -> str:
-    """A reasoning item's text: its reasoning_text parts, else its summary's."""
+def _reasoning_text(item, where: str, unused: list[str]) -> str:
+    """A reasoning item's text: its reasoning_text parts, else the text in an
+    encrypted_content this bridge wrote, else its summary's."""
+    if not item.content and item.encrypted_content:
+        text = decrypted_reasoning(item.encrypted_content)
+        if text is not None:
+            return text
+        unused.append(f"{where}.encrypted_content")  # another server's: unreadable here
     for name, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = getattr(item, name)
         if isinstance(parts, list) and parts:
@@ -131,6 +153,7 @@ class Origins:
 
     messages: list[str] = field(default_factory=list)
     calls: list[list[str]] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)  # the contract's tools[k]'s location
 
     def relabel(self, error: OpenAIError) -> OpenAIError:
         param = error.param
@@ -141,6 +164,24 @@ class Origins:
             error.message = error.message.replace(f"'{param}'", f"'{new}'")
             error.param = new
         return error
+
+    def relabel_ignored(self, locations) -> list[str]:
+        """The engine's ignored-field locations as the client wrote them."""
+        return [_PLAIN.get(loc) or _tool_location(loc, self) or loc for loc in locations]
+
+
+def _tool_location(param: str, origins: Origins) -> str | None:
+    """`tools[k].function.X` (and `tools[k].custom`) at the client's tool."""
+    tool = re.fullmatch(r"tools\[(\d+)\](?:\.function\.(.*)|\.(custom)(.*))?", param)
+    if not tool:
+        return None
+    k = int(tool[1])
+    origin = origins.tools[k] if k < len(origins.tools) else f"tools[{k}]"
+    if tool[2] is not None:
+        return f"{origin}.{tool[2]}"
+    if tool[3] is not None:
+        return f"{origin}.format{tool[4]}"
+    return origin
 
 
 _PLAIN = {"messages": "input", "max_tokens": "max_output_tokens",
@@ -155,9 +196,9 @@ def _rename(param: str, origins: Origins) -> str:
         return "text.format." + param.removeprefix("response_format.json_schema.")
     if param.startswith("response_format."):
         return "text.format." + param.removeprefix("response_format.")
-    tool = re.fullmatch(r"tools\[(\d+)\]\.function\.(.*)", param)
-    if tool:
-        return f"tools[{tool[1]}].{tool[2]}"
+    tool = _tool_location(param, origins)
+    if tool is not None:
+        return tool
     found = _MESSAGE.fullmatch(param)
     if not found or int(found[1]) >= len(origins.messages):
         return param
@@ -203,27 +244,37 @@ def conversation(instructions: str | None, replayed: list[rpb.ResponseItem],
                  reasoning_content=thought if assistant else "")
             thought = "" if assistant else thought
             calls_open = assistant
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             if not calls_open:
                 turn(origin, role=generation_pb2.ROLE_ASSISTANT, content="",
                      reasoning_content=thought)
                 thought = ""
                 calls_open = True
-            c = item.function_call
-            chat.messages[-1].tool_calls.add(id=c.call_id, name=c.name,
-                                             arguments_json=c.arguments_json)
+            if kind == "function_call":
+                c = item.function_call
+                name, arguments = (responses_tools.offered_name(c.namespace, c.name),
+                                   c.arguments_json)
+            else:  # written as the engine writes a custom tool's calls
+                c = item.custom_tool_call
+                name, arguments = c.name, json.dumps({"input": c.input}, ensure_ascii=False)
+            chat.messages[-1].tool_calls.add(id=c.call_id, name=name, arguments_json=arguments)
             origins.calls[-1].append(origin)
-        elif kind == "function_call_output":
-            out = item.function_call_output
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            out = getattr(item, kind)
             turn(origin, role=generation_pb2.ROLE_TOOL, content=out.output,
                  tool_call_id=out.call_id)
             calls_open = False
     return chat, origins
 
 
-def settings(request: ResponsesRequest) -> rpb.ResponseSettings:
+_SUMMARIES = ("auto", "concise", "detailed")
+ENCRYPTED = "reasoning.encrypted_content"
+
+
+def settings(request: ResponsesRequest) -> tuple[rpb.ResponseSettings, responses_tools.ToolMap]:
     """What the request asks of generation, in the contract's terms (it is
-    echoed back with the response, and stored with it)."""
+    echoed back with the response, and stored with it), and what its tools'
+    offered names stand for."""
     out = rpb.ResponseSettings()
     for name in _SAMPLING:
         value = getattr(request, name)
@@ -234,15 +285,9 @@ def settings(request: ResponsesRequest) -> rpb.ResponseSettings:
     if request.stop is not None:
         out.sampling.stop.extend([request.stop] if isinstance(request.stop, str)
                                  else request.stop)
-    for i, tool in enumerate(request.tools or ()):
-        if tool.type == "function" and tool.name is None:
-            raise _missing(f"tools[{i}].name")
-        tool_calls.add_tool(out.tools, i, tool.type, tool.name, tool.description,
-                            tool.parameters, tool.strict)
-    choice = request.tool_choice
-    if choice is not None:
-        named = choice.name if not isinstance(choice, str) and choice.type == "function" else None
-        tool_calls.set_choice(out.tool_choice, choice, named, '{"type": "function", "name": ...}')
+    tools = responses_tools.add_tools(request, out.tools)
+    if request.tool_choice is not None:
+        responses_tools.set_choice(request, out.tool_choice, tools)
     if request.parallel_tool_calls is not None:
         out.parallel_tool_calls = request.parallel_tool_calls
     if request.text is not None and request.text.format is not None:
@@ -253,7 +298,17 @@ def settings(request: ResponsesRequest) -> rpb.ResponseSettings:
         out.user = request.user
     if request.reasoning is not None and request.reasoning.effort is not None:
         out.reasoning_effort = request.reasoning.effort
-    return out
+    reasoning = request.reasoning
+    summary = reasoning and (reasoning.summary or reasoning.generate_summary)
+    if summary is not None:
+        # The summary is the reasoning itself (docs/responses.md), for each value.
+        if summary not in _SUMMARIES:
+            param = "reasoning.summary" if reasoning.summary else "reasoning.generate_summary"
+            raise OpenAIError(400, f"'{param}' must be one of {', '.join(_SUMMARIES)}.",
+                              param=param, code="invalid_parameter")
+        out.reasoning_summary = summary
+    out.reasoning_encrypted_content = ENCRYPTED in (request.include or ())
+    return out, tools
 
 
 @dataclass
@@ -277,8 +332,8 @@ def generate_request(request: ResponsesRequest, chat: generation_pb2.ChatInput,
     add_reasoning_fields(_Reasoning(s.reasoning_effort if s.HasField("reasoning_effort")
                                     else None, request.thinking_token_budget,
                                     request.chat_template_kwargs), pb)
-    if request.reasoning is not None:
-        # Summaries are not written here: the reasoning itself is returned.
-        pb.unused_fields.extend(f"reasoning.{name}" for name in ("summary", "generate_summary")
-                                if getattr(request.reasoning, name) is not None)
+    # The rest of `include` is the engine's to judge, as an extra field.
+    rest = [value for value in request.include or () if value != ENCRYPTED]
+    if rest:
+        pb.extra_fields.update({"include": rest})
     return pb

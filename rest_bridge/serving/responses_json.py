@@ -13,6 +13,7 @@ unreadable schema as none), so reading a stored response never fails.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 
@@ -54,7 +55,33 @@ def part_json(part: rpb.ContentPart) -> dict:
     return {"type": _PARTS.get(part.type, "input_text"), "text": part.text}
 
 
-def item_json(item: rpb.ResponseItem, status: str | None = None) -> dict:
+ENCRYPTED_PREFIX = b"millm-reasoning:"
+_SYNTAXES = {generation_pb2.CUSTOM_TOOL_SYNTAX_LARK: "lark",
+             generation_pb2.CUSTOM_TOOL_SYNTAX_REGEX: "regex"}
+
+
+def encrypted_reasoning(text: str) -> str:
+    """Reasoning as `encrypted_content`: base64 of a marker and the text.
+    Not encrypted (the client was shown the reasoning); a stateless client
+    sends it back with the next input so the reasoning is not lost."""
+    return base64.b64encode(ENCRYPTED_PREFIX + text.encode()).decode()
+
+
+def decrypted_reasoning(content: str) -> str | None:
+    """The text of an `encrypted_content` this bridge wrote; None for any
+    other (another server's opaque reasoning)."""
+    try:
+        raw = base64.b64decode(content, validate=True)
+        return raw.removeprefix(ENCRYPTED_PREFIX).decode() if raw.startswith(
+            ENCRYPTED_PREFIX) else None
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        return None
+
+
+def item_json(item: rpb.ResponseItem, status: str | None = None,
+              settings: rpb.ResponseSettings | None = None) -> dict:
+    """One item; `settings` (the response's) decide what a reasoning item
+    shows besides its text: its summary and its encrypted_content."""
     status = status or ITEM_STATUS.get(item.status, "completed")
     kind = item.WhichOneof("item")
     if kind == "message":
@@ -63,12 +90,27 @@ def item_json(item: rpb.ResponseItem, status: str | None = None) -> dict:
                 "content": [part_json(p) for p in item.message.content]}
     if kind == "function_call":
         c = item.function_call
-        return {"id": item.id, "type": "function_call", "status": status, "call_id": c.call_id,
-                "name": c.name, "arguments": c.arguments_json}
+        out = {"id": item.id, "type": "function_call", "status": status, "call_id": c.call_id,
+               "name": c.name, "arguments": c.arguments_json}
+        if c.namespace:
+            out["namespace"] = c.namespace
+        return out
+    if kind == "custom_tool_call":
+        c = item.custom_tool_call
+        return {"id": item.id, "type": "custom_tool_call", "status": status,
+                "call_id": c.call_id, "name": c.name, "input": c.input}
+    if kind == "custom_tool_call_output":
+        out = item.custom_tool_call_output
+        return {"id": item.id, "type": "custom_tool_call_output", "status": status,
+                "call_id": out.call_id, "output": out.output}
     if kind == "reasoning":
-        return {"id": item.id, "type": "reasoning", "status": status, "summary": [],
-                "content": [{"type": "reasoning_text", "text": item.reasoning.text}],
-                "encrypted_content": None}
+        text = item.reasoning.text
+        summary = settings is not None and settings.HasField("reasoning_summary")
+        encrypted = settings is not None and settings.reasoning_encrypted_content
+        return {"id": item.id, "type": "reasoning", "status": status,
+                "summary": [{"type": "summary_text", "text": text}] if summary and text else [],
+                "content": [{"type": "reasoning_text", "text": text}],
+                "encrypted_content": encrypted_reasoning(text) if encrypted else None}
     out = item.function_call_output
     return {"id": item.id, "type": "function_call_output", "status": status,
             "call_id": out.call_id, "output": out.output}
@@ -105,6 +147,13 @@ def _format(s: rpb.ResponseSettings) -> dict:
 
 
 def _tool(t: generation_pb2.FunctionTool) -> dict:
+    if t.HasField("custom"):
+        fmt = {"type": "text"}
+        if t.custom.syntax in _SYNTAXES:
+            fmt = {"type": "grammar", "syntax": _SYNTAXES[t.custom.syntax],
+                   "definition": t.custom.definition}
+        return {"type": "custom", "name": t.name, "description": t.description or None,
+                "format": fmt}
     return {"type": "function", "name": t.name, "description": t.description or None,
             "parameters": _json(t.parameters_json, None),
             "strict": _opt(t, "strict", True)}
@@ -135,10 +184,12 @@ def response_json(r: rpb.StoredResponse, *, store: bool, status: str | None = No
         "background": False, "error": error, "incomplete_details": incomplete,
         "instructions": _opt(r, "instructions"),
         "max_output_tokens": _opt(sampling, "max_tokens"), "max_tool_calls": None,
-        "model": r.model, "output": [item_json(i) for i in r.output] if finished else [],
+        "model": r.model,
+        "output": [item_json(i, settings=s) for i in r.output] if finished else [],
         "parallel_tool_calls": _opt(s, "parallel_tool_calls", True),
         "previous_response_id": r.previous_response_id or None,
-        "reasoning": {"effort": _opt(s, "reasoning_effort"), "summary": None},
+        "reasoning": {"effort": _opt(s, "reasoning_effort"),
+                      "summary": _opt(s, "reasoning_summary")},
         "service_tier": "default",
         "store": store, "temperature": _opt(sampling, "temperature", 1.0),
         "text": {"format": _format(s)}, "tool_choice": _tool_choice(s),

@@ -15,16 +15,22 @@ from __future__ import annotations
 
 from millm.v1 import generation_pb2
 from millm.v1 import response_service_pb2 as rpb
+from rest_bridge.serving import responses_tools
 from rest_bridge.serving.responses_input import new_id
 from rest_bridge.serving.responses_json import item_json, part_json
 
 Event = tuple[str, dict]
-MESSAGE, CALL, REASONING = "message", "call", "reasoning"
+MESSAGE, CALL, CUSTOM, REASONING = "message", "call", "custom", "reasoning"
 
 
 class OutputBuilder:
-    def __init__(self, response: rpb.StoredResponse):
+    def __init__(self, response: rpb.StoredResponse,
+                 tools: responses_tools.ToolMap | None = None):
         self.response = response
+        # What the offered tool names stand for (namespace members, custom tools).
+        self.tools = tools or responses_tools.ToolMap()
+        settings = response.settings
+        self._summary = settings.HasField("reasoning_summary")
         self.finish_reason = generation_pb2.FINISH_REASON_UNSPECIFIED
         self._open: str | None = None  # the kind of the last item, while it grows
         self._calls: dict[int, int] = {}  # the engine's call index -> output index
@@ -52,15 +58,27 @@ class OutputBuilder:
             self.response.usage.CopyFrom(message.usage)
         return events
 
+    def _item(self, item: rpb.ResponseItem, status: str | None = None) -> dict:
+        return item_json(item, status, self.response.settings)
+
     def _added(self, kind: str, item: rpb.ResponseItem) -> list[Event]:
         self._open = kind
         index = len(self.response.output) - 1
-        shown = item_json(item, "in_progress")
+        shown = self._item(item, "in_progress")
         if kind in (MESSAGE, REASONING):
             shown["content"] = []
+            if kind == REASONING:
+                shown["summary"], shown["encrypted_content"] = [], None
+        elif kind == CUSTOM:
+            shown["input"] = ""
         else:
             shown["arguments"] = ""
-        return [("response.output_item.added", {"output_index": index, "item": shown})]
+        events = [("response.output_item.added", {"output_index": index, "item": shown})]
+        if kind == REASONING and self._summary:
+            events.append(("response.reasoning_summary_part.added", {
+                "item_id": item.id, "output_index": index, "summary_index": 0,
+                "part": {"type": "summary_text", "text": ""}}))
+        return events
 
     def _text(self, text: str) -> list[Event]:
         events = []
@@ -92,22 +110,33 @@ class OutputBuilder:
         self._pending.setdefault(index, []).append(text)
         events.append(("response.reasoning_text.delta", {
             "item_id": item.id, "output_index": index, "content_index": 0, "delta": text}))
+        if self._summary:  # the summary is the reasoning itself
+            events.append(("response.reasoning_summary_text.delta", {
+                "item_id": item.id, "output_index": index, "summary_index": 0, "delta": text}))
         return events
 
     def _call(self, fragment: generation_pb2.ToolCallDelta) -> list[Event]:
         events = []
         if fragment.id:
             events += self._close(rpb.ITEM_STATUS_COMPLETED)
-            item = self.response.output.add(
-                id=new_id("fc"), function_call=rpb.FunctionCallItem(
-                    call_id=fragment.id, name=fragment.name))
+            kind, namespace, name = self.tools.kind(fragment.name)
+            if kind == responses_tools.CUSTOM:
+                item = self.response.output.add(
+                    id=new_id("ctc"), custom_tool_call=rpb.CustomToolCallItem(
+                        call_id=fragment.id, name=name))
+            else:
+                item = self.response.output.add(
+                    id=new_id("fc"), function_call=rpb.FunctionCallItem(
+                        call_id=fragment.id, name=name, namespace=namespace))
             self._calls[fragment.index] = len(self.response.output) - 1
-            events += self._added(CALL, item)
+            events += self._added(CUSTOM if kind == responses_tools.CUSTOM else CALL, item)
         index = self._calls.get(fragment.index)
         if index is None or not fragment.arguments:
             return events
         item = self.response.output[index]
         self._pending.setdefault(index, []).append(fragment.arguments)
+        if item.HasField("custom_tool_call"):
+            return events  # its input is known once its arguments are whole
         events.append(("response.function_call_arguments.delta", {
             "item_id": item.id, "output_index": index, "delta": fragment.arguments}))
         return events
@@ -123,6 +152,22 @@ class OutputBuilder:
             events.append(("response.reasoning_text.done", {
                 "item_id": item.id, "output_index": index, "content_index": 0,
                 "text": item.reasoning.text}))
+            if self._summary:
+                part = {"type": "summary_text", "text": item.reasoning.text}
+                events += [
+                    ("response.reasoning_summary_text.done", {
+                        "item_id": item.id, "output_index": index, "summary_index": 0,
+                        "text": item.reasoning.text}),
+                    ("response.reasoning_summary_part.done", {
+                        "item_id": item.id, "output_index": index, "summary_index": 0,
+                        "part": part})]
+        elif self._open == CUSTOM:
+            text = item.custom_tool_call.input
+            events += [
+                ("response.custom_tool_call_input.delta", {
+                    "item_id": item.id, "output_index": index, "delta": text}),
+                ("response.custom_tool_call_input.done", {
+                    "item_id": item.id, "output_index": index, "input": text})]
         elif self._open == MESSAGE:
             part = item.message.content[0]
             events += [
@@ -137,7 +182,7 @@ class OutputBuilder:
                 "item_id": item.id, "output_index": index, "name": call.name,
                 "arguments": call.arguments_json}))
         events.append(("response.output_item.done", {"output_index": index,
-                                                     "item": item_json(item)}))
+                                                     "item": self._item(item)}))
         self._open = None
         return events
 
@@ -150,6 +195,8 @@ class OutputBuilder:
             item.message.content[0].text += "".join(pieces)
         elif item.HasField("reasoning"):
             item.reasoning.text += "".join(pieces)
+        elif item.HasField("custom_tool_call"):
+            item.custom_tool_call.input = responses_tools.custom_input("".join(pieces))
         else:
             item.function_call.arguments_json += "".join(pieces)
 
@@ -164,7 +211,7 @@ class OutputBuilder:
         cut = self.finish_reason == generation_pb2.FINISH_REASON_LENGTH
         events = []
         if not any(item.HasField("message") or item.HasField("function_call")
-                   for item in self.response.output):
+                   or item.HasField("custom_tool_call") for item in self.response.output):
             events += self._text("")
         events += self._close(rpb.ITEM_STATUS_INCOMPLETE if cut else rpb.ITEM_STATUS_COMPLETED)
         self._flush_all()

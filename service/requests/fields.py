@@ -220,7 +220,9 @@ RULES: dict[str, FieldRule] = {
     "conversation": FieldRule(why="the Conversations API is not served; chain responses with "
                               "previous_response_id"),
     "max_tool_calls": FieldRule(why="a cap on tool calls is " + NOT_YET),
-    # Encrypted reasoning asks for nothing from a model that shows no reasoning.
+    # On /v1/responses the bridge serves reasoning.encrypted_content itself
+    # (docs/responses.md) and forwards only the other values; elsewhere it
+    # asks for nothing from a model that shows no reasoning.
     "include": FieldRule(no_change=([], ["reasoning.encrypted_content"]),
                          why="no extra output (log-probabilities, sources) is included in "
                          "responses"),

@@ -30,6 +30,7 @@ from service import json_text
 from service.errors import EngineError, invalid_parameter
 from service.formats import hermes
 from service.formats.base import CallSyntax
+from service.requests import custom_tools
 from service.schema_limits import RepeatBudget
 from service.schema_relax import relax
 from service.structured_output import MAX_SCHEMA_BYTES, NAME_PATTERN, check_schema, unsupported
@@ -45,6 +46,9 @@ class FunctionTool:
     description: str = ""
     parameters_json: str = ""  # as sent; empty: any object
     strict: bool | None = None
+    # A custom (freeform) tool's input format, (syntax, definition):
+    # requests/custom_tools.py. None: a function tool.
+    custom: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,15 @@ class ToolPlan:
     # (name, schema as sent) of each non-strict tool, whose grammar enforces a
     # relaxed schema (schema_relax.py): the model is shown what was sent.
     sent: tuple[tuple[str, dict], ...] = ()
+    # Custom tools whose input grammar constrains their calls: (name, EBNF
+    # of the arguments, the tool's index in the request).
+    custom: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def key(self) -> str:
         return "tools:" + json.dumps([self.syntax.name, self.tools, self.mode, self.name,
-                                      self.parallel], sort_keys=True, separators=(",", ":"))
+                                      self.parallel, self.custom], sort_keys=True,
+                                     separators=(",", ":"))
 
     def schema_of(self, name: str) -> dict | None:
         return next((schema for n, _, schema in self.tools if n == name), None)
@@ -99,7 +107,12 @@ class ToolPlan:
 
     def structural_format(self):
         """The calls as an xgrammar structural-tag format, in the model's syntax."""
-        tags = [self.syntax.tag(name, self.syntax.arguments_format(schema) or _arguments(schema))
+        from xgrammar import structural_tag as st
+
+        grammars = {name: ebnf for name, ebnf, _ in self.custom}
+        tags = [self.syntax.tag(name, self.syntax.arguments_format(schema)
+                                or (st.GrammarFormat(grammar=grammars[name]) if name in grammars
+                                    else _arguments(schema)))
                 for name, _, schema in self.tools if self.mode != FUNCTION or name == self.name]
         one = self.mode == FUNCTION or not self.parallel
         return self.syntax.calls_format(tags, auto=self.mode == AUTO, one=one)
@@ -146,7 +159,7 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
         if parallel is not None:
             unused.append("parallel_tool_calls")
         return None
-    checked, seen, sent = [], set(), []
+    checked, seen, sent, custom = [], set(), [], []
     budget = RepeatBudget()  # one grammar holds every tool: their patterns share it
     for i, tool in enumerate(tools):
         where = f"tools[{i}].function"
@@ -157,6 +170,16 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
             raise invalid_parameter(f"{where}.name", f"Two tools are named '{tool.name}'; "
                                     "function names must be unique.")
         seen.add(tool.name)
+        if tool.custom is not None:
+            # Its input is text, written as the one string argument `input`.
+            schema = custom_tools.INPUT_SCHEMA
+            ebnf = custom_tools.arguments_grammar(*tool.custom)
+            if ebnf is not None:
+                custom.append((tool.name, ebnf, i))
+            elif tool.custom[0] != custom_tools.FREE:
+                unused.append(f"tools[{i}].custom")  # the text stays free
+            checked.append((tool.name, tool.description, schema))
+            continue
         schema = {"type": "object"}
         if tool.parameters_json and tool.strict:
             schema = _tool_schema(tool.parameters_json, f"{where}.parameters", budget)
@@ -171,7 +194,8 @@ def check_tools(tools: tuple[FunctionTool, ...], choice: ToolChoice | None,
         if name not in seen:
             raise invalid_parameter("tool_choice.function.name", f"'tool_choice' names "
                                     f"'{name}', which is not among the tools.")
-    return ToolPlan(tuple(checked), mode, name, parallel is not False, sent=tuple(sent))
+    return ToolPlan(tuple(checked), mode, name, parallel is not False, sent=tuple(sent),
+                    custom=tuple(custom))
 
 
 def _described_schema(parameters_json: str, param: str) -> dict:

@@ -15,7 +15,7 @@ from millm.v1 import (
 )
 from service.errors import invalid_parameter
 from service.inference import InferenceService
-from service.requests import tools
+from service.requests import custom_tools, tools
 from service.requests.params import ChatTurn, GenerateParams, ResponseFormat, StructuredOutputs
 from service.servicers.error_handling import stream_errors
 from service.servicers.generation_replies import coalesced, event_to_pb
@@ -57,10 +57,20 @@ def turns_from_pb(chat: generation_pb2.ChatInput) -> tuple[ChatTurn, ...]:
                  for m in chat.messages)
 
 
+_CUSTOM_SYNTAX = {generation_pb2.CUSTOM_TOOL_SYNTAX_LARK: custom_tools.LARK,
+                  generation_pb2.CUSTOM_TOOL_SYNTAX_REGEX: custom_tools.REGEX}
+
+
+def function_from_pb(t: generation_pb2.FunctionTool) -> tools.FunctionTool:
+    custom = None
+    if t.HasField("custom"):
+        custom = (_CUSTOM_SYNTAX.get(t.custom.syntax, custom_tools.FREE), t.custom.definition)
+    return tools.FunctionTool(t.name, t.description, t.parameters_json,
+                              t.strict if t.HasField("strict") else None, custom)
+
+
 def tools_from_pb(request) -> tuple[tuple[tools.FunctionTool, ...], tools.ToolChoice | None]:
-    functions = tuple(tools.FunctionTool(t.name, t.description, t.parameters_json,
-                                         t.strict if t.HasField("strict") else None)
-                      for t in request.tools)
+    functions = tuple(function_from_pb(t) for t in request.tools)
     choice = None
     if request.HasField("tool_choice"):
         mode = _TOOL_CHOICES.get(request.tool_choice.mode)

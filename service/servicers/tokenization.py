@@ -6,9 +6,8 @@ from __future__ import annotations
 from millm.v1 import tokenization_service_pb2, tokenization_service_pb2_grpc
 from service.inference import InferenceService
 from service.requests.tokenization import DetokenizeParams, TokenizeParams
-from service.requests.tools import FunctionTool
 from service.servicers.error_handling import unary_errors
-from service.servicers.generation import turns_from_pb
+from service.servicers.generation import function_from_pb, turns_from_pb
 
 
 def _opt(request, name: str) -> bool | None:
@@ -17,9 +16,7 @@ def _opt(request, name: str) -> bool | None:
 
 def params_from_pb(request: tokenization_service_pb2.TokenizeRequest) -> TokenizeParams:
     which = request.WhichOneof("input")
-    functions = tuple(FunctionTool(t.name, t.description, t.parameters_json,
-                                   t.strict if t.HasField("strict") else None)
-                      for t in request.tools)
+    functions = tuple(function_from_pb(t) for t in request.tools)
     return TokenizeParams(
         model=request.model,
         messages=turns_from_pb(request.chat) if which == "chat" else None,

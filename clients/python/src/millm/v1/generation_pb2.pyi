@@ -42,6 +42,12 @@ class SeedScope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEED_SCOPE_BATCH_SHAPE: _ClassVar[SeedScope]
     SEED_SCOPE_BEST_EFFORT: _ClassVar[SeedScope]
 
+class CustomToolSyntax(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CUSTOM_TOOL_SYNTAX_UNSPECIFIED: _ClassVar[CustomToolSyntax]
+    CUSTOM_TOOL_SYNTAX_LARK: _ClassVar[CustomToolSyntax]
+    CUSTOM_TOOL_SYNTAX_REGEX: _ClassVar[CustomToolSyntax]
+
 class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoiceMode]
@@ -71,6 +77,9 @@ SEED_SCOPE_UNSPECIFIED: SeedScope
 SEED_SCOPE_REQUEST: SeedScope
 SEED_SCOPE_BATCH_SHAPE: SeedScope
 SEED_SCOPE_BEST_EFFORT: SeedScope
+CUSTOM_TOOL_SYNTAX_UNSPECIFIED: CustomToolSyntax
+CUSTOM_TOOL_SYNTAX_LARK: CustomToolSyntax
+CUSTOM_TOOL_SYNTAX_REGEX: CustomToolSyntax
 TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
 TOOL_CHOICE_MODE_NONE: ToolChoiceMode
 TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
@@ -325,16 +334,26 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class FunctionTool(_message.Message):
-    __slots__ = ("name", "description", "parameters_json", "strict")
+    __slots__ = ("name", "description", "parameters_json", "strict", "custom")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_JSON_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     parameters_json: str
     strict: bool
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+    custom: CustomToolFormat
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json: _Optional[str] = ..., strict: _Optional[bool] = ..., custom: _Optional[_Union[CustomToolFormat, _Mapping]] = ...) -> None: ...
+
+class CustomToolFormat(_message.Message):
+    __slots__ = ("syntax", "definition")
+    SYNTAX_FIELD_NUMBER: _ClassVar[int]
+    DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    syntax: CustomToolSyntax
+    definition: str
+    def __init__(self, syntax: _Optional[_Union[CustomToolSyntax, str]] = ..., definition: _Optional[str] = ...) -> None: ...
 
 class ToolChoice(_message.Message):
     __slots__ = ("mode", "function_name")

@@ -70,14 +70,34 @@ class MessageItem(_message.Message):
     def __init__(self, role: _Optional[_Union[_generation_pb2.Role, str]] = ..., content: _Optional[_Iterable[_Union[ContentPart, _Mapping]]] = ...) -> None: ...
 
 class FunctionCallItem(_message.Message):
-    __slots__ = ("call_id", "name", "arguments_json")
+    __slots__ = ("call_id", "name", "arguments_json", "namespace")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     name: str
     arguments_json: str
-    def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
+    namespace: str
+    def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., namespace: _Optional[str] = ...) -> None: ...
+
+class CustomToolCallItem(_message.Message):
+    __slots__ = ("call_id", "name", "input")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    name: str
+    input: str
+    def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., input: _Optional[str] = ...) -> None: ...
+
+class CustomToolCallOutputItem(_message.Message):
+    __slots__ = ("call_id", "output")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    output: str
+    def __init__(self, call_id: _Optional[str] = ..., output: _Optional[str] = ...) -> None: ...
 
 class FunctionCallOutputItem(_message.Message):
     __slots__ = ("call_id", "output")
@@ -94,20 +114,24 @@ class ReasoningItem(_message.Message):
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class ResponseItem(_message.Message):
-    __slots__ = ("id", "status", "message", "function_call", "function_call_output", "reasoning")
+    __slots__ = ("id", "status", "message", "function_call", "function_call_output", "reasoning", "custom_tool_call", "custom_tool_call_output")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_CALL_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_CALL_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     REASONING_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_TOOL_CALL_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     id: str
     status: ItemStatus
     message: MessageItem
     function_call: FunctionCallItem
     function_call_output: FunctionCallOutputItem
     reasoning: ReasoningItem
-    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., message: _Optional[_Union[MessageItem, _Mapping]] = ..., function_call: _Optional[_Union[FunctionCallItem, _Mapping]] = ..., function_call_output: _Optional[_Union[FunctionCallOutputItem, _Mapping]] = ..., reasoning: _Optional[_Union[ReasoningItem, _Mapping]] = ...) -> None: ...
+    custom_tool_call: CustomToolCallItem
+    custom_tool_call_output: CustomToolCallOutputItem
+    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., message: _Optional[_Union[MessageItem, _Mapping]] = ..., function_call: _Optional[_Union[FunctionCallItem, _Mapping]] = ..., function_call_output: _Optional[_Union[FunctionCallOutputItem, _Mapping]] = ..., reasoning: _Optional[_Union[ReasoningItem, _Mapping]] = ..., custom_tool_call: _Optional[_Union[CustomToolCallItem, _Mapping]] = ..., custom_tool_call_output: _Optional[_Union[CustomToolCallOutputItem, _Mapping]] = ...) -> None: ...
 
 class ResponseError(_message.Message):
     __slots__ = ("code", "message")
@@ -118,7 +142,7 @@ class ResponseError(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ResponseSettings(_message.Message):
-    __slots__ = ("sampling", "tools", "tool_choice", "parallel_tool_calls", "text_format", "user", "reasoning_effort")
+    __slots__ = ("sampling", "tools", "tool_choice", "parallel_tool_calls", "text_format", "user", "reasoning_effort", "reasoning_summary", "reasoning_encrypted_content")
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +150,8 @@ class ResponseSettings(_message.Message):
     TEXT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     REASONING_EFFORT_FIELD_NUMBER: _ClassVar[int]
+    REASONING_SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    REASONING_ENCRYPTED_CONTENT_FIELD_NUMBER: _ClassVar[int]
     sampling: _generation_pb2.SamplingParams
     tools: _containers.RepeatedCompositeFieldContainer[_generation_pb2.FunctionTool]
     tool_choice: _generation_pb2.ToolChoice
@@ -133,7 +159,9 @@ class ResponseSettings(_message.Message):
     text_format: _generation_pb2.ResponseFormat
     user: str
     reasoning_effort: str
-    def __init__(self, sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_generation_pb2.FunctionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_generation_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., text_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ..., user: _Optional[str] = ..., reasoning_effort: _Optional[str] = ...) -> None: ...
+    reasoning_summary: str
+    reasoning_encrypted_content: bool
+    def __init__(self, sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_generation_pb2.FunctionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_generation_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., text_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ..., user: _Optional[str] = ..., reasoning_effort: _Optional[str] = ..., reasoning_summary: _Optional[str] = ..., reasoning_encrypted_content: _Optional[bool] = ...) -> None: ...
 
 class StoredResponse(_message.Message):
     __slots__ = ("id", "created_at", "model", "status", "output", "usage", "metadata", "previous_response_id", "instructions", "error", "incomplete_reason", "settings", "owner")
