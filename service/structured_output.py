@@ -62,12 +62,23 @@ _FRACTION = "(\\.[0-9]{1,6})?"
 _TIME = f"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]{_FRACTION}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 _OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _LABEL = "[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+# IPv6 in RFC 4291's text forms (eight groups, or fewer around one "::"), and
+# an IPv4 tail only after six groups or a bare "::" (with dec-octets: "00" in
+# an embedded address, which xgrammar's own grammar allows, is refused).
+_H = "[0-9a-fA-F]{1,4}"
+_IPV6 = "|".join([
+    f"({_H}:){{7}}{_H}", f"({_H}:){{1,7}}:", f"({_H}:){{1,6}}:{_H}",
+    f"({_H}:){{1,5}}(:{_H}){{1,2}}", f"({_H}:){{1,4}}(:{_H}){{1,3}}",
+    f"({_H}:){{1,3}}(:{_H}){{1,4}}", f"({_H}:){{1,2}}(:{_H}){{1,5}}", f"{_H}:(:{_H}){{1,6}}",
+    f":((:{_H}){{1,7}}|:)", f"({_H}:){{6}}{_OCTET}(\\.{_OCTET}){{3}}",
+    f"::{_OCTET}(\\.{_OCTET}){{3}}"])
 FORMAT_PATTERNS = {
     "date": f"^{_DATE}$",
     "time": f"^{_TIME}$",
     "date-time": f"^{_DATE}T{_TIME}$",
     "ipv4": f"^{_OCTET}(\\.{_OCTET}){{3}}$",
     "hostname": f"^{_LABEL}(\\.{_LABEL}){{0,2}}$",
+    "ipv6": f"^({_IPV6})$",
 }
 ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
 

@@ -129,11 +129,12 @@ def first_feature_that_changes(d_sae: int, plain: str, steered: Callable[[int], 
 
 
 def feature_that_changes_the_text(port: int, strength: float, layer: int = 1,
-                                  messages: list[dict] = MESSAGES, skip: tuple[int, ...] = ()
-                                  ) -> int:
+                                  messages: list[dict] = MESSAGES, skip: tuple[int, ...] = (),
+                                  unlike: tuple[int, ...] = ()) -> int:
     """first_feature_that_changes for the SAE attached at `layer`, through
     the bridge on `port`: steering at `strength` changes the first eight
-    tokens of the greedy answer to `messages`."""
+    tokens of the greedy answer to `messages`, and makes them differ from
+    what each feature in `unlike` makes of them."""
     attached = [s for s in call(port, "GET", "/api/saes").json()["saes"]
                 if s["attached"] and s["layer"] == layer]
     assert attached, f"no SAE attached at layer {layer}"
@@ -154,7 +155,14 @@ def feature_that_changes_the_text(port: int, strength: float, layer: int = 1,
         finally:
             call(port, "DELETE", f"/api/profiles/{name}")
 
-    return first_feature_that_changes(attached[0]["d_sae"], text(), steered, skip)
+    plain = text()
+    others = {steered(feature) for feature in unlike}
+
+    def distinct(feature: int) -> str:
+        changed = steered(feature)
+        return plain if changed in others else changed
+
+    return first_feature_that_changes(attached[0]["d_sae"], plain, distinct, skip + unlike)
 
 
 def circuit_document(name: str, rung: int, **extra) -> dict:

@@ -242,7 +242,9 @@ def test_stop_sequences_cut_the_text(gclient):
                                           temperature=0, **extra).choices[0]
 
     full = greedy().text
-    word = full.split()[3]
+    words = full.split()  # a build may end its text within a few words
+    assert words, full
+    word = words[min(3, len(words) - 1)]
     cut = greedy(stop=[word])
     assert cut.finish_reason == "stop"
     assert cut.text == full[: full.index(word)]

@@ -5,6 +5,7 @@ tokens) loaded by a real engine with no context setting."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ import sys
 import pytest
 
 from tests import harness
-from tests.http_helpers import call
+from tests.http_helpers import call, post
 
 MIB = 1024 * 1024
 LONG = "millm-long:F32"
@@ -178,11 +179,14 @@ def test_a_memory_limit_shrinks_the_window_and_keeps_the_slots(long_dir, tmp_pat
                            r"\(trained 131072; limited by memory", stack.engine.log())
         assert logged and int(logged.group(1)) == window, stack.engine.log()[-3000:]
         # The window is what requests are held to, and it serves.
+        # (Under X-miLLM-Strict a max_tokens past the room is refused rather
+        # than capped, so the refusal shows the window.)
         body = {"model": LONG, "prompt": "Hello", "max_tokens": window, "temperature": 0}
-        reply = call(stack.http_port, "POST", "/v1/completions", body)
-        assert reply.status_code == 400, reply.text
-        assert reply.json()["error"]["code"] == "context_length_exceeded"
-        assert str(window) in reply.json()["error"]["message"]
+        status, content = post(stack.http_port, "/v1/completions", body,
+                               headers={"X-miLLM-Strict": "1"})
+        error = json.loads(content)["error"]
+        assert status.status == 400 and error["code"] == "context_length_exceeded", content
+        assert str(window) in error["message"]
         body["max_tokens"] = 4
         assert call(stack.http_port, "POST", "/v1/completions", body).status_code == 200
         # Embeddings read a whole input at once: their window is capped so that

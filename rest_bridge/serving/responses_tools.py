@@ -95,8 +95,10 @@ def add_tools(request: ResponsesRequest, out) -> ToolMap:
                 raise OpenAIError(400, f"'{where}.format.type' must be text or grammar.",
                                   param=f"{where}.format.type", code="invalid_parameter")
         else:
+            # A Responses function tool is strict unless it says otherwise
+            # (OpenAI's default, which the response's echo shows too).
             tool_calls.add_tool(out, len(found.origins), tool.type, offered, tool.description,
-                                tool.parameters, tool.strict)
+                                tool.parameters, tool.strict is not False)
         found.names[offered] = (tool.type, namespace, tool.name)
         found.origins.append(where)
 

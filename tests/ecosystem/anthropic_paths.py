@@ -96,7 +96,7 @@ elif path == "errors":
         "thinking": dict(model=model, messages=HELLO, max_tokens=512,
                          thinking={"type": "enabled", "budget_tokens": 1024}),
         "bad_role": dict(model=model, max_tokens=8,
-                         messages=[{"role": "system", "content": "x"}]),
+                         messages=[{"role": "tool", "content": "x"}]),
     }
     for name, kwargs in attempts.items():
         try:
