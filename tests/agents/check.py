@@ -26,7 +26,7 @@ well (clients.py). Where no namespace can be made it says so and runs on the
 host's network.
 
 Not collected by pytest (not a test_*.py file), and not part of `make test`:
-the agents are about 600 MB of npm packages.
+the agents take about 900 MB of npm packages.
 """
 
 from __future__ import annotations
@@ -47,14 +47,19 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-import clients  # noqa: E402
 from exchanges import summarize  # noqa: E402
 from recorder import Recorder  # noqa: E402
 
+import clients  # noqa: E402
 from tests import harness  # noqa: E402
 
 MODELS = ("millm-tiny", "millm-tiny-gguf:Q8_0")
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SHELL", "USER", "LOGNAME")
+# What an agent's stderr says when it tried a host beyond loopback (inside the
+# namespace such a try fails at once); reported, so a setting that stopped
+# working shows.
+OUTSIDE = re.compile(r"ENETUNREACH|EAI_AGAIN|ENOTFOUND|getaddrinfo|Network is unreachable|"
+                     r"dns error|failed to lookup address|Could not resolve host", re.I)
 
 
 def slug(text: str) -> str:
@@ -89,6 +94,7 @@ def run_session(client: str, model: str, bridge_port: int, folder: pathlib.Path,
     seconds = time.monotonic() - started
     recorder.stop()
     stdout = (folder / "stdout.txt").read_text(errors="replace")
+    stderr = (folder / "stderr.txt").read_text(errors="replace")
     wire = summarize(recorder.exchanges)
     answer = clients.answer_printed(client, stdout, run)
     checks = {
@@ -99,7 +105,9 @@ def run_session(client: str, model: str, bridge_port: int, folder: pathlib.Path,
     }
     return {"client": client, "model": model, "checks": checks, "passed": all(checks.values()),
             "exit_code": code, "timed_out": timed_out, "seconds": round(seconds, 1),
-            "answer": answer[:1000], "wire": wire, "folder": str(folder)}
+            "answer": answer[:1000], "wire": wire, "folder": str(folder),
+            "outside_attempts": [line[:300] for line in stderr.splitlines()
+                                 if OUTSIDE.search(line)][:20]}
 
 
 # --- the report ---------------------------------------------------------------------
@@ -117,7 +125,7 @@ def table(results: list[dict]) -> str:
                          f"no ({len(r['wire']['tool_calls'])} calls)"),
                      "PASS" if r["passed"] else "FAIL"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |"
+    lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) + " |"
              for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
@@ -138,6 +146,8 @@ def details(r: dict) -> list[str]:
     if last:
         lines.append(f"  last answer (#{last['seq']}): {last['text'][:200]!r}")
     lines.append(f"  printed: {r['answer'][:200]!r}")
+    for line in r["outside_attempts"][:5]:
+        lines.append(f"  stderr tells of an outside connection: {line[:200]}")
     return lines
 
 
@@ -169,8 +179,8 @@ def main() -> int:
                         help="run on the host's network, not in a loopback-only namespace")
     parser.add_argument("--isolated", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    out = pathlib.Path(args.out) if args.out else (
-        ROOT / ".millm" / "agents-check" / time.strftime("%Y%m%d-%H%M%S"))
+    out = (pathlib.Path(args.out) if args.out else (
+        ROOT / ".millm" / "agents-check" / time.strftime("%Y%m%d-%H%M%S"))).absolute()
     if not args.isolated and not args.no_isolate:
         enter = unshare_argv()
         if enter is None:

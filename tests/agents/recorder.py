@@ -138,17 +138,23 @@ class _Handler(BaseHTTPRequestHandler):
                 got += chunk
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
+            record["response"] = _body(bytes(got), content_type)
+            # Kept before the agent sees the end of the answer: once it has the
+            # whole answer it may exit, and the check reads the records.
+            self._finish(record, started, conn)
             if not bodiless:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
-            record["response"] = _body(bytes(got), content_type)
         except (OSError, http.client.HTTPException) as exc:
             # The agent hung up, or the bridge did: keep what came, say so.
             record.setdefault("status", 0)
             record["relay_error"] = f"{type(exc).__name__}: {exc}"
             record["response"] = _body(bytes(got), "")
             self.close_connection = True
-        finally:
+            self._finish(record, started, conn)
+
+    def _finish(self, record: dict, started: float, conn) -> None:
+        if "seconds" not in record:
             conn.close()
             record["seconds"] = round(time.time() - started, 3)
             self.server.keep(record)
