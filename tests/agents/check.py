@@ -139,6 +139,8 @@ def details(r: dict) -> list[str]:
                      f"{failure['path']} -> {failure['status']}"
                      + (f" ({failure['relay_error']})" if failure["relay_error"] else ""))
         lines.append(f"    {str(failure['body'])[:600]}")
+    if r["wire"]["ignored_fields"]:
+        lines.append(f"  X-miLLM-Ignored-Fields: {', '.join(r['wire']['ignored_fields'])}")
     for call in r["wire"]["tool_calls"]:
         lines.append(f"  tool call {call['tool']!r} in #{call['seq']}, result sent back: "
                      f"{'yes' if call['result_sent_back'] else 'no'}")

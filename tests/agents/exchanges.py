@@ -162,8 +162,12 @@ def summarize(exchanges: list[dict]) -> dict:
             last_answer = {"seq": x["seq"], "text": answer["text"],
                            "calls": [name for _, name in answer["calls"]],
                            "error": answer["error"]}
+    ignored = sorted({field.strip().strip('"') for x in exchanges for key, value in
+                      (x.get("response_headers") or {}).items()
+                      if key.lower() == "x-millm-ignored-fields" for field in value.split(",")})
     return {
         "requests": len(exchanges),
+        "ignored_fields": ignored,  # what the bridge reported as not honoured
         "inference_requests": inference,
         "statuses": sorted({x.get("status", 0) for x in exchanges}),
         "all_2xx": bool(exchanges) and not failures,
