@@ -146,7 +146,7 @@ def details(r: dict) -> list[str]:
                      f"{'yes' if call['result_sent_back'] else 'no'}")
     last = r["wire"]["last_answer"]
     if last:
-        lines.append(f"  last answer (#{last['seq']}): {last['text'][:200]!r}")
+        lines.append(f"  last answer on the wire (#{last['seq']}): {last['text'][:200]!r}")
     lines.append(f"  printed: {r['answer'][:200]!r}")
     for line in r["outside_attempts"][:5]:
         lines.append(f"  stderr tells of an outside connection: {line[:200]}")
