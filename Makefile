@@ -14,7 +14,8 @@ TS_CLIENT := clients/typescript
 TS_INSTALLED := $(TS_CLIENT)/node_modules/.installed
 
 .PHONY: setup tools proto proto-check model model-train run test lint breaking breaking-previous bench clean clients \
-  llama-server go-toolchain eco-venvs postgres deploy-check kubectl cluster browser webui-check
+  llama-server go-toolchain eco-venvs postgres deploy-check kubectl cluster browser webui-check \
+  agents-check
 
 setup: $(INSTALLED)
 
@@ -151,6 +152,23 @@ $(WEBUI_VENV)/.installed: tests/webui/requirements.txt
 
 webui-check: setup proto model browser $(WEBUI_VENV)/.installed
 	$(PY) tests/webui/check.py
+
+# make agents-check: the coding agents Claude Code, Codex CLI and Qwen Code,
+# headless against the bridge on both demo models, in a loopback-only network
+# namespace (tests/agents/check.py, docs/coding-agents.md). Not part of
+# `make test`: the pinned agents (tests/agents/package-lock.json) take about
+# 900 MB of npm packages. Each session's exchanges and outputs are kept under
+# $(DATA_DIR)/agents-check/<time>/.
+AGENTS_INSTALLED := tests/agents/node_modules/.installed
+# `npm install --no-save` installs what the lock file pins and never rewrites
+# it; `npm ci` refuses this lock file because Qwen Code's clipboard package
+# lists platform builds that were never published (darwin-arm64 and others).
+$(AGENTS_INSTALLED): tests/agents/package.json tests/agents/package-lock.json
+	cd tests/agents && npm install --no-save --silent --no-audit --no-fund
+	touch $@
+
+agents-check: setup proto model $(AGENTS_INSTALLED)
+	$(PY) tests/agents/check.py --out $(DATA_DIR)/agents-check/$$(date +%Y%m%d-%H%M%S)
 
 # make deploy-check: the Kubernetes manifests (deploy/k8s), rendered per overlay,
 # against the Kubernetes schemas and checkov (tools/deploy_check.sh), in a venv
