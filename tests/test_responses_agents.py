@@ -164,6 +164,16 @@ def test_hosted_tools_are_kept_from_the_model_and_reported(agent_client):
         agent_client.responses.create(model=MODEL, input="Hi", tools=hosted, store=False,
                                       tool_choice={"type": "web_search_preview"})
     assert refused.value.body["param"] == "tool_choice.type"
+    # Beside function and namespace tools, a hosted one is named where the
+    # client sent it, not by its place among the tools offered to the model.
+    fn = {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": False}
+    group = {"type": "namespace", "name": "g", "description": "", "tools": [
+        {**fn, "name": n} for n in ("a", "b", "c")]}
+    raw = agent_client.responses.with_raw_response.create(
+        model=MODEL, input="Hi", max_output_tokens=4, store=False,
+        tools=[fn, group, {**fn, "name": "h"}, {"type": "web_search"}])
+    assert raw.status_code == 200 and "tools[3]" in _ignored(raw.headers), raw.headers
+    assert not any(loc.startswith("tools[1].tools") for loc in _ignored(raw.headers))
 
 
 def test_encrypted_reasoning_is_read_back():

@@ -109,8 +109,10 @@ class ResponsesHandler:
         origins.tools = tools.origins
         pb = common_fields(request, responses_input.generate_request(request, chat, settings),
                            strict)
-        # Hosted tools are kept from the model, and reported.
+        # Hosted tools are kept from the model, and reported where the client
+        # sent them (not through the offered tools' numbering).
         pb.unused_fields.extend([*tools.hosted, *unused])
+        origins.as_sent.update(tools.hosted)
         if request.prompt_cache_key:
             cache_key.set(request.prompt_cache_key)
 

@@ -154,6 +154,9 @@ class Origins:
     messages: list[str] = field(default_factory=list)
     calls: list[list[str]] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)  # the contract's tools[k]'s location
+    # Locations the bridge itself reports (hosted tools kept from the model),
+    # already in the client's terms: not the contract's tools[k].
+    as_sent: set[str] = field(default_factory=set)
 
     def relabel(self, error: OpenAIError) -> OpenAIError:
         param = error.param
@@ -167,7 +170,8 @@ class Origins:
 
     def relabel_ignored(self, locations) -> list[str]:
         """The engine's ignored-field locations as the client wrote them."""
-        return [_PLAIN.get(loc) or _tool_location(loc, self) or loc for loc in locations]
+        return [loc if loc in self.as_sent else
+                _PLAIN.get(loc) or _tool_location(loc, self) or loc for loc in locations]
 
 
 def _tool_location(param: str, origins: Origins) -> str | None:
