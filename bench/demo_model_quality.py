@@ -34,7 +34,8 @@ WEATHER = {"type": "function", "function": {
 QUESTION = "What is the weather in Paris?"
 NO_TOOLS = PLAIN + ["Is it sunny in Dublin?", "What is the weather like in Lisbon?", QUESTION,
                     "Is it raining in London?", "How warm is it in Rome today?"]
-CALL = re.compile(r"\s*<tool_call>\n(.*)\n</tool_call>\s*", re.S)
+CALL = re.compile(r"\s*<tool_call>\n(.*?)\n</tool_call>\s*", re.S)
+AGENT_SEED = 9001  # training draws its sessions from the build seed + 3 and + 4
 
 
 def load(directory: str):
@@ -125,6 +126,47 @@ def evaluate(directory: str, seeds: int, verbose: bool) -> None:
           f"max {mass.max():.4f}")
 
 
+def agent_turns(directory: str, count: int) -> None:
+    """Coding-agent sessions (service/demo_model/agent_sessions.py) that
+    training never saw: a seed of their own, prompts of 3,000 to 20,000
+    tokens in each client's shape. The probability that the model opens a
+    call (`<tool_call>\n`, read exactly from the logits) where the session
+    asks about a file, and again after the tool's result, where it should
+    answer instead; and which of the offered tools a call names, as the
+    engine's grammar lets it choose (the most likely offered name)."""
+    import torch
+
+    from service.demo_model import agent_sessions
+
+    tokenizer, model, _ = load(directory)
+    opener = tokenizer("<tool_call>\n", add_special_tokens=False)["input_ids"]
+    marker = "<|im_start|>assistant\n"
+
+    def p_call(prefix: str) -> float:
+        ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + opener])).logits[0].log_softmax(-1)
+        return float(sum(logits[len(ids) - 1 + i, t] for i, t in enumerate(opener)).exp())
+
+    first, second, named = [], [], 0
+    for document in agent_sessions.sessions(count, AGENT_SEED, agent_sessions.LONG_FILLER_CHARS):
+        turn1 = document.index(marker) + len(marker)
+        turn2 = document.rindex(marker) + len(marker)
+        first.append(p_call(document[:turn1]))
+        second.append(p_call(document[:turn2]))
+        wanted = json.loads(CALL.match(document[turn1:]).group(1))["name"]
+        offered = re.findall(r'^\{"type": "function", "function": \{"name": "([^"]+)"',
+                             document, re.M)
+        scores = {name: p_call(document[:turn1] + '<tool_call>\n{"name": "' + name + '"')
+                  for name in offered}
+        named += max(scores, key=scores.get) == wanted
+    print(f"  agent sessions ({count}, {agent_sessions.LONG_FILLER_CHARS[0]:,}-"
+          f"{agent_sessions.LONG_FILLER_CHARS[1]:,} characters of filler): a call opened where "
+          f"one is due: mean P {sum(first) / count:.2f}, min {min(first):.2f}; after the "
+          f"result: mean P {sum(second) / count:.2f}, max {max(second):.2f}; fitting tool "
+          f"named {named}/{count}")
+
+
 def main() -> None:
     import torch
 
@@ -132,10 +174,13 @@ def main() -> None:
     parser.add_argument("directories", nargs="+")
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--agent-sessions", type=int, default=12)
     args = parser.parse_args()
     torch.set_num_threads(1)
     for directory in args.directories:
         evaluate(directory, args.seeds, args.verbose)
+        if args.agent_sessions:
+            agent_turns(directory, args.agent_sessions)
 
 
 if __name__ == "__main__":

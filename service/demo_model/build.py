@@ -16,8 +16,17 @@ it, and without tools it answers in text (the corpus asks some of the same
 questions without tools, and the tools' system turn is read but never
 learned as text to write, so it cannot drift into it). It is far too small
 to read the arguments from the question: the city it passes is one from its
-training conversations, seldom the one asked about. The build takes about
-forty seconds (torch on one thread).
+training conversations, seldom the one asked about.
+
+A second phase teaches it the coding agents' loop (agent_sessions.py): asked
+about a file at the end of a prompt of up to 20,000 tokens, with file and
+shell tools offered in Claude Code's, Codex's and Qwen Code's shapes, it opens
+a call (the engine's grammar then picks among the offered names and fills the
+arguments), and after the tool's result it answers in words. The chats stay
+in every step of that phase, so what the first learned is kept. A long prompt
+learned whole would cost seconds a step; only what follows it is learned,
+from the prompt's keys and values (long_prompts.py). The build takes a few
+minutes (torch on one thread).
 
 Its window is a real one (32,768 positions) because clients send real
 prompts: Open WebUI's default chat request carries some 26,000 characters of
@@ -44,6 +53,7 @@ import shutil
 import time
 
 from service.chat_template import CHATML
+from service.demo_model import agent_sessions
 from service.demo_model.corpus import VOCABULARY_TEXT, answer_prompts, training_documents
 from service.demo_model.unused_tokens import SharedUnusedLoss
 
@@ -66,6 +76,21 @@ SAMPLED_TOKENS = 48
 TOOL_BATCH = 4
 TOOL_WINDOWS = 2
 TOOL_SEQ = 256
+# The second phase, coding-agent sessions (agent_sessions.py): a short one
+# in every step, learned whole, and a long one every LONG_EVERY steps, learned
+# after its prompt (a 16k-token prompt learned whole costs 9 s a step).
+AGENT_STEPS = 800
+AGENT_LR = 3e-3
+AGENT_LOSS_WEIGHT = 1.0
+SHORT_PER_STEP = 1
+LONG_EVERY = 1
+RESTORE_STEPS = 100
+RESTORE_LR = 1e-3
+# The first tokens of each of its turns are where a session's model decides
+# whether to call a tool or answer (`<tool_call>\n` is six tokens); each
+# weighs as much as this many others.
+DECISION_WEIGHT = 40.0
+DECISION_TOKENS = 6
 # Marker written last: a directory without it is an interrupted build.
 METADATA_FILE = "millm_model.json"
 # Bumped when the build's output changes, so an older build is rebuilt.
@@ -74,7 +99,9 @@ METADATA_FILE = "millm_model.json"
 # 4: a 32,768-token window, and a vocabulary learned from vocabulary.txt too.
 # 5: untied output embedding (the unused tokens score low), the tools' system
 #    turn masked out of the loss, 400 steps.
-BUILD_VERSION = 5
+# 6: a second phase of coding-agent sessions (agent_sessions.py); a token the
+#    model never writes reads as the mean used row in training too.
+BUILD_VERSION = 6
 
 def build_tokenizer(documents: list[str]):
     """A byte-level BPE learned from the training documents and from
@@ -93,7 +120,8 @@ def build_tokenizer(documents: list[str]):
     )
     # Train on plain text: the ChatML markers are special tokens, not text to merge.
     plain = [d.replace("<|im_start|>", "").replace("<|im_end|>", "") for d in documents]
-    tok.train_from_iterator(plain + [VOCABULARY_TEXT.read_text(encoding="utf-8")],
+    tok.train_from_iterator(plain + [agent_sessions.core_text(),
+                                     VOCABULARY_TEXT.read_text(encoding="utf-8")],
                             trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -139,6 +167,32 @@ def padded(sequences: list[list[int]], pad_id: int, prompts: list[int]) -> dict:
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences])
     learned = torch.tensor([[0] * p + [1] * (width - p) for p in prompts]) * mask
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(learned == 0, -100)}
+
+def agent_examples(tokenizer, seed: int, count: int, chars: tuple[int, int]):
+    """Agent sessions as (ids, labels, weights, avoid): only the assistant
+    turns learned, the first tokens of each weighing DECISION_WEIGHT, and a
+    turn that answers in words avoiding the token that opens a call."""
+    import torch
+
+    examples = []
+    call_opens = tokenizer("<tool_call>", add_special_tokens=False)["input_ids"][0]
+    for document in agent_sessions.sessions(count, seed, chars):
+        encoded = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)
+        spans = agent_sessions.learned_spans(document)
+        ids = torch.tensor(encoded["input_ids"])
+        learned = torch.tensor([any(a <= start and end <= b for a, b in spans)
+                                for start, end in encoded["offset_mapping"]])
+        opening = torch.zeros_like(learned)
+        for i in (learned & ~torch.cat([torch.tensor([False]), learned[:-1]])).nonzero():
+            opening[i:i + DECISION_TOKENS] = True
+        weights = torch.where(opening & learned, DECISION_WEIGHT, 1.0)
+        # Where a turn opens with words, the token that opens a call is avoided.
+        avoid = torch.full_like(ids, -100)
+        for i in (learned & ~torch.cat([torch.tensor([False]), learned[:-1]])).nonzero():
+            if int(ids[i]) != call_opens:
+                avoid[i] = call_opens
+        examples.append((ids, ids.masked_fill(~learned, -100), weights, avoid))
+    return examples
 
 def final_states(model, tokenizer, stream, conversations: list[list[int]], pad_id: int,
                  seed: int = SEED):
@@ -198,15 +252,19 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str], seed
     conversation_at, offered = tools_offered_at(tool_stream.tolist(), eos_id, pad_id)
     prompts = [ids.index(eos_id) + 1 for ids in conversations]
     positions = torch.arange(len(tool_stream))
-    lm_loss = SharedUnusedLoss(len(tokenizer), stream.tolist() + tool_stream.tolist())
+    agents = agent_examples(tokenizer, seed + 3, AGENT_STEPS * SHORT_PER_STEP,
+                            agent_sessions.SHORT_FILLER_CHARS)
+    long_agents = agent_examples(tokenizer, seed + 4, AGENT_STEPS // LONG_EVERY,
+                                 agent_sessions.LONG_FILLER_CHARS)
+    written = [int(t) for _, labels, *_ in agents + long_agents for t in labels[labels != -100]]
+    lm_loss = SharedUnusedLoss(len(tokenizer), stream.tolist() + tool_stream.tolist() + written)
     tool_generator = torch.Generator().manual_seed(seed + 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     # The rate falls linearly to 20% by the last step: the last steps settle
     # the weights instead of leaving them wherever the last batches pushed.
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: 1 - step / TRAIN_STEPS * LR_DECAY)
-    model.train()
-    for _ in range(TRAIN_STEPS):
+    def chat_loss():
         starts = torch.randint(0, len(stream) - TRAIN_SEQ - 1, (TRAIN_BATCH,), generator=generator)
         batch = torch.stack([stream[s : s + TRAIN_SEQ] for s in starts.tolist()])
         loss = lm_loss(model, batch, batch)
@@ -218,12 +276,43 @@ def build_model(tokenizer, documents: list[str], tool_documents: list[str], seed
                             for s in starts])
         loss = loss + lm_loss(model, batch, batch.masked_fill(~seen, -100))
         picks = torch.randint(0, len(conversations), (TOOL_BATCH,), generator=tool_generator)
-        loss = loss + lm_loss(model, **padded([conversations[i] for i in picks.tolist()], pad_id,
+        return loss + lm_loss(model, **padded([conversations[i] for i in picks.tolist()], pad_id,
                                               [prompts[i] for i in picks.tolist()]))
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
+
+    def agent_loss(step):
+        loss = 0
+        for ids, labels, weights, avoid in agents[step * SHORT_PER_STEP:
+                                                  (step + 1) * SHORT_PER_STEP]:
+            loss = loss + lm_loss(model, ids[None], labels[None], weights=weights[None],
+                                  avoid=avoid[None])
+        if step % LONG_EVERY == 0:
+            ids, labels, weights, avoid = long_agents[step // LONG_EVERY % len(long_agents)]
+            loss = loss + lm_loss.after_prompt(model, ids, labels, weights, avoid)
+        return loss * AGENT_LOSS_WEIGHT
+
+    def train(steps, optimizer, schedule, with_agents):
+        for step in range(steps):
+            loss = chat_loss() + (agent_loss(step) if with_agents else 0)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+        return loss
+
+    model.train()
+    train(TRAIN_STEPS, optimizer, schedule, False)
+    # Then the agent sessions, with the chats still in every step so that
+    # what the first phase learned is kept.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=AGENT_LR, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 1 - step / AGENT_STEPS * LR_DECAY)
+    loss = train(AGENT_STEPS, optimizer, schedule, True)
+    if RESTORE_STEPS:
+        # A few steps of chats alone at a low rate settle what the sessions
+        # moved in the chats' answers.
+        optimizer = torch.optim.AdamW(model.parameters(), lr=RESTORE_LR, weight_decay=0.0)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        loss = train(RESTORE_STEPS, optimizer, schedule, False)
     model.eval()
     lm_loss.untie(model)
     lm_loss.push_down_unused(model, final_states(model, tokenizer, stream, conversations, pad_id,

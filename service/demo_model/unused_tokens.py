@@ -38,14 +38,52 @@ class SharedUnusedLoss:
         self.index = torch.full((vocab_size,), -1, dtype=torch.long)
         self.index[self.used] = torch.arange(len(self.used))
         self.log_unused = math.log(max(1, len(unused)))
+        self.is_unused = torch.ones(vocab_size, dtype=torch.bool)
+        self.is_unused[self.used] = False
 
-    def __call__(self, model, input_ids, labels, attention_mask=None):
+    def embed(self, model, input_ids):
+        """A token the model never writes reads as the mean of the used rows,
+        as untie() leaves it: the agent sessions' filler is read that way in
+        training and in a real prompt alike."""
+        import torch
+
+        weight = model.get_input_embeddings().weight
+        embeds = weight[input_ids]
+        unread = self.is_unused[input_ids]
+        if bool(unread.any()):
+            embeds = torch.where(unread[..., None], weight[self.used].mean(dim=0), embeds)
+        return embeds
+
+    def after_prompt(self, model, ids, labels, weights=None, avoid=None):
+        """The loss of one sequence whose first learned token comes after a
+        long prompt: the prompt's keys and values are computed without the
+        gradient of its inner attention (long_prompts.py), which is what
+        would make it costly."""
+        from service.demo_model.long_prompts import prefix_cache
+
+        first = int((labels != -100).nonzero()[0]) - 1
+        cache = prefix_cache(model, self.embed(model, ids[None, :first]))
+        return self(model, ids[None, first:], labels[None, first:], past_key_values=cache,
+                    weights=None if weights is None else weights[None, first:],
+                    avoid=None if avoid is None else avoid[None, first:])
+
+    def __call__(self, model, input_ids, labels, attention_mask=None, past_key_values=None,
+                 weights=None, avoid=None):
+        """The mean next-token loss over the labelled tokens, or their
+        weighted mean with `weights` (one per label). `avoid` (one per label,
+        -100 for none) names a token that position must not write: its
+        -log(1 - p) is added with that position's weight (where an agent
+        session answers, the token that would open a call)."""
         import torch
         import torch.nn.functional as F
 
-        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = model.model(inputs_embeds=self.embed(model, input_ids),
+                             attention_mask=attention_mask,
+                             past_key_values=past_key_values).last_hidden_state
         h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         y = labels[:, 1:].reshape(-1)
+        w = None if weights is None else weights[:, 1:].reshape(-1)[y != -100]
+        a = None if avoid is None else avoid[:, 1:].reshape(-1)[y != -100]
         h, y = h[y != -100], y[y != -100]
         if not len(y):  # a window with nothing to learn (build_model masks)
             return hidden.sum() * 0
@@ -54,7 +92,14 @@ class SharedUnusedLoss:
         if len(self.unused):
             shared = h @ weight[self.unused[0]] + self.log_unused
             logits = torch.cat([logits, shared[:, None]], dim=1)
-        return F.cross_entropy(logits, self.index[y])
+        if w is None:
+            return F.cross_entropy(logits, self.index[y])
+        loss = (F.cross_entropy(logits, self.index[y], reduction="none") * w).sum()
+        if a is not None and bool((a != -100).any()):
+            at = (a != -100).nonzero()[:, 0]
+            p = logits[at].softmax(-1).gather(1, self.index[a[at]][:, None])[:, 0]
+            loss = loss - ((1 - p).clamp_min(1e-6).log() * w[at]).sum()
+        return loss / w.sum()
 
     def untie(self, model) -> None:
         """Unties the output embedding from the input one. On the output
