@@ -142,11 +142,14 @@ def agent_turns(directory: str, count: int) -> None:
     opener = tokenizer("<tool_call>\n", add_special_tokens=False)["input_ids"]
     marker = "<|im_start|>assistant\n"
 
-    def p_call(prefix: str) -> float:
+    def p_next(prefix: str, then: list[int]) -> float:
         ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
         with torch.no_grad():
-            logits = model(torch.tensor([ids + opener])).logits[0].log_softmax(-1)
-        return float(sum(logits[len(ids) - 1 + i, t] for i, t in enumerate(opener)).exp())
+            logits = model(torch.tensor([ids + then])).logits[0].log_softmax(-1)
+        return float(sum(logits[len(ids) - 1 + i, t] for i, t in enumerate(then)).exp())
+
+    def p_call(prefix: str) -> float:
+        return p_next(prefix, opener)
 
     first, second, named = [], [], 0
     for document in agent_sessions.sessions(count, AGENT_SEED, agent_sessions.LONG_FILLER_CHARS):
@@ -157,7 +160,8 @@ def agent_turns(directory: str, count: int) -> None:
         wanted = json.loads(CALL.match(document[turn1:]).group(1))["name"]
         offered = re.findall(r'^\{"type": "function", "function": \{"name": "([^"]+)"',
                              document, re.M)
-        scores = {name: p_call(document[:turn1] + '<tool_call>\n{"name": "' + name + '"')
+        scores = {name: p_next(document[:turn1], tokenizer(
+            '<tool_call>\n{"name": "' + name + '"', add_special_tokens=False)["input_ids"])
                   for name in offered}
         named += max(scores, key=scores.get) == wanted
     print(f"  agent sessions ({count}, {agent_sessions.LONG_FILLER_CHARS[0]:,}-"
