@@ -74,7 +74,9 @@ VALUES: dict[str, dict[str, dict]] = {
     "echo": {"*": {"echo": True}},
     "extra_messages": {"*": {"extra_messages": [[{"role": "user", "content": "Hi"}]]}},
     "response_format": {"*": {"response_format": {"type": "json_object"}}},
-    "structured_outputs": {"*": {"structured_outputs": {"choice": ["red", "green", "blue"]}},
+    # Room for the longest choice: constrained tokens can be shorter than free ones.
+    "structured_outputs": {"*": {"structured_outputs": {"choice": ["red", "green", "blue"]},
+                                 "max_tokens": 8},
                            "completions": {"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"},
                                            "max_tokens": 12}},
     "grammar": {"*": {"grammar": 'root ::= "yes" | "no"'}},

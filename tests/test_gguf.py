@@ -184,10 +184,12 @@ def test_scoring_equals_a_direct_llama_cpp_computation(gclient, model):
     # the first token has none.
     assert lp.token_logprobs[0] is None
     for p in range(1, len(prompt_ids)):
-        assert math.isclose(lp.token_logprobs[p], direct[p - 1, prompt_ids[p]], abs_tol=1e-5)
+        assert math.isclose(lp.token_logprobs[p], direct[p - 1, prompt_ids[p]],
+                            rel_tol=1e-5, abs_tol=1e-5)
     # The scored token's own entry is there: the argmax of the last row.
     assert next_id == int(np.argmax(direct[-1]))
-    assert math.isclose(lp.token_logprobs[-1], direct[-1, next_id], abs_tol=1e-5)
+    assert math.isclose(lp.token_logprobs[-1], direct[-1, next_id], rel_tol=1e-5,
+                        abs_tol=1e-5)
     best = sorted(range(direct.shape[1]), key=lambda i: -direct[-1, i])[:3]
     assert {f"token_id:{i}" for i in best} == set(lp.top_logprobs[-1])
 

@@ -15,6 +15,7 @@ import grpc
 import jsonschema
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from millm.v1 import (
     generation_pb2,
@@ -25,7 +26,7 @@ from millm.v1 import (
     server_service_pb2,
     server_service_pb2_grpc,
 )
-from tests import format_models, http_helpers
+from tests import format_models, harness, http_helpers
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0,
                                                       "maximum": 99},
@@ -335,7 +336,8 @@ def test_special_markup_tokens_are_generated_and_parsed(channel, model):
             thought.append(delta.reasoning)
             calls += [(c.name, c.arguments) for c in delta.tool_calls]
             finish = delta.finish_reason or finish
-    assert ids[0] == 8005  # [TOOL_CALLS] or <|channel|>, the first added token
+    # [TOOL_CALLS] or <|channel|>: the first token added after the demo vocabulary.
+    assert ids[0] == len(AutoTokenizer.from_pretrained(harness.models_dir() / "millm-tiny"))
     assert not any(marker in "".join(thought) for marker in format_models.HARMONY_MARKERS)
     assert finish == generation_pb2.FINISH_REASON_TOOL_CALLS and not "".join(text)
     assert [name for name, _ in calls if name] == ["ping"]

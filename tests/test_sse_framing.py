@@ -59,7 +59,7 @@ def test_usage_chunk_comes_last_before_done(stack):
 
 def test_completion_stream_framing(stack):
     body = {"model": MODEL, "prompt": ["The river", "The market"], "max_tokens": 5,
-            "stream": True, "temperature": 0}
+            "stream": True, "temperature": 0, "ignore_eos": True}
     _, content = post(stack.http_port, "/v1/completions", body)
     payloads = sse_events(content)
     assert payloads[-1] == b"[DONE]"
