@@ -110,6 +110,8 @@ VALUES: dict[str, dict[str, dict]] = {
     "truncation": {"*": {"truncation": "auto"}},
     "conversation": {"*": {"conversation": "conv_1"}},
     "max_tool_calls": {"*": {"max_tool_calls": 2}},
+    "prompt_cache_key": {"*": {"prompt_cache_key": "k1"}},
+    "client_metadata": {"*": {"client_metadata": {"originator": "codex_exec"}}},
     "include": {"*": {"include": ["message.output_text.logprobs"]}},
     "thinking": {"*": {"thinking": {"type": "enabled", "budget_tokens": 2}}},
     "output_config": {"*": {"output_config": {"effort": "low"}}},

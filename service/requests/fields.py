@@ -220,6 +220,11 @@ RULES: dict[str, FieldRule] = {
     "conversation": FieldRule(why="the Conversations API is not served; chain responses with "
                               "previous_response_id"),
     "max_tool_calls": FieldRule(why="a cap on tool calls is " + NOT_YET),
+    # Hints and labels that never change the output: the bridge reads a
+    # Responses request's prompt_cache_key as a routing hint (replicas with
+    # that prefix cached); Codex labels its requests with client_metadata.
+    "prompt_cache_key": FieldRule(reported=frozenset(ROUTES) - {MESSAGES}),
+    "client_metadata": FieldRule(reported=frozenset(ROUTES) - {MESSAGES}),
     # On /v1/responses the bridge serves reasoning.encrypted_content itself
     # (docs/responses.md) and forwards only the other values; elsewhere it
     # asks for nothing from a model that shows no reasoning.
