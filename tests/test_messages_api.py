@@ -16,7 +16,8 @@ import grpc
 import pytest
 
 from millm.v1 import server_service_pb2, server_service_pb2_grpc
-from rest_bridge.serving import messages
+from rest_bridge.protocol.messages import MessagesInput
+from rest_bridge.serving import messages, messages_input
 from tests import harness
 from tests.conftest import MODEL, inference_status, wait_until
 from tests.grpc_helpers import prompt_request
@@ -202,19 +203,23 @@ def test_a_final_assistant_message_is_continued(served):
 
 
 def test_one_call_when_parallel_use_is_disabled(stack):
+    """disable_parallel_tool_use is the contract's parallel_tool_calls false
+    (whose grammar allows one call: test_tool_calls.py shows it either way),
+    and the answer then holds exactly one tool_use block."""
     ask = {"tools": [WEATHER], "tool_choice": {"type": "any",
                                                "disable_parallel_tool_use": True},
            "messages": [{"role": "user", "content": "Weather in Paris, Rome and Oslo?"}]}
-    allowed = {**ask, "tool_choice": {"type": "any"}}
-    counts = {}
+    for disabled, parallel in ((True, False), (False, True), (None, None)):
+        choice = {"type": "any"} if disabled is None else {
+            "type": "any", "disable_parallel_tool_use": disabled}
+        pb, _ = messages_input.generate_request(MessagesInput.model_validate(
+            {**body(MODEL), **ask, "tool_choice": choice}))
+        assert (pb.parallel_tool_calls if pb.HasField("parallel_tool_calls") else None) == parallel
     for seed in (1, 2, 3):
-        for name, sent in (("one", ask), ("any", allowed)):
-            message = call(stack.http_port, "POST", "/v1/messages",
-                           {**body(MODEL, max_tokens=120, seed=seed, temperature=1),
-                            **sent}).json()
-            counts.setdefault(name, []).append(len(message["content"]))
-            assert {b["type"] for b in message["content"]} == {"tool_use"}, message
-    assert counts["one"] == [1, 1, 1] and max(counts["any"]) > 1, counts
+        message = call(stack.http_port, "POST", "/v1/messages",
+                       {**body(MODEL, max_tokens=120, seed=seed, temperature=1), **ask}).json()
+        assert [b["type"] for b in message["content"]] == ["tool_use"], message
+        assert message["stop_reason"] == "tool_use"
 
 
 def test_prefix_cache_reads_are_counted_apart(stack):

@@ -56,6 +56,25 @@ def test_a_named_choice_returns_one_valid_call(sdk, model):
 
 
 @pytest.mark.parametrize("model", [MODEL, Q8])
+def test_parallel_tool_calls_false_allows_exactly_one_call(sdk, model):
+    """The grammar's guarantee, whatever the model prefers: with the
+    end-of-sequence token pushed down (logit_bias), a choice that may write
+    more calls cannot end after the first, and one that may not must."""
+    ask = [{"role": "user", "content": "Weather in Paris, Rome and Oslo?"}]
+    for seed in (1, 2):
+        counts = {}
+        for parallel in (False, True):
+            choice = sdk.chat.completions.create(
+                model=model, messages=ask, tools=TOOLS, tool_choice="required",
+                parallel_tool_calls=parallel, logit_bias={"2": -100}, max_tokens=120, seed=seed,
+                temperature=1).choices[0]
+            counts[parallel] = (len(choice.message.tool_calls or ()), choice.finish_reason)
+        assert counts[False] == (1, "tool_calls"), counts
+        calls, finish = counts[True]
+        assert calls > 1 or finish == "length", counts
+
+
+@pytest.mark.parametrize("model", [MODEL, Q8])
 def test_the_streamed_call_accumulates_to_the_same_call(sdk, model):
     body = dict(model=model, messages=ASK, tools=TOOLS, tool_choice="required", seed=9,
                 max_tokens=120, temperature=1.0, parallel_tool_calls=False)
