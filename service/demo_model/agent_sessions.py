@@ -177,7 +177,8 @@ def session(rng: random.Random, filler: Filler,
     if rng.random() < 0.05:
         content, answer = MISSING, f"I could not read {file}: it does not exist."
     reminder = filler.take(share[3])
-    asked = f"<system-reminder>\n{reminder}\n</system-reminder>\n\n{question}" if reminder else question
+    asked = (f"<system-reminder>\n{reminder}\n</system-reminder>\n\n{question}" if reminder
+             else question)
     messages.append({"role": "user", "content": asked})
     if share[4] > 40 and rng.random() < 0.4:
         messages.append({"role": "system", "content": filler.take(share[4])})
