@@ -159,7 +159,7 @@ class EngineServer:
             TokenizationServicer(self.inference), self.server
         )
         steering_service_pb2_grpc.add_SteeringServiceServicer_to_server(
-            SteeringServicer(self.steering, self.follower.replicas), self.server
+            SteeringServicer(self.steering, self.follower.replicas, self.inference), self.server
         )
         monitoring_service_pb2_grpc.add_MonitoringServiceServicer_to_server(
             MonitoringServicer(self.monitoring, self.inference), self.server

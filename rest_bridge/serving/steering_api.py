@@ -107,6 +107,12 @@ def _features(path, raw, query=None):
     return request
 
 
+def _search(path, raw):
+    request = _parse(_body(raw), pb.SearchSaeFeaturesRequest())
+    request.sae_id = path["sae_id"]
+    return request
+
+
 def _set_steering(path, raw):
     body = _body(raw)
     request = _parse({k: v for k, v in body.items() if k != "values"}, pb.SetSteeringRequest())
@@ -171,6 +177,7 @@ ROUTES = (
     Route("POST", "/api/saes/{sae_id}/detach", "DetachSae",
           _path(pb.DetachSaeRequest, sae_id="sae_id")),
     Route("GET", "/api/saes/{sae_id}/features", "ListSaeFeatures", _features, query=True),
+    Route("POST", "/api/saes/{sae_id}/search", "SearchSaeFeatures", _search),
     Route("GET", "/api/control_vectors", "ListControlVectors",
           _empty(pb.ListControlVectorsRequest)),
     Route("GET", "/api/steering", "GetSteering", _empty(pb.GetSteeringRequest)),

@@ -11,9 +11,9 @@ import json
 
 from millm.v1 import steering_pb2, steering_service_pb2, steering_service_pb2_grpc
 from service import json_text
-from service.errors import EngineError
+from service.errors import EngineError, invalid_parameter
 from service.servicers.error_handling import unary_errors
-from service.steering import acks, documents, manager
+from service.steering import acks, documents, manager, search
 from service.steering.features import FeatureRecords
 from service.steering.manager import SteeringManager
 
@@ -92,10 +92,16 @@ def _feature(f: dict) -> steering_service_pb2.SaeFeature:
             for e in f.get("examples", ())])
 
 
+def _match(m: search.Match) -> steering_service_pb2.FeatureMatch:
+    return steering_service_pb2.FeatureMatch(index=m.index, score=m.score)
+
+
 class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
-    def __init__(self, steering: SteeringManager, replicas: acks.Registry | None = None):
+    def __init__(self, steering: SteeringManager, replicas: acks.Registry | None,
+                 inference):
         self._m = steering
         self._replicas = replicas
+        self._inference = inference  # runs a search's example
         self._features = FeatureRecords()
 
     def _liveness(self, live: manager.Live, wait_s: float = acks.ACK_WAIT_S):
@@ -187,6 +193,33 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
         return steering_service_pb2.ListSaeFeaturesResponse(
             sae=self._sae(info), recorded=page.recorded, total=page.total,
             tokens_read=page.tokens_read, features=[_feature(f) for f in page.features])
+
+    @unary_errors
+    async def SearchSaeFeatures(self, request, context):
+        info = self._info(request.sae_id)
+        limit = search.check_page(request.offset,
+                                  request.limit if request.HasField("limit") else None)
+        which, tokens, strings = request.WhichOneof("by"), [], []
+        if which == "query":
+            words = search.query_words(request.query)
+            document = await asyncio.to_thread(self._features.document, info)
+            matches = search.by_words(document, info, words)
+        elif which == "example":
+            matches, tokens, strings = await search.run_example(
+                self._inference, self._m.attached, info, request.example, request.model)
+        elif which == "neighbours_of":
+            decoder = await asyncio.to_thread(self._m.decoder, info)
+            matches = search.neighbours(decoder, info, request.neighbours_of)
+        else:
+            raise invalid_parameter("query", "Search by one of 'query', 'example' or "
+                                    "'neighbours_of'.")
+        return steering_service_pb2.SearchSaeFeaturesResponse(
+            sae=self._sae(info), total=len(matches),
+            data=[_match(m) for m in matches[request.offset:request.offset + limit]],
+            tokens=[steering_service_pb2.TokenFeatures(
+                position=t.position, token_id=t.token_id,
+                token=strings[t.position] if t.position < len(strings) else "",
+                features=[_match(m) for m in t.features]) for t in tokens])
 
     @unary_errors
     async def ListControlVectors(self, request, context):

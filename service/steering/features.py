@@ -59,6 +59,10 @@ class FeatureRecords:
             self._cache[path] = (mtime, document)
         return document
 
+    def document(self, info: SaeInfo) -> dict | None:
+        """The parsed record of `info`, or None when it has none."""
+        return self._load(info)
+
     def page(self, info: SaeInfo, query: str, offset: int, limit: int | None) -> FeaturePage:
         """Features of `info` whose top tokens contain `query` (case and
         surrounding spaces ignored; empty: all), from `offset`."""

@@ -25,6 +25,8 @@ import asyncio
 import logging
 import pathlib
 
+import torch
+
 from service.errors import EngineError
 from service.steering import control_vectors, documents, intensity
 from service.steering.completion import completes
@@ -154,6 +156,14 @@ class SteeringManager(ProfileWrites, SteeringResolution):
     def sae_info(self, sae_id: str) -> SaeInfo:
         """An SAE on disk, attached or not (sae_not_found, invalid_sae)."""
         return self._info(sae_id)
+
+    def decoder(self, info: SaeInfo) -> torch.Tensor:
+        """`info`'s decoder rows [d_sae, d_in]: the attached copy, or read
+        from disk (a blocking read: call it off the event loop)."""
+        attached = self.attached.get(info.id)
+        if attached is not None:
+            return attached.W_dec
+        return SaeWeights(info, torch.device("cpu"), torch.float32).W_dec
 
     @property
     def write_lock(self):

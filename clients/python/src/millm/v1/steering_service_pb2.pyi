@@ -252,6 +252,56 @@ class ListSaeFeaturesResponse(_message.Message):
     features: _containers.RepeatedCompositeFieldContainer[SaeFeature]
     def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., recorded: _Optional[bool] = ..., total: _Optional[int] = ..., tokens_read: _Optional[int] = ..., features: _Optional[_Iterable[_Union[SaeFeature, _Mapping]]] = ...) -> None: ...
 
+class SearchSaeFeaturesRequest(_message.Message):
+    __slots__ = ("sae_id", "query", "example", "neighbours_of", "offset", "limit", "model")
+    SAE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLE_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_OF_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    sae_id: str
+    query: str
+    example: str
+    neighbours_of: int
+    offset: int
+    limit: int
+    model: str
+    def __init__(self, sae_id: _Optional[str] = ..., query: _Optional[str] = ..., example: _Optional[str] = ..., neighbours_of: _Optional[int] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+
+class FeatureMatch(_message.Message):
+    __slots__ = ("index", "score")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    score: float
+    def __init__(self, index: _Optional[int] = ..., score: _Optional[float] = ...) -> None: ...
+
+class TokenFeatures(_message.Message):
+    __slots__ = ("position", "token_id", "token", "features")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    token_id: int
+    token: str
+    features: _containers.RepeatedCompositeFieldContainer[FeatureMatch]
+    def __init__(self, position: _Optional[int] = ..., token_id: _Optional[int] = ..., token: _Optional[str] = ..., features: _Optional[_Iterable[_Union[FeatureMatch, _Mapping]]] = ...) -> None: ...
+
+class SearchSaeFeaturesResponse(_message.Message):
+    __slots__ = ("sae", "total", "data", "tokens")
+    SAE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    sae: Sae
+    total: int
+    data: _containers.RepeatedCompositeFieldContainer[FeatureMatch]
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenFeatures]
+    def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., total: _Optional[int] = ..., data: _Optional[_Iterable[_Union[FeatureMatch, _Mapping]]] = ..., tokens: _Optional[_Iterable[_Union[TokenFeatures, _Mapping]]] = ...) -> None: ...
+
 class GetSteeringRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -59,6 +59,11 @@ class SteeringServiceStub:
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesResponse.FromString,
                 _registered_method=True)
+        self.SearchSaeFeatures = channel.unary_unary(
+                '/millm.v1.SteeringService/SearchSaeFeatures',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesResponse.FromString,
+                _registered_method=True)
         self.GetSteering = channel.unary_unary(
                 '/millm.v1.SteeringService/GetSteering',
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.GetSteeringRequest.SerializeToString,
@@ -198,6 +203,15 @@ class SteeringServiceServicer:
     def ListSaeFeatures(self, request, context):
         """What an SAE's features fire on, as recorded beside it (features.json):
         the tokens where each fires hardest, with their context.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchSaeFeatures(self, request, context):
+        """Features found by words in their record, by what fires on an example
+        text (run through the loaded model, unsteered; the SAE must be attached),
+        or by their decoder direction's cosine with another feature's; best first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -374,6 +388,11 @@ def add_SteeringServiceServicer_to_server(servicer, server):
                     servicer.ListSaeFeatures,
                     request_deserializer=millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesRequest.FromString,
                     response_serializer=millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesResponse.SerializeToString,
+            ),
+            'SearchSaeFeatures': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchSaeFeatures,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesResponse.SerializeToString,
             ),
             'GetSteering': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSteering,
@@ -594,6 +613,33 @@ class SteeringService:
             '/millm.v1.SteeringService/ListSaeFeatures',
             millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesRequest.SerializeToString,
             millm_dot_v1_dot_steering__service__pb2.ListSaeFeaturesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchSaeFeatures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/SearchSaeFeatures',
+            millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesResponse.FromString,
             options,
             channel_credentials,
             insecure,
