@@ -142,3 +142,82 @@ def test_a_body_that_is_not_a_search_is_400(clean):
     for raw in (b"[1]", b"{", b'{"query": 5}', b'{"query": "a", "example": "b"}'):
         reply = clean.api("POST", f"/api/saes/{L1}/search", raw=raw)
         assert reply.status_code == 400, (raw, reply.text)
+
+
+# --- cards and explanations -------------------------------------------------------------
+
+
+def _unembedding_and_decoder(sae_dir: str) -> tuple[torch.Tensor, torch.Tensor]:
+    model = load_file(str(harness.models_dir() / "millm-tiny" / "model.safetensors"))
+    sae = load_file(str(harness.models_dir() / "saes" / sae_dir / "sae_weights.safetensors"))
+    return model["lm_head.weight"].float(), sae["W_dec"].float()
+
+
+@pytest.mark.parametrize("model", [TINY, F32])
+def test_a_card_holds_the_record_and_the_tokens_the_direction_promotes(clean, model):
+    clean.api("POST", "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 1})
+    index = 18
+    card = clean.ok("GET", f"/api/saes/{L0}/features/{index}?top_tokens=5")
+    feature = next(f for f in record(L0)["features"] if f["index"] == index)
+    assert card["index"] == index and card["recorded"] is True
+    assert card["density"] == pytest.approx(feature["density"])
+    assert [c["left"] for c in card["top_contexts"]] == [e["left"] for e in feature["examples"]]
+    assert [t["token"] for t in card["top_tokens"]] == [t["token"] for t in feature["top_tokens"]]
+    unembedding, decoder = _unembedding_and_decoder("millm-tiny-res-l0")
+    logits = unembedding @ decoder[index]
+    assert card["model"] == model
+    promoted = [t["token_id"] for t in card["promoted_tokens"]]
+    assert promoted == torch.topk(logits, 5).indices.tolist()
+    suppressed = [t["token_id"] for t in card["suppressed_tokens"]]
+    assert suppressed == torch.topk(-logits, 5).indices.tolist()
+    for token in card["promoted_tokens"] + card["suppressed_tokens"]:
+        assert token["value"] == pytest.approx(float(logits[token["token_id"]]), abs=1e-4)
+        assert token["token"]
+    assert card["explanation"] is None
+
+
+def test_explanations_are_set_imported_searched_and_removed(clean):
+    base = f"/api/saes/{L1}/features"
+    set_reply = clean.ok("PUT", f"{base}/200/explanation", {"text": "  harbours and boats "})
+    assert set_reply["explanation"]["text"] == "harbours and boats"
+    assert set_reply["explanation"]["source"] == "user"
+    # Neuronpedia's export: indices as strings, the explainer's name kept as the source.
+    export = [{"modelId": "millm-tiny", "layer": "1-res", "index": "201",
+               "description": "lighthouses by the harbours", "explanationModelName": "gpt-4o"},
+              {"modelId": "millm-tiny", "layer": "1-res", "index": 202,
+               "description": "quiet evenings"}]
+    assert clean.ok("POST", f"/api/saes/{L1}/explanations", export) == {"imported": 2}
+    assert clean.ok("GET", f"{base}/201")["explanation"]["source"] == "gpt-4o"
+    assert clean.ok("GET", f"{base}/202")["explanation"]["source"] == "neuronpedia"
+    found = search(clean, L1, query="harbours", limit=256)
+    assert {200, 201} <= {m["index"] for m in found["data"]}
+    assert all(m["score"] >= 1.0 for m in found["data"] if m["index"] in (200, 201))
+    for index in (200, 201, 202):
+        assert clean.ok("PUT", f"{base}/{index}/explanation", {"text": ""}) == {
+            "explanation": None}
+        assert clean.ok("GET", f"{base}/{index}")["explanation"] is None
+
+
+@pytest.mark.parametrize("method, path, body, status, param", [
+    ("GET", f"/api/saes/{L0}/features/128", None, 400, "index"),
+    ("GET", f"/api/saes/{L0}/features/x", None, 400, "index"),
+    ("GET", f"/api/saes/{L0}/features/3?top_tokens=65", None, 400, "top_tokens"),
+    ("GET", "/api/saes/sae_nothing/features/3", None, 404, "sae_id"),
+    ("PUT", f"/api/saes/{L0}/features/128/explanation", {"text": "x"}, 400, "index"),
+    ("PUT", f"/api/saes/{L0}/features/3/explanation", {"text": "x" * 1001}, 400, "text"),
+    ("PUT", f"/api/saes/{L0}/features/3/explanation", {"words": "x"}, 400, "text"),
+    ("POST", f"/api/saes/{L0}/explanations", {"a": 1}, 400, "document"),
+    ("POST", f"/api/saes/{L0}/explanations", [], 400, "document"),
+    ("POST", f"/api/saes/{L0}/explanations", [{"index": "128", "description": "x"}], 400,
+     "document[0].index"),
+    ("POST", f"/api/saes/{L0}/explanations", [{"index": 1, "description": ""}], 400,
+     "document[0].description"),
+    ("POST", f"/api/saes/{L0}/explanations", [{"index": 1, "description": "x" * 1001}], 400,
+     "document[0].description"),
+])
+def test_bad_cards_and_explanations_are_refused_naming_the_field(clean, method, path, body,
+                                                                 status, param):
+    reply = clean.api(method, path, body)
+    assert reply.status_code == status, reply.text
+    assert error(reply)["param"] == param
+    assert clean.ok("GET", f"/api/saes/{L0}/features/1")["explanation"] is None

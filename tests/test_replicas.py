@@ -234,6 +234,19 @@ def test_a_probe_and_the_monitoring_switch_reach_the_other_replica(cluster):
         monitoring_service_pb2.ListProbesRequest()).probes, 1.0)
 
 
+def test_an_explanation_set_on_one_replica_is_read_on_the_other(cluster):
+    _, (a, b), _ = cluster
+    a.steering.SetFeatureExplanation(steering_service_pb2.SetFeatureExplanationRequest(
+        sae_id=L1, index=7, text="shared words"), timeout=10)
+    card = b.steering.GetSaeFeature(steering_service_pb2.GetSaeFeatureRequest(
+        sae_id=L1, index=7), timeout=10)
+    assert card.explanation.text == "shared words" and card.explanation.source == "user"
+    b.steering.SetFeatureExplanation(steering_service_pb2.SetFeatureExplanationRequest(
+        sae_id=L1, index=7, text=""), timeout=10)
+    assert not a.steering.GetSaeFeature(steering_service_pb2.GetSaeFeatureRequest(
+        sae_id=L1, index=7), timeout=10).HasField("explanation")
+
+
 def test_the_operator_wins_across_replicas(cluster):
     _, (a, b), _ = cluster
     if a.profile("dialed") is None:

@@ -113,6 +113,47 @@ def _search(path, raw):
     return request
 
 
+def _index(path) -> int:
+    """The {index} path parameter, read as query_int reads a number."""
+    return query_int({"index": path["index"]}, "index")
+
+
+def _feature_card(path, raw, query=None):
+    request = pb.GetSaeFeatureRequest(sae_id=path["sae_id"], index=_index(path))
+    top_tokens = query_int(query or {}, "top_tokens")
+    if top_tokens is not None:
+        request.top_tokens = top_tokens
+    return request
+
+
+def _explanation(path, raw):
+    body = _body(raw)
+    if set(body) != {"text"}:
+        raise OpenAIError(400, "The body must be {\"text\": <string>} (empty removes it).",
+                          param="text", code="invalid_parameter")
+    request = _parse(body, pb.SetFeatureExplanationRequest())
+    request.sae_id, request.index = path["sae_id"], _index(path)
+    return request
+
+
+def _import_explanations(path, raw):
+    """The body is the export itself (a JSON array, or an object holding one
+    under "explanations"), passed on as text once it is known to be JSON."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        value = None
+    except ValueError as exc:
+        raise OpenAIError(400, f"The body is not valid JSON: {exc}.",
+                          code="invalid_json") from None
+    if value is None or json_depth(value) > MAX_BODY_DEPTH:
+        raise OpenAIError(400, f"The body is nested deeper than {MAX_BODY_DEPTH} levels.",
+                          code="invalid_json")
+    refuse_surrogates(value)
+    return pb.ImportFeatureExplanationsRequest(sae_id=path["sae_id"],
+                                               document_json=json.dumps(value))
+
+
 def _set_steering(path, raw):
     body = _body(raw)
     request = _parse({k: v for k, v in body.items() if k != "values"}, pb.SetSteeringRequest())
@@ -178,6 +219,12 @@ ROUTES = (
           _path(pb.DetachSaeRequest, sae_id="sae_id")),
     Route("GET", "/api/saes/{sae_id}/features", "ListSaeFeatures", _features, query=True),
     Route("POST", "/api/saes/{sae_id}/search", "SearchSaeFeatures", _search),
+    Route("GET", "/api/saes/{sae_id}/features/{index}", "GetSaeFeature", _feature_card,
+          query=True),
+    Route("PUT", "/api/saes/{sae_id}/features/{index}/explanation", "SetFeatureExplanation",
+          _explanation),
+    Route("POST", "/api/saes/{sae_id}/explanations", "ImportFeatureExplanations",
+          _import_explanations),
     Route("GET", "/api/control_vectors", "ListControlVectors",
           _empty(pb.ListControlVectorsRequest)),
     Route("GET", "/api/steering", "GetSteering", _empty(pb.GetSteeringRequest)),

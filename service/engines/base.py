@@ -124,6 +124,12 @@ class Engine(abc.ABC):
         """How this engine steers its model, when `capabilities.steer`."""
         return None
 
+    def unembedding(self):
+        """The output embedding [vocab, hidden] as a float32 torch tensor on
+        the CPU, for a feature card's promoted tokens (blocking; None when
+        this engine cannot read it)."""
+        return None
+
     # -- text -------------------------------------------------------------------------
 
     @property

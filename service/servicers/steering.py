@@ -11,9 +11,11 @@ import json
 
 from millm.v1 import steering_pb2, steering_service_pb2, steering_service_pb2_grpc
 from service import json_text
-from service.errors import EngineError, invalid_parameter
+from service.errors import EngineError
 from service.servicers.error_handling import unary_errors
-from service.steering import acks, documents, manager, search
+from service.servicers.steering_features import FeatureRpcs
+from service.steering import acks, documents, manager
+from service.steering.explanations import Explanations
 from service.steering.features import FeatureRecords
 from service.steering.manager import SteeringManager
 
@@ -79,30 +81,14 @@ def document_from_pb(text: str):
                                          f"{exc}.") from None
 
 
-def _feature(f: dict) -> steering_service_pb2.SaeFeature:
-    return steering_service_pb2.SaeFeature(
-        index=f["index"], density=float(f.get("density", 0.0)),
-        max_activation=float(f.get("max", 0.0)),
-        top_tokens=[steering_service_pb2.FeatureToken(
-            token=str(t.get("token", "")), count=int(t.get("count", 0)),
-            max=float(t.get("max", 0.0))) for t in f.get("top_tokens", ())],
-        examples=[steering_service_pb2.FeatureExample(
-            value=float(e.get("value", 0.0)), token=str(e.get("token", "")),
-            left=str(e.get("left", "")), right=str(e.get("right", "")))
-            for e in f.get("examples", ())])
-
-
-def _match(m: search.Match) -> steering_service_pb2.FeatureMatch:
-    return steering_service_pb2.FeatureMatch(index=m.index, score=m.score)
-
-
-class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
+class SteeringServicer(FeatureRpcs, steering_service_pb2_grpc.SteeringServiceServicer):
     def __init__(self, steering: SteeringManager, replicas: acks.Registry | None,
                  inference):
         self._m = steering
         self._replicas = replicas
         self._inference = inference  # runs a search's example
         self._features = FeatureRecords()
+        self._explanations = Explanations(steering.store.db)
 
     def _liveness(self, live: manager.Live, wait_s: float = acks.ACK_WAIT_S):
         """Awaitable: `live` across the replicas, as protobuf. Called right
@@ -183,43 +169,6 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
         live = await self._m.detach(request.sae_id)
         return steering_service_pb2.DetachSaeResponse(sae=self._sae(self._info(request.sae_id)),
                                                       liveness=await self._liveness(live))
-
-    @unary_errors
-    async def ListSaeFeatures(self, request, context):
-        info = self._info(request.sae_id)
-        page = await asyncio.to_thread(
-            self._features.page, info, request.query, request.offset,
-            request.limit if request.HasField("limit") else None)
-        return steering_service_pb2.ListSaeFeaturesResponse(
-            sae=self._sae(info), recorded=page.recorded, total=page.total,
-            tokens_read=page.tokens_read, features=[_feature(f) for f in page.features])
-
-    @unary_errors
-    async def SearchSaeFeatures(self, request, context):
-        info = self._info(request.sae_id)
-        limit = search.check_page(request.offset,
-                                  request.limit if request.HasField("limit") else None)
-        which, tokens, strings = request.WhichOneof("by"), [], []
-        if which == "query":
-            words = search.query_words(request.query)
-            document = await asyncio.to_thread(self._features.document, info)
-            matches = search.by_words(document, info, words)
-        elif which == "example":
-            matches, tokens, strings = await search.run_example(
-                self._inference, self._m.attached, info, request.example, request.model)
-        elif which == "neighbours_of":
-            decoder = await asyncio.to_thread(self._m.decoder, info)
-            matches = search.neighbours(decoder, info, request.neighbours_of)
-        else:
-            raise invalid_parameter("query", "Search by one of 'query', 'example' or "
-                                    "'neighbours_of'.")
-        return steering_service_pb2.SearchSaeFeaturesResponse(
-            sae=self._sae(info), total=len(matches),
-            data=[_match(m) for m in matches[request.offset:request.offset + limit]],
-            tokens=[steering_service_pb2.TokenFeatures(
-                position=t.position, token_id=t.token_id,
-                token=strings[t.position] if t.position < len(strings) else "",
-                features=[_match(m) for m in t.features]) for t in tokens])
 
     @unary_errors
     async def ListControlVectors(self, request, context):
@@ -371,7 +320,8 @@ class SteeringServicer(steering_service_pb2_grpc.SteeringServiceServicer):
 
 
 # Every RPC that changes steering state: admin scope when keys are configured.
-MUTATING = ("AttachSae", "DetachSae", "SetSteering", "CreateProfile", "UpdateProfile",
+MUTATING = ("AttachSae", "DetachSae", "SetFeatureExplanation", "ImportFeatureExplanations",
+            "SetSteering", "CreateProfile", "UpdateProfile",
             "DeleteProfile", "ActivateProfile", "ImportCluster", "SetClusterIntensity",
             "DeleteCluster", "ImportCircuit", "SetCircuitIntensity", "DeleteCircuit",
             "ActivateCircuit")

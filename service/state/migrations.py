@@ -55,6 +55,12 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "CREATE TABLE IF NOT EXISTS replicas (replica_id TEXT PRIMARY KEY, "
         "applied_version BIGINT NOT NULL, seen_at DOUBLE PRECISION NOT NULL)",
     )),
+    # What a feature means, set by a user or imported (steering/explanations.py).
+    (4, "feature explanations", (
+        "CREATE TABLE IF NOT EXISTS feature_explanations (sae_id TEXT NOT NULL, "
+        "feature BIGINT NOT NULL, text TEXT NOT NULL, source TEXT NOT NULL, "
+        "updated BIGINT NOT NULL, PRIMARY KEY (sae_id, feature))",
+    )),
 )
 
 LATEST = MIGRATIONS[-1][0]

@@ -70,30 +70,35 @@ def query_words(query: str) -> list[str]:
     return list(dict.fromkeys(words))
 
 
-def by_words(document: dict | None, info: SaeInfo, words: list[str]) -> list[Match]:
-    """Features whose record holds the words, best first. Each word scores
-    the share of the feature's strongest positions whose token is that word
-    (the feature fires on it), plus half the share of its example contexts
-    that hold it (the feature fires near it)."""
-    if document is None:
-        return []
+def by_words(document: dict | None, info: SaeInfo, words: list[str],
+             explanations: dict[int, str]) -> list[Match]:
+    """Features whose record or explanation holds the words, best first.
+    Each word scores 1 where the feature's explanation says it, the share of
+    the feature's strongest positions whose token is that word (the feature
+    fires on it), and half the share of its example contexts that hold it
+    (it fires near it)."""
+    records = {}
+    for feature in (document or {}).get("features", ()):
+        if isinstance(feature, dict) and 0 <= feature.get("index", -1) < info.d_sae:
+            records[int(feature["index"])] = feature
     matches = []
-    for feature in document.get("features", ()):
-        if not isinstance(feature, dict) or not 0 <= feature.get("index", -1) < info.d_sae:
-            continue
+    for index in sorted(set(records) | set(explanations)):
+        feature = records.get(index, {})
         tokens = [t for t in feature.get("top_tokens", ()) if isinstance(t, dict)]
         examples = [e for e in feature.get("examples", ()) if isinstance(e, dict)]
         positions = sum(int(t.get("count", 0)) for t in tokens) or 1
         contexts = [set(_WORD.findall(f"{e.get('left', '')}{e.get('token', '')}"
                                       f"{e.get('right', '')}".lower())) for e in examples]
+        explained = set(_WORD.findall(explanations.get(index, "").lower()))
         score = 0.0
         for word in words:
+            score += float(word in explained)
             score += sum(int(t.get("count", 0)) for t in tokens
                          if str(t.get("token", "")).strip().lower() == word) / positions
             if contexts:
                 score += 0.5 * sum(word in c for c in contexts) / len(contexts)
         if score > 0:
-            matches.append(Match(int(feature["index"]), round(score, 6)))
+            matches.append(Match(index, round(score, 6)))
     return sorted(matches, key=lambda m: (-m.score, m.index))
 
 

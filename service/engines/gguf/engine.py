@@ -68,6 +68,7 @@ class GgufEngine(GgufVocab, Engine):
         self.limits = limits or SchedulerLimits()
         self.max_queued = self.limits.max_queued
         self.stall_s = self.limits.stall_s
+        self._unembedding = None  # read from the file on first use (unembedding())
         # 0: no prompt reuses a slot's cells (the slots' cells are reserved at
         # load whatever the budget, so a positive one changes nothing here).
         self.keep_prefixes = prefix_cache_tokens > 0
@@ -172,6 +173,23 @@ class GgufEngine(GgufVocab, Engine):
 
     async def grammar_for(self, constraint):
         return await self._grammars.compiled(constraint)
+
+    def unembedding(self):
+        """Read from the file with the gguf package (llama.cpp keeps no
+        float copy to hand out), dequantized; the token embedding when the
+        output is tied to it. Kept once read."""
+        if self._unembedding is None:
+            import gguf
+            import torch
+
+            tensors = {t.name: t for t in gguf.GGUFReader(str(self.entry.path)).tensors}
+            tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
+            if tensor is None:
+                return None
+            rows = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            width = int(tensor.shape[0])  # GGUF lists the fastest dimension first
+            self._unembedding = torch.from_numpy(rows.reshape(-1, width).astype("float32"))
+        return self._unembedding
 
     # -- the model thread ---------------------------------------------------------
 

@@ -291,6 +291,9 @@ class TransformersEngine(Engine):
     def detokenize(self, ids: list[int]) -> str:
         return self.decode(ids)  # special tokens are written out already
 
+    def unembedding(self):
+        return self.model.get_output_embeddings().weight.detach().float().cpu()
+
     def token_strings(self, ids: list[int]) -> list[str]:
         with self._encode_lock:
             return [str(t) for t in self.tokenizer.convert_ids_to_tokens(ids)]

@@ -302,6 +302,92 @@ class SearchSaeFeaturesResponse(_message.Message):
     tokens: _containers.RepeatedCompositeFieldContainer[TokenFeatures]
     def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., total: _Optional[int] = ..., data: _Optional[_Iterable[_Union[FeatureMatch, _Mapping]]] = ..., tokens: _Optional[_Iterable[_Union[TokenFeatures, _Mapping]]] = ...) -> None: ...
 
+class GetSaeFeatureRequest(_message.Message):
+    __slots__ = ("sae_id", "index", "top_tokens")
+    SAE_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    sae_id: str
+    index: int
+    top_tokens: int
+    def __init__(self, sae_id: _Optional[str] = ..., index: _Optional[int] = ..., top_tokens: _Optional[int] = ...) -> None: ...
+
+class TokenLogit(_message.Message):
+    __slots__ = ("token_id", "token", "value")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    token: str
+    value: float
+    def __init__(self, token_id: _Optional[int] = ..., token: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+
+class FeatureExplanation(_message.Message):
+    __slots__ = ("text", "source", "updated")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    source: str
+    updated: int
+    def __init__(self, text: _Optional[str] = ..., source: _Optional[str] = ..., updated: _Optional[int] = ...) -> None: ...
+
+class GetSaeFeatureResponse(_message.Message):
+    __slots__ = ("sae", "index", "recorded", "density", "max_activation", "top_tokens", "top_contexts", "model", "promoted_tokens", "suppressed_tokens", "explanation")
+    SAE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    DENSITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVATION_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOP_CONTEXTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMOTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SUPPRESSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    sae: Sae
+    index: int
+    recorded: bool
+    density: float
+    max_activation: float
+    top_tokens: _containers.RepeatedCompositeFieldContainer[FeatureToken]
+    top_contexts: _containers.RepeatedCompositeFieldContainer[FeatureExample]
+    model: str
+    promoted_tokens: _containers.RepeatedCompositeFieldContainer[TokenLogit]
+    suppressed_tokens: _containers.RepeatedCompositeFieldContainer[TokenLogit]
+    explanation: FeatureExplanation
+    def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., index: _Optional[int] = ..., recorded: _Optional[bool] = ..., density: _Optional[float] = ..., max_activation: _Optional[float] = ..., top_tokens: _Optional[_Iterable[_Union[FeatureToken, _Mapping]]] = ..., top_contexts: _Optional[_Iterable[_Union[FeatureExample, _Mapping]]] = ..., model: _Optional[str] = ..., promoted_tokens: _Optional[_Iterable[_Union[TokenLogit, _Mapping]]] = ..., suppressed_tokens: _Optional[_Iterable[_Union[TokenLogit, _Mapping]]] = ..., explanation: _Optional[_Union[FeatureExplanation, _Mapping]] = ...) -> None: ...
+
+class SetFeatureExplanationRequest(_message.Message):
+    __slots__ = ("sae_id", "index", "text")
+    SAE_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    sae_id: str
+    index: int
+    text: str
+    def __init__(self, sae_id: _Optional[str] = ..., index: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+
+class SetFeatureExplanationResponse(_message.Message):
+    __slots__ = ("explanation",)
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    explanation: FeatureExplanation
+    def __init__(self, explanation: _Optional[_Union[FeatureExplanation, _Mapping]] = ...) -> None: ...
+
+class ImportFeatureExplanationsRequest(_message.Message):
+    __slots__ = ("sae_id", "document_json")
+    SAE_ID_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_JSON_FIELD_NUMBER: _ClassVar[int]
+    sae_id: str
+    document_json: str
+    def __init__(self, sae_id: _Optional[str] = ..., document_json: _Optional[str] = ...) -> None: ...
+
+class ImportFeatureExplanationsResponse(_message.Message):
+    __slots__ = ("imported",)
+    IMPORTED_FIELD_NUMBER: _ClassVar[int]
+    imported: int
+    def __init__(self, imported: _Optional[int] = ...) -> None: ...
+
 class GetSteeringRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

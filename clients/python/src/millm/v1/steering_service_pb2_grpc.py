@@ -64,6 +64,21 @@ class SteeringServiceStub:
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesResponse.FromString,
                 _registered_method=True)
+        self.GetSaeFeature = channel.unary_unary(
+                '/millm.v1.SteeringService/GetSaeFeature',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.GetSaeFeatureRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.GetSaeFeatureResponse.FromString,
+                _registered_method=True)
+        self.SetFeatureExplanation = channel.unary_unary(
+                '/millm.v1.SteeringService/SetFeatureExplanation',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.SetFeatureExplanationRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.SetFeatureExplanationResponse.FromString,
+                _registered_method=True)
+        self.ImportFeatureExplanations = channel.unary_unary(
+                '/millm.v1.SteeringService/ImportFeatureExplanations',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.ImportFeatureExplanationsRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.ImportFeatureExplanationsResponse.FromString,
+                _registered_method=True)
         self.GetSteering = channel.unary_unary(
                 '/millm.v1.SteeringService/GetSteering',
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.GetSteeringRequest.SerializeToString,
@@ -212,6 +227,29 @@ class SteeringServiceServicer:
         """Features found by words in their record, by what fires on an example
         text (run through the loaded model, unsteered; the SAE must be attached),
         or by their decoder direction's cosine with another feature's; best first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSaeFeature(self, request, context):
+        """One feature's card: its record (density, strongest contexts), the tokens
+        its decoder direction promotes and suppresses through the loaded model's
+        unembedding, and its explanation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetFeatureExplanation(self, request, context):
+        """Set (or, with empty text, remove) a feature's explanation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportFeatureExplanations(self, request, context):
+        """Import explanations in bulk, in Neuronpedia's explanation export format.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -393,6 +431,21 @@ def add_SteeringServiceServicer_to_server(servicer, server):
                     servicer.SearchSaeFeatures,
                     request_deserializer=millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesRequest.FromString,
                     response_serializer=millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesResponse.SerializeToString,
+            ),
+            'GetSaeFeature': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSaeFeature,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.GetSaeFeatureRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.GetSaeFeatureResponse.SerializeToString,
+            ),
+            'SetFeatureExplanation': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetFeatureExplanation,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.SetFeatureExplanationRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.SetFeatureExplanationResponse.SerializeToString,
+            ),
+            'ImportFeatureExplanations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportFeatureExplanations,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.ImportFeatureExplanationsRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.ImportFeatureExplanationsResponse.SerializeToString,
             ),
             'GetSteering': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSteering,
@@ -640,6 +693,87 @@ class SteeringService:
             '/millm.v1.SteeringService/SearchSaeFeatures',
             millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesRequest.SerializeToString,
             millm_dot_v1_dot_steering__service__pb2.SearchSaeFeaturesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSaeFeature(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/GetSaeFeature',
+            millm_dot_v1_dot_steering__service__pb2.GetSaeFeatureRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.GetSaeFeatureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetFeatureExplanation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/SetFeatureExplanation',
+            millm_dot_v1_dot_steering__service__pb2.SetFeatureExplanationRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.SetFeatureExplanationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportFeatureExplanations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/ImportFeatureExplanations',
+            millm_dot_v1_dot_steering__service__pb2.ImportFeatureExplanationsRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.ImportFeatureExplanationsResponse.FromString,
             options,
             channel_credentials,
             insecure,
