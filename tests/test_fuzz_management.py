@@ -51,11 +51,20 @@ DOCUMENT = st.fixed_dictionaries({}, optional={
     "sae_id": sometimes(NAME), "feature": sometimes(NUMBER), "threshold": sometimes(NUMBER),
     "layer": sometimes(NUMBER), "model": sometimes(NAME),
     "features": sometimes(st.lists(st.fixed_dictionaries({}, optional={
-        "index": sometimes(NUMBER), "weight": sometimes(NUMBER)}), max_size=70))})
+        "index": sometimes(NUMBER), "weight": sometimes(NUMBER)}), max_size=70)),
+    # feature search, cards and explanations
+    "query": sometimes(NAME), "example": sometimes(NAME), "neighbours_of": sometimes(NUMBER),
+    "limit": sometimes(NUMBER), "offset": sometimes(NUMBER), "text": sometimes(NAME)})
+# A Neuronpedia explanation export, with wrong values now and then.
+EXPORT = st.lists(st.fixed_dictionaries({}, optional={
+    "index": sometimes(st.one_of(NUMBER, st.integers(0, 300).map(str))),
+    "description": sometimes(NAME), "explanationModelName": sometimes(NAME),
+    "modelId": sometimes(NAME), "layer": sometimes(NAME)}), max_size=5)
 BODY = st.one_of(
     st.tuples(DOCUMENT, st.dictionaries(KEY, ANY_JSON, max_size=2)).map(
         lambda pair: json.dumps({**pair[1], **pair[0]}).encode()),
     ANY_JSON.map(lambda v: json.dumps(v).encode()),
+    EXPORT.map(lambda v: json.dumps(v).encode()),
     st.binary(max_size=64),
     st.just(b""),
 )
@@ -65,6 +74,14 @@ ROUTE_TABLE = [(r.method, r.path) for r in ROUTES + monitoring_api.ROUTES] + [
     ("GET", "/api/saes/sae_millm-tiny-res-l1/features?limit={name}&offset=3"),
     ("GET", "/api/saes/sae_millm-tiny-res-l1/features?offset={name}"),
     ("GET", "/api/monitoring?model={name}"),
+    # The workbench routes on a real SAE (attached by the runs that attach it at random).
+    ("POST", "/api/saes/sae_millm-tiny-res-l1/search"),
+    ("POST", "/api/saes/sae_millm-tiny-res-l0/search"),
+    ("GET", "/api/saes/sae_millm-tiny-res-l1/features/{name}"),
+    ("GET", "/api/saes/sae_millm-tiny-res-l1/features/3?top_tokens={name}"),
+    ("PUT", "/api/saes/sae_millm-tiny-res-l1/features/{name}/explanation"),
+    ("PUT", "/api/saes/sae_millm-tiny-res-l1/features/3/explanation"),
+    ("POST", "/api/saes/sae_millm-tiny-res-l1/explanations"),
     ("GET", "/api/models"), ("GET", "/api/models/{model_id}"),
     ("POST", "/api/models/{model_id}/load"), ("POST", "/api/models/{model_id}/unload"),
     ("GET", "/api/health/inference"), ("GET", "/api/capabilities"),
@@ -90,7 +107,10 @@ def test_no_5xx_on_the_management_api(fuzz_stack, models_on_disk, route, name, b
     method, template = route
     if "{model_id}" in template and name in models_on_disk:
         name = "not-a-model"
-    path = template.format(name=quoted(name), sae_id=quoted(name), model_id=quoted(name))
+    # One fuzzed value per URL (see ROUTE_TABLE): the routes with an index
+    # and a fuzzed SAE id take index 3; those on a real SAE fuzz the index.
+    path = template.format(name=quoted(name), sae_id=quoted(name), model_id=quoted(name),
+                           index=3)
     raw = body if method in ("POST", "PUT", "PATCH") else None
     reply = call(fuzz_stack.http_port, method, path, raw=raw, timeout=60)
     assert reply.status_code < 500, (method, path[:300], raw[:500] if raw else None,
