@@ -107,6 +107,8 @@ def _message_fields(route) -> list[str]:
                   | {f.name for f in method.input_type.fields})
 
 
+# The feature workbench's routes (steering/search.py, cards, explanations).
+WORKBENCH = ("SearchSaeFeatures", "SetFeatureExplanation", "ImportFeatureExplanations")
 # The documents' own keys (cluster and circuit formats), for the import routes.
 DOCUMENT_FIELDS = ("format", "name", "description", "members", "edges", "rung",
                    "intensity_range", "intensity", "mode", "fallback_cluster", "entries")
@@ -119,12 +121,16 @@ def management_cases() -> list[tuple[str, str, dict]]:
     for route in (*STEERING_ROUTES, *monitoring_api.ROUTES):
         if route.method not in ("POST", "PUT", "PATCH"):
             continue
-        path = route.path.format(sae_id="sae_none", name="sweep-none")
+        paths = [route.path.format(sae_id="sae_none", name="sweep-none", index=3)]
+        if route.rpc in WORKBENCH:
+            # An unknown SAE is refused before any field is read: on a real one too.
+            paths.append(route.path.format(sae_id="sae_millm-tiny-res-l1", index=3))
         fields = (DOCUMENT_FIELDS if route.rpc.startswith("Import")
                   else _message_fields(route))
-        for name in fields:
-            for value in VALUES:
-                cases.append((route.method, path, {name: value}))
+        for path in paths:
+            for name in fields:
+                for value in VALUES:
+                    cases.append((route.method, path, {name: value}))
     # The query parameters of the routes that read one, as query text.
     for path, names in (("/api/saes/sae_millm-tiny-res-l1/features", ("query", "limit",
                                                                        "offset")),

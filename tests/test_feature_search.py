@@ -123,7 +123,8 @@ def test_grpc_search_answers_as_rest_does(clean):
     (L1, {"query": "  ,, "}, 400, "query"),
     (L1, {"query": "x" * 257}, 400, "query"),
     (L1, {"example": ""}, 400, "example"),
-    (L1, {"example": "x" * 2049}, 400, "example"),
+    (L1, {"example": "x" * 2001}, 400, "example"),
+    (L1, {"example": "\U0001f30a" * 501}, 400, "example"),  # 2,004 bytes
     (L0, {"example": "The sea."}, 400, "sae_id"),  # not attached
     (L1, {"neighbours_of": 256}, 400, "neighbours_of"),
     (L1, {"neighbours_of": -1}, 400, "neighbours_of"),
@@ -221,3 +222,10 @@ def test_bad_cards_and_explanations_are_refused_naming_the_field(clean, method, 
     assert reply.status_code == status, reply.text
     assert error(reply)["param"] == param
     assert clean.ok("GET", f"/api/saes/{L0}/features/1")["explanation"] is None
+
+
+def test_the_longest_example_fits_the_readout_whatever_its_tokens(clean):
+    """2,000 bytes of four-byte characters: as many tokens as the tokenizer
+    makes of them, every one read."""
+    found = search(clean, L1, example="\U0001f30a" * 500, limit=1)
+    assert found["tokens"] and found["total"] >= 1

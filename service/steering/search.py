@@ -11,7 +11,8 @@ scores are exactly what a request's readout would report. Neighbours are
 features whose decoder rows point the same way: steering along them moves
 the residual stream alike.
 
-The servicer runs the model; this module holds the rules and the scoring.
+This module holds the rules and the scoring; `run_example` runs the example
+through the inference service as a scoring request with a readout.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from service.steering.sae import SaeInfo
 MAX_LIMIT = 256
 DEFAULT_LIMIT = 32
 MAX_QUERY = 256
-# An example is read at every token with this many features per token; the
-# readout's entry limit (readout.MAX_ENTRIES) then bounds it to 2,048 tokens,
-# which 2,048 characters can never exceed.
-MAX_EXAMPLE = 2048
+# An example is read at every token with EXAMPLE_TOP_K features per token; the
+# readout's entry limit (readout.MAX_ENTRIES, 65,536) then bounds it to 2,048
+# tokens. A token holds at least one byte, so 2,000 bytes of UTF-8 (and a
+# beginning-of-text token) always fit.
+MAX_EXAMPLE_BYTES = 2000
 EXAMPLE_TOP_K = 32
 TOKEN_FEATURES = 8  # features listed per token of an example
 _WORD = re.compile(r"\w+")
@@ -105,8 +107,9 @@ def by_words(document: dict | None, info: SaeInfo, words: list[str],
 def check_example(example: str) -> None:
     if not example:
         raise invalid_parameter("example", "'example' must not be empty.")
-    if len(example) > MAX_EXAMPLE:
-        raise invalid_parameter("example", f"'example' is at most {MAX_EXAMPLE} characters.")
+    if len(example.encode("utf-8", "surrogatepass")) > MAX_EXAMPLE_BYTES:
+        raise invalid_parameter("example", f"'example' is at most {MAX_EXAMPLE_BYTES} bytes "
+                                "of UTF-8.")
 
 
 def readout_request(info: SaeInfo) -> ActivationRequest:
