@@ -11,6 +11,7 @@ from millm.v1 import steering_service_pb2 as pb
 from service.errors import invalid_parameter
 from service.servicers.error_handling import unary_errors
 from service.steering import cards, explanations, search
+from service.steering.features import check_page
 
 
 def _tokens(f: dict) -> list[pb.FeatureToken]:
@@ -52,7 +53,7 @@ class FeatureRpcs:
     @unary_errors
     async def SearchSaeFeatures(self, request, context):
         info = self._info(request.sae_id)
-        limit = search.check_page(request.offset,
+        limit = check_page(request.offset,
                                   request.limit if request.HasField("limit") else None)
         which, tokens, strings = request.WhichOneof("by"), [], []
         if which == "query":

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from service.errors import EngineError, invalid_parameter
-from service.steering.sae import SaeInfo
+from service.errors import invalid_parameter
+from service.steering.sae import SaeInfo, check_feature_index
 
 DEFAULT_TOP_TOKENS = 10
 MAX_TOP_TOKENS = 64
@@ -21,9 +21,7 @@ MAX_TOP_TOKENS = 64
 
 def check(info: SaeInfo, index: int, top_tokens: int | None) -> int:
     """The number of tokens to list, after checking the index."""
-    if not 0 <= index < info.d_sae:
-        raise EngineError("invalid_feature_index", f"Feature index {index} is past the width "
-                          f"of {info.id} ({info.d_sae} features).", "index")
+    check_feature_index(info, index, "index")
     k = DEFAULT_TOP_TOKENS if top_tokens is None else top_tokens
     if not 1 <= k <= MAX_TOP_TOKENS:
         raise invalid_parameter("top_tokens", f"'top_tokens' must be from 1 to "

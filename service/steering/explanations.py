@@ -18,9 +18,9 @@ import json
 import time
 from dataclasses import dataclass
 
-from service.errors import EngineError, invalid_parameter
+from service.errors import invalid_parameter
 from service.state.database import Database, upsert
-from service.steering.sae import SaeInfo
+from service.steering.sae import SaeInfo, check_feature_index
 
 MAX_TEXT = 1000
 MAX_SOURCE = 128
@@ -37,12 +37,6 @@ class Explanation:
     text: str
     source: str
     updated: int
-
-
-def _check_index(info: SaeInfo, index: int, param: str) -> None:
-    if not 0 <= index < info.d_sae:
-        raise EngineError("invalid_feature_index", f"Feature index {index} is past the width "
-                          f"of {info.id} ({info.d_sae} features).", param)
 
 
 def check_text(text: str, param: str = "text") -> str:
@@ -82,7 +76,7 @@ def parse_import(document_json: str, info: SaeInfo) -> list[tuple[int, str, str]
         if not isinstance(index, int) or isinstance(index, bool):
             raise invalid_parameter(f"{where}.index", f"'{where}.index' must be a feature "
                                     "index.")
-        _check_index(info, index, f"{where}.index")
+        check_feature_index(info, index, f"{where}.index")
         text = record.get("description")
         if not isinstance(text, str) or not text.strip():
             raise invalid_parameter(f"{where}.description", f"'{where}.description' must be "
@@ -117,7 +111,7 @@ class Explanations:
 
     async def set(self, info: SaeInfo, feature: int, text: str) -> Explanation | None:
         """Store `text` as the feature's explanation; empty removes it."""
-        _check_index(info, feature, "index")
+        check_feature_index(info, feature, "index")
         text = check_text(text)
         if not text:
             await asyncio.to_thread(self._db.transaction, lambda tx: tx.execute(

@@ -24,6 +24,17 @@ DEFAULT_LIMIT = 32
 MAX_QUERY = 64
 
 
+def check_page(offset: int, limit: int | None) -> int:
+    """A page of features (the record's list, a search's matches): the page
+    size asked for, checked."""
+    if offset < 0:
+        raise invalid_parameter("offset", "'offset' must not be negative.")
+    limit = DEFAULT_LIMIT if limit is None else limit
+    if not 1 <= limit <= MAX_LIMIT:
+        raise invalid_parameter("limit", f"'limit' must be from 1 to {MAX_LIMIT}.")
+    return limit
+
+
 @dataclass(frozen=True)
 class FeaturePage:
     recorded: bool
@@ -68,11 +79,7 @@ class FeatureRecords:
         surrounding spaces ignored; empty: all), from `offset`."""
         if len(query) > MAX_QUERY:
             raise invalid_parameter("query", f"'query' is at most {MAX_QUERY} characters.")
-        if offset < 0:
-            raise invalid_parameter("offset", "'offset' must not be negative.")
-        limit = DEFAULT_LIMIT if limit is None else limit
-        if not 1 <= limit <= MAX_LIMIT:
-            raise invalid_parameter("limit", f"'limit' must be from 1 to {MAX_LIMIT}.")
+        limit = check_page(offset, limit)
         document = self._load(info)
         if document is None:
             return FeaturePage(False, 0, 0, ())

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.errors import EngineError, invalid_parameter
+from service.errors import invalid_parameter
 from service.steering import plan as runtime
 from service.steering.recording import ActivationRecorder
-from service.steering.sae import SaeWeights
+from service.steering.sae import SaeWeights, check_feature_index
 
 MAX_TOP_K = 64  # SAE_ACTIVATIONS_MAX_TOP_K
 MAX_ENTRIES = 65536  # SAE_ACTIVATIONS_MAX_ENTRIES
@@ -78,10 +78,7 @@ def check_request(request: ActivationRequest, attached: dict[str, SaeWeights]
             raise invalid_parameter(f"{PARAM}.features", f"'features' takes at most "
                                     f"{MAX_FEATURES} indices.")
         for i, f in enumerate(request.features):
-            if not 0 <= f < sae.info.d_sae:
-                raise EngineError("invalid_feature_index", f"Feature index {f} is past the "
-                                  f"width of {sae.info.id} ({sae.info.d_sae} features).",
-                                  f"{PARAM}.features[{i}]")
+            check_feature_index(sae.info, f, f"{PARAM}.features[{i}]")
         features = tuple(dict.fromkeys(request.features))
     top_k = DEFAULT_TOP_K if request.top_k is None else request.top_k
     if not 1 <= top_k <= MAX_TOP_K:

@@ -33,6 +33,13 @@ def invalid_sae(message: str) -> EngineError:
     return EngineError("invalid_sae", message)
 
 
+def check_feature_index(info: SaeInfo, index: int, param: str) -> None:
+    """A feature index within the SAE's width, or invalid_feature_index naming `param`."""
+    if not 0 <= index < info.d_sae:
+        raise EngineError("invalid_feature_index", f"Feature index {index} is past the width "
+                          f"of {info.id} ({info.d_sae} features).", param)
+
+
 @dataclass(frozen=True)
 class SaeInfo:
     """What cfg.json says, checked; no weights read."""

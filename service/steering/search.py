@@ -25,10 +25,8 @@ import torch
 from service.errors import EngineError, invalid_parameter
 from service.steering import plan as runtime
 from service.steering.readout import ActivationRequest, ActivationResult
-from service.steering.sae import SaeInfo
+from service.steering.sae import SaeInfo, check_feature_index
 
-MAX_LIMIT = 256
-DEFAULT_LIMIT = 32
 MAX_QUERY = 256
 # An example is read at every token with EXAMPLE_TOP_K features per token; the
 # readout's entry limit (readout.MAX_ENTRIES, 65,536) then bounds it to 2,048
@@ -51,16 +49,6 @@ class TokenMatches:
     position: int
     token_id: int
     features: tuple[Match, ...]
-
-
-def check_page(offset: int, limit: int | None) -> int:
-    """The page size asked for, checked."""
-    if offset < 0:
-        raise invalid_parameter("offset", "'offset' must not be negative.")
-    limit = DEFAULT_LIMIT if limit is None else limit
-    if not 1 <= limit <= MAX_LIMIT:
-        raise invalid_parameter("limit", f"'limit' must be from 1 to {MAX_LIMIT}.")
-    return limit
 
 
 def query_words(query: str) -> list[str]:
@@ -135,9 +123,7 @@ def by_example(result: ActivationResult) -> tuple[list[Match], list[TokenMatches
 
 def neighbours(decoder: torch.Tensor, info: SaeInfo, index: int) -> list[Match]:
     """Every other feature by the cosine of its decoder row with `index`'s."""
-    if not 0 <= index < info.d_sae:
-        raise EngineError("invalid_feature_index", f"Feature index {index} is past the width "
-                          f"of {info.id} ({info.d_sae} features).", "neighbours_of")
+    check_feature_index(info, index, "neighbours_of")
     rows = torch.nn.functional.normalize(decoder.float(), dim=1)
     cosines = (rows @ rows[index]).tolist()
     matches = [Match(i, round(c, 6)) for i, c in enumerate(cosines) if i != index]
