@@ -77,6 +77,10 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "invalid_control_vector": ErrorCode(_S.FAILED_PRECONDITION, 400),
     "control_vector_mismatch": ErrorCode(_S.FAILED_PRECONDITION, 400),
     "steering_unavailable": ErrorCode(_S.FAILED_PRECONDITION, 400),
+    # vectors from examples (steering/vector_builds.py): one build at a time
+    # per replica; a build cancelled or out of time saves nothing
+    "vector_build_busy": ErrorCode(_S.ABORTED, 409),
+    "vector_build_stopped": ErrorCode(_S.ABORTED, 409),
     "invalid_document": ErrorCode(_S.INVALID_ARGUMENT, 400),
     "already_exists": ErrorCode(_S.ALREADY_EXISTS, 409),
     "probe_not_found": ErrorCode(_S.NOT_FOUND, 404),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -20,6 +21,7 @@ from rest_bridge.access import call_metadata
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import MAX_BODY_DEPTH, json_depth, query_int, refuse_surrogates
 from rest_bridge.routes import read_body
+from rest_bridge.serving.disconnect import unless_disconnected
 
 router = APIRouter()
 
@@ -154,6 +156,13 @@ def _import_explanations(path, raw):
                                                document_json=json.dumps(value))
 
 
+BUILD_ROUTE_TIMEOUT = 660.0
+
+
+def _create_vector(path, raw):
+    return _parse(_body(raw), pb.CreateControlVectorRequest())
+
+
 def _set_steering(path, raw):
     body = _body(raw)
     request = _parse({k: v for k, v in body.items() if k != "values"}, pb.SetSteeringRequest())
@@ -209,6 +218,8 @@ class Route:
     build: Callable
     service: str = "steering"  # the EngineClient stub the RPC belongs to
     query: bool = False  # build also takes the query string's parameters
+    status: int = 200
+    timeout: float = 30.0  # seconds the RPC may take
 
 
 ROUTES = (
@@ -227,6 +238,14 @@ ROUTES = (
           _import_explanations),
     Route("GET", "/api/control_vectors", "ListControlVectors",
           _empty(pb.ListControlVectorsRequest)),
+    # A build runs in the call (cancelled if the client leaves): its own
+    # time limit (timeout_s, at most 600 s) bounds it, not the route's.
+    Route("POST", "/api/control_vectors", "CreateControlVector", _create_vector, status=201,
+          timeout=BUILD_ROUTE_TIMEOUT),
+    Route("GET", "/api/control_vectors/build", "GetControlVectorBuild",
+          _empty(pb.GetControlVectorBuildRequest)),
+    Route("DELETE", "/api/control_vectors/build", "CancelControlVectorBuild",
+          _empty(pb.CancelControlVectorBuildRequest)),
     Route("GET", "/api/steering", "GetSteering", _empty(pb.GetSteeringRequest)),
     Route("PUT", "/api/steering", "SetSteering", _set_steering),
     Route("DELETE", "/api/steering", "SetSteering", _clear_values),
@@ -272,10 +291,11 @@ def _endpoint(route: Route):
             message = route.build(request.path_params, raw)
         rpc = getattr(getattr(request.app.state.engine, route.service), route.rpc)
         try:
-            reply = await rpc(message, timeout=30, metadata=call_metadata.get())
+            reply = await unless_disconnected(
+                request, rpc(message, timeout=route.timeout, metadata=call_metadata.get()))
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from None
-        return to_json(reply)
+        return JSONResponse(to_json(reply), status_code=route.status)
 
     endpoint.__name__ = f"{route.method.lower()}_{route.rpc}"
     return endpoint
@@ -283,7 +303,8 @@ def _endpoint(route: Route):
 
 def register(into: APIRouter, routes: tuple[Route, ...]) -> None:
     for route in routes:
-        into.add_api_route(route.path, _endpoint(route), methods=[route.method])
+        into.add_api_route(route.path, _endpoint(route), methods=[route.method],
+                           status_code=route.status)
 
 
 register(router, ROUTES)

@@ -14,10 +14,12 @@ from service import json_text
 from service.errors import EngineError
 from service.servicers.error_handling import unary_errors
 from service.servicers.steering_features import FeatureRpcs
+from service.servicers.steering_vectors import VectorRpcs
 from service.steering import acks, documents, manager
 from service.steering.explanations import Explanations
 from service.steering.features import FeatureRecords
 from service.steering.manager import SteeringManager
+from service.steering.vector_builds import VectorBuilds
 
 MAX_DOCUMENT_BYTES = 1 << 20
 
@@ -81,12 +83,13 @@ def document_from_pb(text: str):
                                          f"{exc}.") from None
 
 
-class SteeringServicer(FeatureRpcs, steering_service_pb2_grpc.SteeringServiceServicer):
+class SteeringServicer(FeatureRpcs, VectorRpcs, steering_service_pb2_grpc.SteeringServiceServicer):
     def __init__(self, steering: SteeringManager, replicas: acks.Registry | None,
                  inference):
         self._m = steering
         self._replicas = replicas
-        self._inference = inference  # runs a search's example
+        self._inference = inference  # runs a search's example and a vector build's prompts
+        self._builds = VectorBuilds(steering.vectors)
         self._features = FeatureRecords()
         self._explanations = Explanations(steering.store.db)
 
@@ -321,6 +324,7 @@ class SteeringServicer(FeatureRpcs, steering_service_pb2_grpc.SteeringServiceSer
 
 # Every RPC that changes steering state: admin scope when keys are configured.
 MUTATING = ("AttachSae", "DetachSae", "SetFeatureExplanation", "ImportFeatureExplanations",
+            "CreateControlVector", "CancelControlVectorBuild",
             "SetSteering", "CreateProfile", "UpdateProfile",
             "DeleteProfile", "ActivateProfile", "ImportCluster", "SetClusterIntensity",
             "DeleteCluster", "ImportCircuit", "SetCircuitIntensity", "DeleteCircuit",

@@ -17,7 +17,8 @@ Why a module of its own: SAE entries resolve against attached SAEs
 resolve here and the manager adds the result to the plan's per-layer vectors.
 Files sit in one directory (MILLM_CONTROL_VECTORS_DIR, by default
 <models dir>/control_vectors) and are read whole, checked and cached until
-their size or modification time changes; ids are `cv_<file stem>`.
+their size or modification time changes; ids are `cv_<file stem>`, and an
+entry may name a vector by its stem too.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ _ID = re.compile(r"^cv_[A-Za-z0-9_-][A-Za-z0-9_.-]{0,250}$")
 
 def vector_id_for(path: pathlib.Path) -> str:
     return "cv_" + _ID_CHARS.sub("-", path.name.removesuffix(SUFFIX))
+
+
+def canonical_id(name: str) -> str:
+    """An entry may name a vector by its id (cv_<stem>) or by its stem, the
+    name it was built under (vector_builds.py)."""
+    return name if name.startswith("cv_") else "cv_" + name
 
 
 def invalid_vector(message: str, param: str | None = None) -> EngineError:
@@ -189,8 +196,9 @@ class ControlVectorDirectory:
         return found, broken
 
     def get(self, vector_id: str, param: str = "control_vector") -> ControlVector:
-        """A vector by id: control_vector_not_found, or invalid_control_vector
-        for a file that is there but unusable."""
+        """A vector by id (or stem): control_vector_not_found, or
+        invalid_control_vector for a file that is there but unusable."""
+        vector_id = canonical_id(vector_id)
         paths: list[pathlib.Path] = []
         if _ID.match(vector_id):  # anything else names no file (ids are sanitized)
             # Per request: the file the id usually names, the whole folder only if not.

@@ -703,3 +703,107 @@ class ListControlVectorsResponse(_message.Message):
     control_vectors: _containers.RepeatedCompositeFieldContainer[ControlVector]
     broken: _containers.RepeatedCompositeFieldContainer[BrokenControlVector]
     def __init__(self, control_vectors: _Optional[_Iterable[_Union[ControlVector, _Mapping]]] = ..., broken: _Optional[_Iterable[_Union[BrokenControlVector, _Mapping]]] = ...) -> None: ...
+
+class ContrastPair(_message.Message):
+    __slots__ = ("positive", "negative")
+    POSITIVE_FIELD_NUMBER: _ClassVar[int]
+    NEGATIVE_FIELD_NUMBER: _ClassVar[int]
+    positive: str
+    negative: str
+    def __init__(self, positive: _Optional[str] = ..., negative: _Optional[str] = ...) -> None: ...
+
+class CreateControlVectorRequest(_message.Message):
+    __slots__ = ("name", "model", "layer", "method", "pairs", "positives", "negatives", "timeout_s")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    POSITIVES_FIELD_NUMBER: _ClassVar[int]
+    NEGATIVES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    layer: int
+    method: str
+    pairs: _containers.RepeatedCompositeFieldContainer[ContrastPair]
+    positives: _containers.RepeatedScalarFieldContainer[str]
+    negatives: _containers.RepeatedScalarFieldContainer[str]
+    timeout_s: float
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., layer: _Optional[int] = ..., method: _Optional[str] = ..., pairs: _Optional[_Iterable[_Union[ContrastPair, _Mapping]]] = ..., positives: _Optional[_Iterable[str]] = ..., negatives: _Optional[_Iterable[str]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class NearFeature(_message.Message):
+    __slots__ = ("sae_id", "index", "cosine")
+    SAE_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COSINE_FIELD_NUMBER: _ClassVar[int]
+    sae_id: str
+    index: int
+    cosine: float
+    def __init__(self, sae_id: _Optional[str] = ..., index: _Optional[int] = ..., cosine: _Optional[float] = ...) -> None: ...
+
+class CreateControlVectorResponse(_message.Message):
+    __slots__ = ("control_vector", "model", "method", "layer", "prompts", "tokens", "norm", "separation", "agreement", "nearest_features")
+    CONTROL_VECTOR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NORM_FIELD_NUMBER: _ClassVar[int]
+    SEPARATION_FIELD_NUMBER: _ClassVar[int]
+    AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    NEAREST_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    control_vector: ControlVector
+    model: str
+    method: str
+    layer: int
+    prompts: int
+    tokens: int
+    norm: float
+    separation: float
+    agreement: float
+    nearest_features: _containers.RepeatedCompositeFieldContainer[NearFeature]
+    def __init__(self, control_vector: _Optional[_Union[ControlVector, _Mapping]] = ..., model: _Optional[str] = ..., method: _Optional[str] = ..., layer: _Optional[int] = ..., prompts: _Optional[int] = ..., tokens: _Optional[int] = ..., norm: _Optional[float] = ..., separation: _Optional[float] = ..., agreement: _Optional[float] = ..., nearest_features: _Optional[_Iterable[_Union[NearFeature, _Mapping]]] = ...) -> None: ...
+
+class ControlVectorBuild(_message.Message):
+    __slots__ = ("name", "model", "layer", "method", "prompts_done", "prompts_total", "elapsed_s", "timeout_s", "cancelling")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_DONE_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CANCELLING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    model: str
+    layer: int
+    method: str
+    prompts_done: int
+    prompts_total: int
+    elapsed_s: float
+    timeout_s: float
+    cancelling: bool
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., layer: _Optional[int] = ..., method: _Optional[str] = ..., prompts_done: _Optional[int] = ..., prompts_total: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., timeout_s: _Optional[float] = ..., cancelling: _Optional[bool] = ...) -> None: ...
+
+class GetControlVectorBuildRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetControlVectorBuildResponse(_message.Message):
+    __slots__ = ("build",)
+    BUILD_FIELD_NUMBER: _ClassVar[int]
+    build: ControlVectorBuild
+    def __init__(self, build: _Optional[_Union[ControlVectorBuild, _Mapping]] = ...) -> None: ...
+
+class CancelControlVectorBuildRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CancelControlVectorBuildResponse(_message.Message):
+    __slots__ = ("cancelled",)
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: bool
+    def __init__(self, cancelled: _Optional[bool] = ...) -> None: ...

@@ -184,6 +184,21 @@ class SteeringServiceStub:
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.ListControlVectorsRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_steering__service__pb2.ListControlVectorsResponse.FromString,
                 _registered_method=True)
+        self.CreateControlVector = channel.unary_unary(
+                '/millm.v1.SteeringService/CreateControlVector',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.CreateControlVectorRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.CreateControlVectorResponse.FromString,
+                _registered_method=True)
+        self.GetControlVectorBuild = channel.unary_unary(
+                '/millm.v1.SteeringService/GetControlVectorBuild',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.GetControlVectorBuildRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.GetControlVectorBuildResponse.FromString,
+                _registered_method=True)
+        self.CancelControlVectorBuild = channel.unary_unary(
+                '/millm.v1.SteeringService/CancelControlVectorBuild',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildResponse.FromString,
+                _registered_method=True)
 
 
 class SteeringServiceServicer:
@@ -404,6 +419,30 @@ class SteeringServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateControlVector(self, request, context):
+        """Build a control vector from contrasting prompts on the served model (its
+        residual stream at one layer) and save it in the control-vector
+        directory; one build at a time per replica. Cancelling the call cancels
+        the build; nothing is saved unless it completes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetControlVectorBuild(self, request, context):
+        """The build running on this replica, if any, and how far it is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelControlVectorBuild(self, request, context):
+        """Stop the build running on this replica (it saves nothing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SteeringServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -551,6 +590,21 @@ def add_SteeringServiceServicer_to_server(servicer, server):
                     servicer.ListControlVectors,
                     request_deserializer=millm_dot_v1_dot_steering__service__pb2.ListControlVectorsRequest.FromString,
                     response_serializer=millm_dot_v1_dot_steering__service__pb2.ListControlVectorsResponse.SerializeToString,
+            ),
+            'CreateControlVector': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateControlVector,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.CreateControlVectorRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.CreateControlVectorResponse.SerializeToString,
+            ),
+            'GetControlVectorBuild': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetControlVectorBuild,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.GetControlVectorBuildRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.GetControlVectorBuildResponse.SerializeToString,
+            ),
+            'CancelControlVectorBuild': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelControlVectorBuild,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1341,6 +1395,87 @@ class SteeringService:
             '/millm.v1.SteeringService/ListControlVectors',
             millm_dot_v1_dot_steering__service__pb2.ListControlVectorsRequest.SerializeToString,
             millm_dot_v1_dot_steering__service__pb2.ListControlVectorsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateControlVector(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/CreateControlVector',
+            millm_dot_v1_dot_steering__service__pb2.CreateControlVectorRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.CreateControlVectorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetControlVectorBuild(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/GetControlVectorBuild',
+            millm_dot_v1_dot_steering__service__pb2.GetControlVectorBuildRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.GetControlVectorBuildResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelControlVectorBuild(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/CancelControlVectorBuild',
+            millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildResponse.FromString,
             options,
             channel_credentials,
             insecure,
