@@ -36,6 +36,7 @@ from service.engines.base import (
     LoadedModel,
 )
 from service.errors import EngineError, invalid_parameter, model_not_found, model_not_loaded
+from service.generation.compare import ComparedGeneration, twin
 from service.generation.run import Generation
 from service.models.lifecycle import Lease, ModelLifecycle, ModelState, ModelView
 from service.models.lifecycle_config import LifecycleConfig
@@ -152,8 +153,11 @@ class InferenceService:
         try:
             spec = await self._validate(params, lease)
             metrics = self.request_metrics
-            yield Generation(spec, lease, metrics.request(lease.info.id, started)
-                             if metrics is not None else None, self.monitoring)
+            generation = Generation(spec, lease, metrics.request(lease.info.id, started)
+                                    if metrics is not None else None, self.monitoring)
+            if params.steering_compare:
+                generation = ComparedGeneration(generation, Generation(twin(spec), lease))
+            yield generation
         finally:
             lease.release()
 

@@ -109,6 +109,8 @@ class SharedFields(OpenAIBaseModel):
     profile: str | None = None
     steering_intensity: float | str | None = None
     return_sae_activations: SaeActivationsSpec | None = None
+    # The unsteered completion beside the steered one (millm.unsteered, millm.divergence).
+    steering_compare: bool | None = None
 
     # Declared fields this route's translation has no place for: their shape
     # is checked here, then they travel as extra fields and the engine's

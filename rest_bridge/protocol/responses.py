@@ -110,7 +110,8 @@ class ResponsesRequest(SharedFields):
 
     # A response has no place for SAE activations: checked like chat's, then
     # refused by the engine as a field this request cannot map.
-    UNMAPPED: ClassVar[frozenset[str]] = frozenset({"return_sae_activations"})
+    UNMAPPED: ClassVar[frozenset[str]] = frozenset({"return_sae_activations",
+                                                     "steering_compare"})
 
     input: str | list[InputItem] | None = None
     instructions: str | None = None

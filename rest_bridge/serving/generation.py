@@ -61,6 +61,20 @@ class Accumulated:
     usage: generation_pb2.Usage | None = None
     activations: object = None  # steering_pb2.SaeActivations, when asked for
     verdicts: object = None  # monitoring_pb2.ProbeVerdicts, when the model is monitored
+    # steering_compare: the unsteered choices, and the comparison message.
+    unsteered: Accumulated | None = None
+    comparison: object = None
+
+    def fold(self, deltas) -> None:
+        for delta in deltas:
+            self.texts.setdefault(delta.index, []).append(delta.text)
+            self.scores.setdefault(delta.index, []).extend(delta.logprobs)
+            if delta.reasoning:
+                self.reasoning.setdefault(delta.index, []).append(delta.reasoning)
+            if delta.tool_calls:
+                tool_calls.fold(self.calls.setdefault(delta.index, {}), delta.tool_calls)
+            if delta.finish_reason:
+                self.finish[delta.index] = FINISH_REASONS[delta.finish_reason]
 
 
 @dataclass
@@ -189,15 +203,13 @@ class GenerationHandler(abc.ABC):
                     continue
                 for echoed in message.echoed:
                     reply.echoed[echoed.prompt_index] = echoed
-                for delta in message.choices:
-                    acc.texts.setdefault(delta.index, []).append(delta.text)
-                    acc.scores.setdefault(delta.index, []).extend(delta.logprobs)
-                    if delta.reasoning:
-                        acc.reasoning.setdefault(delta.index, []).append(delta.reasoning)
-                    if delta.tool_calls:
-                        tool_calls.fold(acc.calls.setdefault(delta.index, {}), delta.tool_calls)
-                    if delta.finish_reason:
-                        acc.finish[delta.index] = FINISH_REASONS[delta.finish_reason]
+                acc.fold(message.choices)
+                if message.unsteered_choices:
+                    if acc.unsteered is None:
+                        acc.unsteered = Accumulated()
+                    acc.unsteered.fold(message.unsteered_choices)
+                if message.HasField("comparison"):
+                    acc.comparison = message.comparison
                 if message.HasField("usage"):
                     acc.usage = message.usage
                 if message.HasField("sae_activations"):
@@ -210,28 +222,56 @@ class GenerationHandler(abc.ABC):
             call.cancel()
         return acc
 
-    def response_body(self, meta, reply: Reply, acc: Accumulated) -> dict:
-        indices = sorted(set(acc.texts) | set(acc.finish))
-        body = self._base(meta)
-        body["system_fingerprint"] = meta.system_fingerprint
-        body["choices"] = []
-        for i in indices:
+    def _choices(self, reply: Reply, acc: Accumulated) -> list[dict]:
+        choices = []
+        for i in sorted(set(acc.texts) | set(acc.finish)):
             extra = {}
             if acc.calls.get(i):
                 extra["calls"] = [acc.calls[i][k] for k in sorted(acc.calls[i])]
             if acc.reasoning.get(i):
                 extra["reasoning"] = "".join(acc.reasoning[i])
-            body["choices"].append(self.final_choice(
+            choices.append(self.final_choice(
                 reply, i, "".join(acc.texts.get(i, [])), acc.finish.get(i),
                 acc.scores.get(i, []), **extra))
+        return choices
+
+    def response_body(self, meta, reply: Reply, acc: Accumulated) -> dict:
+        body = self._base(meta)
+        body["system_fingerprint"] = meta.system_fingerprint
+        body["choices"] = self._choices(reply, acc)
         usage = acc.usage or generation_pb2.Usage(prompt_tokens=meta.prompt_tokens)
         body["usage"] = self.usage_json(usage)
+        if acc.comparison is not None:
+            # The same shapes as choices and usage, from a view of its own (a
+            # route's per-choice state, such as text offsets, is per side).
+            twin = Reply(reply.request, reply.echoed)
+            body.setdefault("millm", {})["unsteered"] = {
+                "choices": self._choices(twin, acc.unsteered or Accumulated()),
+                "usage": self.usage_json(acc.comparison.unsteered_usage)}
+            body["millm"]["divergence"] = steering_fields.divergence_json(acc.comparison)
         if acc.verdicts is not None:
             body.setdefault("millm", {})["probe_verdicts"] = steering_fields.verdicts_json(
                 acc.verdicts)
         if acc.activations is not None:
             body.setdefault("millm", {}).update(steering_fields.millm_object(acc.activations))
         return body
+
+    def _delta_choices(self, reply: Reply, delta) -> list[dict]:
+        """One delta's chunk choices, whole (the unsteered side's: finish included)."""
+        out = []
+        scores = list(delta.logprobs)
+        if delta.reasoning:
+            thought = self.reasoning_choice(reply, delta.index, delta.reasoning)
+            if thought is not None:
+                out.append(thought)
+        if delta.text or scores:
+            out.append(self.delta_choice(reply, delta.index, delta.text, None, scores))
+        if delta.tool_calls:
+            out.append(self.tool_call_choice(reply, delta.index, delta.tool_calls))
+        finish = FINISH_REASONS.get(delta.finish_reason)
+        if finish:
+            out.append(self.delta_choice(reply, delta.index, "", finish, []))
+        return [c for c in out if c is not None]
 
     async def stream(self, call: GenerateCall, meta, reply: Reply, count: int,
                      include_usage: bool, http_request: Request) -> AsyncIterator[bytes]:
@@ -249,6 +289,7 @@ class GenerationHandler(abc.ABC):
 
         finished: set[int] = set()
         held = None  # the final finish chunk, waiting for the usage
+        twin = Reply(reply.request, reply.echoed)  # steering_compare's unsteered side
         try:
             # The opening goes out at once, unless it carries an echoed prompt
             # that the engine sends first.
@@ -290,6 +331,16 @@ class GenerationHandler(abc.ABC):
                             events.append(chunk(closing))
                         else:
                             held = closing
+                if message.unsteered_choices:
+                    # The unsteered side: the same chunk choices, under millm.
+                    events.append(chunk([], millm={"unsteered": {"choices": [
+                        c for delta in message.unsteered_choices
+                        for c in self._delta_choices(twin, delta)]}}))
+                if message.HasField("comparison"):
+                    events.append(chunk([], millm={
+                        "unsteered": {"usage": self.usage_json(
+                            message.comparison.unsteered_usage)},
+                        "divergence": steering_fields.divergence_json(message.comparison)}))
                 if message.HasField("usage"):
                     usage = self.usage_json(message.usage)
                     if include_usage:

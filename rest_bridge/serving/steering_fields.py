@@ -47,6 +47,9 @@ def add_to_request(request, pb) -> None:
         pb.steering_intensity.symbol = dial
     elif dial is not None:
         pb.steering_intensity.level = dial
+    compare = getattr(request, "steering_compare", None)
+    if compare and "steering_compare" not in getattr(request, "UNMAPPED", ()):
+        pb.steering_compare = True
     # (The Messages API's schema declares no activations field: one sent
     # there is an extra field, for the engine to judge, not a spec.)
     spec = getattr(request, PARAM) if PARAM in type(request).model_fields else None
@@ -103,6 +106,16 @@ def activations_json(a: steering_pb2.SaeActivations) -> dict:
 
 def millm_object(a: steering_pb2.SaeActivations) -> dict:
     return {"sae_activations": activations_json(a)}
+
+
+def divergence_json(c: generation_pb2.SteeringComparison) -> list[dict]:
+    """millm.divergence: per steered choice, each token's log-probability
+    steered and unsteered, their difference and the KL divergence."""
+    return [{"index": choice.index, "tokens": [
+        {"token": t.token, "token_id": t.token_id, "logprob": t.logprob,
+         "unsteered_logprob": t.unsteered_logprob,
+         "logprob_diff": t.logprob - t.unsteered_logprob, "kl": t.kl} for t in choice.tokens]}
+        for choice in c.choices]
 
 
 def verdicts_json(v: monitoring_pb2.ProbeVerdicts) -> list[dict]:

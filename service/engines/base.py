@@ -22,7 +22,7 @@ from service.engines.capabilities import KIND_CAPABILITIES, EngineCapabilities
 from service.models.registry import ModelEntry
 
 if TYPE_CHECKING:
-    from service.engines.scores import ScoredPrompt
+    from service.engines.scores import ScoredPrompt, StepDivergence
     from service.formats import ModelFormat
     from service.generation.job import GenerationJob
     from service.requests.tools import ToolPlan
@@ -123,6 +123,13 @@ class Engine(abc.ABC):
     def steering(self) -> ModelSteering | None:
         """How this engine steers its model, when `capabilities.steer`."""
         return None
+
+    def divergence(self, ids: list[int], start: int, plan: SteeringPlan | None
+                   ) -> Awaitable[list[StepDivergence]]:
+        """ids[start:] (a generated completion) read under `plan` and with no
+        steering, one teacher-forced pass each: engines/scores.py's
+        divergence of the two (steering_compare)."""
+        raise NotImplementedError
 
     def unembedding(self):
         """The output embedding [vocab, hidden] as a float32 torch tensor on

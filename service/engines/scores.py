@@ -113,3 +113,41 @@ def score_logits(tokens: TokenTable, ids: list[int], logits: torch.Tensor, *,
             for p in range(1, len(ids))))
     nxt = score_position(tokens, logits[-1], allowed_ids, top) if next_token else None
     return ScoredPrompt(prompt_scores, nxt)
+
+
+IMPOSSIBLE = -9999.0
+
+
+@dataclass(frozen=True)
+class StepDivergence:
+    """One generated token read under two steering plans (steering_compare)."""
+
+    token_id: int
+    text: str
+    logprob: float  # under the request's steering
+    unsteered_logprob: float
+    kl: float  # KL(steered || unsteered) of the next-token distributions, nats
+
+
+def divergence(tokens: TokenTable, ids: list[int], start: int, steered: torch.Tensor,
+               plain: torch.Tensor) -> list[StepDivergence]:
+    """ids[start:] were generated after ids[:start]; `steered` and `plain`
+    hold the logits of rows start - 1 .. len(ids) - 2 (each predicting the
+    next id) under the two plans. Temperature 1, every decodable id."""
+    a = torch.log_softmax(steered[:, :tokens.size].float(), dim=-1)
+    b = torch.log_softmax(plain[:, :tokens.size].float(), dim=-1)
+    if not (torch.isfinite(a).any(dim=-1).all() and torch.isfinite(b).any(dim=-1).all()):
+        raise non_finite()
+    generated = torch.tensor(ids[start:], dtype=torch.long, device=a.device)
+    rows = torch.arange(len(generated), device=a.device)
+    # Terms where the steered probability is 0 add nothing (0 · log 0 = 0).
+    # A token one plan rules out (-inf) reads as OpenAI's floor, -9999.
+    p = a.exp()
+    kl = torch.where(p > 0, p * (a - b.clamp(min=IMPOSSIBLE)), torch.zeros_like(p)).sum(dim=-1)
+    out = []
+    for token, lp_a, lp_b, k in zip(generated.tolist(), a[rows, generated].tolist(),
+                                    b[rows, generated].tolist(), kl.tolist(), strict=True):
+        text = tokens.bytes_of(token).decode("utf-8", errors="replace")
+        out.append(StepDivergence(token, text, max(lp_a, IMPOSSIBLE), max(lp_b, IMPOSSIBLE),
+                                  max(k, 0.0)))
+    return out

@@ -46,6 +46,8 @@ class Generation:
         self.spec, self.lease = spec, lease
         self.timer = timer  # the serving metrics' record of this request
         self.monitoring = monitoring  # steering.monitoring.MonitoringManager
+        # The task a stalled reader's job cancels (default: the one running events()).
+        self.owner: asyncio.Task | None = None
 
     def started(self) -> GenerationStarted:
         spec, info = self.spec, self.lease.info
@@ -76,7 +78,7 @@ class Generation:
         if self.lease.released:  # a forced unload ended it: its engine is gone
             raise model_busy("The model was unloaded before this request ran; retry.")
         job = GenerationJob(spec=spec, loop=asyncio.get_running_loop(),
-                            owner=asyncio.current_task())
+                            owner=self.owner or asyncio.current_task())
         self.lease.jobs.append(job)  # ended by a forced unload (models/lifecycle.py)
         # Submitting first means a full queue is refused before the stream opens.
         submitted = time.monotonic()

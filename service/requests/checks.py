@@ -253,6 +253,10 @@ def check_params(params: GenerateParams) -> CheckedParams:
                                       "while the log-probabilities left it out. Restrict the "
                                       "answer with 'allowed_token_ids' instead.")
     check_readout_shape(params)
+    if params.steering_compare and (scoring or params.echo):
+        raise invalid_parameter("steering_compare", "'steering_compare' compares generated "
+                                "completions; it cannot go with echo or scoring mode "
+                                "(max_tokens 1 with logprobs), which are never steered.")
     constraint = check_constraint(params)
     if scoring and constraint is not None:
         field = constraint.param.split(".")[0]

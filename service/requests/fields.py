@@ -178,6 +178,10 @@ RULES: dict[str, FieldRule] = {
                                         why="activations are read on chat and text "
                                         "completions only", why_engine="this engine cannot "
                                         "read its model's activations"),
+    "steering_compare": FieldRule({CHAT: "steer", COMPLETIONS: "steer"}, no_change=(False,),
+                                  why="steered and unsteered completions are compared on chat "
+                                  "and text completions only", why_engine="this engine cannot "
+                                  "steer its model"),
     "steering": FieldRule(why="per-request steering vectors are " + NOT_YET),
     "dimensions": FieldRule(why="embeddings with chosen dimensions are " + NOT_YET),
     # Calls are constrained by the same grammar masks as response_format.

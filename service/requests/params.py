@@ -97,6 +97,8 @@ class GenerateParams:
     profile: str | None = None
     steering_intensity: float | str | None = None
     sae_activations: ActivationRequest | None = None
+    # The unsteered completion beside the steered one (generation/compare.py).
+    steering_compare: bool = False
     # Chat only: functions the model may call, and how.
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: ToolChoice | None = None
@@ -154,6 +156,7 @@ class GenerateParams:
             "extra_messages": self.extra_chats or None, "profile": self.profile,
             "steering_intensity": self.steering_intensity,
             "return_sae_activations": self.sae_activations,
+            "steering_compare": self.steering_compare or None,
             "add_special_tokens": self.add_special_tokens,
             "tools": self.tools or None, "tool_choice": self.tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls,

@@ -221,6 +221,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         profile=request.profile if request.HasField("profile") else None,
         steering_intensity=_dial(request),
         sae_activations=readout_from_pb(request),
+        steering_compare=request.steering_compare,
         reasoning_effort=_opt(request, "reasoning_effort"),
         thinking_token_budget=_opt(request, "thinking_token_budget"),
         chat_template_kwargs=_template_kwargs(request),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from millm.v1 import generation_pb2, generation_service_pb2, monitoring_pb2, steering_pb2
+from service.generation.compare import Compared, UnsteeredStep
 from service.generation.events import (
     ActivationsRead,
     Echoed,
@@ -80,6 +81,34 @@ def score_to_pb(score) -> generation_pb2.TokenScore:
                                      top=[_logprob_to_pb(t) for t in score.top])
 
 
+def _deltas(step: StepOutput) -> list[generation_pb2.ChoiceDelta]:
+    return [
+        generation_pb2.ChoiceDelta(
+            index=d.index,
+            text=d.text,
+            token_ids=d.token_ids,
+            finish_reason=_FINISH[d.finish_reason],
+            logprobs=[score_to_pb(x) for x in d.logprobs],
+            tool_calls=[generation_pb2.ToolCallDelta(
+                index=f.index, id=f.id, name=f.name, arguments=f.arguments)
+                for f in d.tool_calls],
+            stop_sequence=d.stop_sequence,
+            reasoning=d.reasoning,
+        )
+        for d in step.deltas
+    ]
+
+
+def _usage(event: GenerationFinished) -> generation_pb2.Usage:
+    return generation_pb2.Usage(
+        prompt_tokens=event.prompt_tokens,
+        completion_tokens=event.completion_tokens,
+        total_tokens=event.prompt_tokens + event.completion_tokens,
+        cached_tokens=event.cached_tokens,
+        reasoning_tokens=event.reasoning_tokens,
+    )
+
+
 def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
     if isinstance(event, GenerationStarted):
         metadata = generation_pb2.ResponseMetadata(
@@ -113,38 +142,24 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
         return generation_service_pb2.GenerateResponse(
             probe_verdicts=verdicts_to_pb(event.verdicts))
     if isinstance(event, StepOutput):
-        return generation_service_pb2.GenerateResponse(
-            choices=[
-                generation_pb2.ChoiceDelta(
-                    index=d.index,
-                    text=d.text,
-                    token_ids=d.token_ids,
-                    finish_reason=_FINISH[d.finish_reason],
-                    logprobs=[score_to_pb(x) for x in d.logprobs],
-                    tool_calls=[generation_pb2.ToolCallDelta(
-                        index=f.index, id=f.id, name=f.name, arguments=f.arguments)
-                        for f in d.tool_calls],
-                    stop_sequence=d.stop_sequence,
-                    reasoning=d.reasoning,
-                )
-                for d in event.deltas
-            ]
-        )
+        return generation_service_pb2.GenerateResponse(choices=_deltas(event))
+    if isinstance(event, UnsteeredStep):
+        return generation_service_pb2.GenerateResponse(unsteered_choices=_deltas(event.step))
+    if isinstance(event, Compared):
+        return generation_service_pb2.GenerateResponse(comparison=generation_pb2.SteeringComparison(
+            choices=[generation_pb2.ChoiceDivergence(index=index, tokens=[
+                generation_pb2.TokenDivergence(
+                    token_id=s.token_id, token=s.text, logprob=s.logprob,
+                    unsteered_logprob=s.unsteered_logprob, kl=s.kl) for s in steps])
+                for index, steps in event.choices],
+            unsteered_usage=_usage(event.unsteered)))
     if isinstance(event, Echoed):
         return generation_service_pb2.GenerateResponse(echoed=[
             generation_pb2.EchoedPrompt(prompt_index=p.index, text=p.text,
                                         tokens=[score_to_pb(x) for x in p.scores])
             for p in event.prompts])
     if isinstance(event, GenerationFinished):
-        return generation_service_pb2.GenerateResponse(
-            usage=generation_pb2.Usage(
-                prompt_tokens=event.prompt_tokens,
-                completion_tokens=event.completion_tokens,
-                total_tokens=event.prompt_tokens + event.completion_tokens,
-                cached_tokens=event.cached_tokens,
-                reasoning_tokens=event.reasoning_tokens,
-            )
-        )
+        return generation_service_pb2.GenerateResponse(usage=_usage(event))
     raise TypeError(f"unknown generation event {event!r}")
 
 
@@ -153,13 +168,22 @@ async def coalesced(events) -> AsyncIterator[generation_service_pb2.GenerateResp
     message (no per-token encoding, writes or reads on either side); the
     metadata before it and the rest after it, each alone as in a stream."""
     steps: list[StepOutput] = []
+    twin: list[StepOutput] = []  # steering_compare's unsteered steps
     async for event in events:
         if isinstance(event, StepOutput):
             steps.append(event)
             continue
+        if isinstance(event, UnsteeredStep):
+            twin.append(event.step)
+            continue
         if steps:
             yield event_to_pb(join_steps(steps))
             steps = []
+        if twin:
+            yield event_to_pb(UnsteeredStep(join_steps(twin)))
+            twin = []
         yield event_to_pb(event)
     if steps:
         yield event_to_pb(join_steps(steps))
+    if twin:
+        yield event_to_pb(UnsteeredStep(join_steps(twin)))

@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import threading
 
-from service.engines import faults
+from service.engines import faults, scores
 from service.engines.admission import SchedulerLimits
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.batch import Runner
@@ -294,6 +294,19 @@ class GgufEngine(GgufVocab, Engine):
                     next_token=next_token))
                 yield
             return scored
+
+        return self._call(run)
+
+    def divergence(self, ids, start, plan):
+        import torch
+
+        def run(engine: GgufEngine):
+            rows = slice(start - 1, len(ids) - 1)
+            readers = engine._readers
+            plain = torch.from_numpy(readers.prompt_logits(ids)[rows])
+            steered = (torch.from_numpy(readers.prompt_logits(ids, plan)[rows])
+                       if plan is not None else plain)
+            return scores.divergence(engine._tokens, ids, start, steered, plain)
 
         return self._call(run)
 

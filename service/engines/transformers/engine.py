@@ -256,6 +256,9 @@ class TransformersEngine(Engine):
         """Run fn(ModelContext) on the model thread, between decode steps."""
         return self._scheduler.call(fn)
 
+    def divergence(self, ids, start, plan):
+        return self.call(lambda ctx: reading.divergence(ctx, ids, start, plan))
+
     def score(self, prompts, *, temperature, allowed, top, echo, next_token, plan=None,
               recorder=None):
         def run(ctx):

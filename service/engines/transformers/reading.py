@@ -15,7 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from service.engines.scores import ScoredPrompt, TokenScore, entry, scaled, score_logits
+from service.engines import scores
+from service.engines.scores import (
+    ScoredPrompt,
+    StepDivergence,
+    TokenScore,
+    entry,
+    scaled,
+    score_logits,
+)
 from service.engines.transformers.steering import Capture, ForwardSteering, plan_deltas
 
 
@@ -42,6 +50,20 @@ def steered_forward(ctx, plan, **inputs):
     deltas = {layer: delta.unsqueeze(0) for layer, delta in plan_deltas(plan, ctx.steering).items()}
     with ctx.steering.applying(ForwardSteering(deltas, {})):
         return ctx.model(**inputs)
+
+
+def divergence(ctx, ids: list[int], start: int, plan) -> list[StepDivergence]:
+    """A completion ids[start:] under `plan` and unsteered (steering_compare):
+    only the rows that predict it are kept."""
+    inputs = {"input_ids": torch.tensor([ids], device=ctx.device), "use_cache": False,
+              "logits_to_keep": len(ids) - start + 1}
+    if plan is not None and ctx.steering is not None:
+        steered = steered_forward(ctx, plan, **inputs).logits[0, :-1]
+    else:
+        steered = None
+    plain = unsteered_forward(ctx, **inputs).logits[0, :-1]
+    return scores.divergence(ctx.tokens, ids, start, plain if steered is None else steered,
+                             plain)
 
 
 def score_prompt(ctx, ids: list[int], *, temperature: float, allowed: list[int] | None,

@@ -384,3 +384,33 @@ class ToolCallDelta(_message.Message):
     name: str
     arguments: str
     def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class TokenDivergence(_message.Message):
+    __slots__ = ("token_id", "token", "logprob", "unsteered_logprob", "kl")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    UNSTEERED_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    KL_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    token: str
+    logprob: float
+    unsteered_logprob: float
+    kl: float
+    def __init__(self, token_id: _Optional[int] = ..., token: _Optional[str] = ..., logprob: _Optional[float] = ..., unsteered_logprob: _Optional[float] = ..., kl: _Optional[float] = ...) -> None: ...
+
+class ChoiceDivergence(_message.Message):
+    __slots__ = ("index", "tokens")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenDivergence]
+    def __init__(self, index: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[TokenDivergence, _Mapping]]] = ...) -> None: ...
+
+class SteeringComparison(_message.Message):
+    __slots__ = ("choices", "unsteered_usage")
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    UNSTEERED_USAGE_FIELD_NUMBER: _ClassVar[int]
+    choices: _containers.RepeatedCompositeFieldContainer[ChoiceDivergence]
+    unsteered_usage: Usage
+    def __init__(self, choices: _Optional[_Iterable[_Union[ChoiceDivergence, _Mapping]]] = ..., unsteered_usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
