@@ -83,6 +83,7 @@ VALUES: dict[str, dict[str, dict]] = {
     "profile": {"*": {"profile": PROFILE}},
     "steering_intensity": {"*": {"steering_intensity": 0.5}},
     "return_sae_activations": {"*": {"return_sae_activations": {"sae_id": SAE, "top_k": 2}}},
+    "steering_compare": {"*": {"steering_compare": True}},
     "top_logprobs": {"chat": {"top_logprobs": 2, "logprobs": True, "max_tokens": 1},
                      "*": {"top_logprobs": 2}},
     "return_tokens_as_token_ids": {
