@@ -32,7 +32,9 @@ KEYS = json.dumps({"keys": [{"name": "ops", "scopes": ["admin"], "key": ADMIN},
 
 class ConsoleStack(harness.OwnStack):
     def __init__(self, tmp: pathlib.Path):
-        super().__init__(tmp, {"MILLM_API_KEYS": KEYS}, MILLM_API_KEYS=KEYS)
+        # Vectors the workbench builds go to a folder of this stack's own.
+        super().__init__(tmp, {"MILLM_API_KEYS": KEYS}, MILLM_API_KEYS=KEYS,
+                         MILLM_CONTROL_VECTORS_DIR=str(tmp / "control_vectors"))
 
     def api(self, method: str, path: str, body=None) -> Reply:
         import http.client
@@ -329,3 +331,67 @@ def test_the_playground_steers_a_gguf_model_too(stack, browser, shots):
     finally:
         stack.sdk().chat.completions.create(model=MODEL, max_tokens=2,
                                             messages=[{"role": "user", "content": "Hi"}])
+
+
+def test_the_workbench_searches_explains_builds_and_compares(stack, browser, shots):
+    """Search by word, open the card and explain the feature, build a vector
+    from pairs (saved and listed), and compare steered with unsteered in one
+    call: each step against the API."""
+    tab(browser, "workbench")
+    wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, f'#wb-sae option[value="{L0}"]'))
+    Select(browser.find_element(By.ID, "wb-sae")).select_by_value(L0)
+    Select(browser.find_element(By.ID, "wb-mode")).select_by_value("query")
+    fill(browser, "#wb-query", search_word(stack))
+    browser.find_element(By.ID, "wb-search").click()
+    feature = train_feature(stack)
+    wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR,
+                                                f'#wb-results [data-match="{feature}"]'))
+    browser.find_element(By.CSS_SELECTOR, f'button[data-card="{feature}"]').click()
+    wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, "#wb-promoted .chip"))
+    fill(browser, "#wb-explanation", "fires on trains")
+    browser.find_element(By.ID, "wb-save-explanation").click()
+    wait(browser, lambda: (json.loads(stack.api(
+        "GET", f"/api/saes/{L0}/features/{feature}").text)["explanation"] or {}).get(
+        "text") == "fires on trains")
+    snap(browser, shots, "09-workbench-card")
+
+    pairs = ["The sea is wide and moving. | A train is a line of cars that runs on rails.",
+             "Waves roll toward the shore. | It carries people from one station to another.",
+             "Gulls fly over the water. | The train left the station at seven."]
+    fill(browser, "#wb-vector-name", "page-sea")
+    fill(browser, "#wb-vector-layer", 1)
+    area = browser.find_element(By.ID, "wb-pairs")
+    area.clear()
+    area.send_keys("\n".join(pairs))
+    browser.find_element(By.ID, "wb-build").click()
+    try:
+        wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR,
+                                                    '#wb-vector [data-vector="cv_page-sea"]'))
+    except Exception:
+        snap(browser, shots, "10-workbench-vector-failed")
+        raise AssertionError(f"no vector shown; error: {text(browser, '#error')!r}") from None
+    listed = json.loads(stack.api("GET", "/api/control_vectors").text)["control_vectors"]
+    assert "cv_page-sea" in [v["id"] for v in listed]
+    assert "Nearest SAE features" in text(browser, "#wb-vector")
+    snap(browser, shots, "10-workbench-vector")
+
+    assert stack.api("POST", "/api/profiles", {"name": "page-sea", "entries": [
+        {"control_vector": "page-sea", "scale": 4}]}).status_code == 200
+    tab(browser, "saes")
+    tab(browser, "workbench")
+    wait(browser, lambda: browser.find_elements(
+        By.CSS_SELECTOR, '#wb-compare-profile option[value="page-sea"]'))
+    Select(browser.find_element(By.ID, "wb-compare-profile")).select_by_value("page-sea")
+    fill(browser, "#wb-compare-tokens", 16)
+    browser.find_element(By.ID, "wb-compare").click()
+    wait(browser, lambda: text(browser, "#wb-steered") and text(browser, "#wb-unsteered"))
+    reply = json.loads(stack.api("POST", "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "Tell me about the weather."}],
+        "max_tokens": 16, "temperature": 0, "seed": 7, "profile": "page-sea",
+        "steering_intensity": 1, "steering_compare": True}).text)
+    assert text(browser, "#wb-steered") == reply["choices"][0]["message"]["content"].strip()
+    assert text(browser, "#wb-unsteered") == reply["millm"]["unsteered"]["choices"][0][
+        "message"]["content"].strip()
+    spans = browser.find_elements(By.CSS_SELECTOR, "#wb-divergence span")
+    assert len(spans) == len(reply["millm"]["divergence"][0]["tokens"])
+    snap(browser, shots, "11-workbench-compare")

@@ -26,6 +26,7 @@ FILES = {
     "console.js": "text/javascript; charset=utf-8",
     "panels.js": "text/javascript; charset=utf-8",
     "playground.js": "text/javascript; charset=utf-8",
+    "workbench.js": "text/javascript; charset=utf-8",
 }
 # The page is small and changes with the bridge: always revalidated.
 HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}

@@ -94,7 +94,7 @@ C.loadSaes = async () => {
       onclick: C.act(async () => { await C.send("POST", `/api/saes/${encodeURIComponent(s.id)}/${s.attached ? "detach" : "attach"}`); await C.loadSaes(); }),
     }, s.attached ? "Detach" : "Attach")))),
     ...data.broken.map((b) => C.el("tr", {}, C.el("td", {}, b.id), C.el("td", { colspan: 5, class: "muted" }, b.problem))));
-  for (const id of ["#feature-sae", "#probe-sae", "#pg-sae"]) fillSaeSelect(C.$(id));
+  for (const id of ["#feature-sae", "#probe-sae", "#pg-sae", "#wb-sae"]) fillSaeSelect(C.$(id));
   await loadStatus();
 };
 
