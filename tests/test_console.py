@@ -66,7 +66,7 @@ def stack(tmp_path_factory):
 def shots(tmp_path_factory, request):
     """Where the screenshots go: MILLM_SCREENSHOTS_DIR, or a fresh temporary
     folder; printed past pytest's capture. docs/img/console-*.png are copies
-    of 04-playground.png and 05-monitoring.png."""
+    of 04-playground.png, 05-monitoring.png and 11-workbench-compare.png."""
     configured = os.environ.get("MILLM_SCREENSHOTS_DIR")
     folder = pathlib.Path(configured) if configured else tmp_path_factory.mktemp("screenshots")
     folder.mkdir(parents=True, exist_ok=True)

@@ -132,6 +132,9 @@ def test_grpc_search_answers_as_rest_does(clean):
     (L1, {"query": "sea", "limit": 257}, 400, "limit"),
     (L1, {"query": "sea", "offset": -1}, 400, "offset"),
     (L1, {"example": "The sea.", "model": "no-such-model"}, 404, "model"),
+    (L1, {"meaning": "  "}, 400, "meaning"),
+    (L1, {"meaning": "x" * 257}, 400, "meaning"),
+    (L1, {"meaning": "sea", "model": "no-such-model"}, 404, "model"),
 ])
 def test_bad_searches_are_refused_naming_the_field(clean, sae_id, body, status, param):
     reply = clean.api("POST", f"/api/saes/{sae_id}/search", body)
@@ -143,6 +146,51 @@ def test_a_body_that_is_not_a_search_is_400(clean):
     for raw in (b"[1]", b"{", b'{"query": 5}', b'{"query": "a", "example": "b"}'):
         reply = clean.api("POST", f"/api/saes/{L1}/search", raw=raw)
         assert reply.status_code == 400, (raw, reply.text)
+
+
+def embeddings(stack: SteerStack, model: str, texts: list[str]) -> torch.Tensor:
+    reply = stack.api("POST", "/v1/embeddings", {"model": model, "input": texts})
+    assert reply.status_code == 200, reply.text
+    return torch.tensor([d["embedding"] for d in reply.json()["data"]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("model", [TINY, F32])
+def test_search_by_meaning_ranks_by_the_served_models_embeddings(clean, model):
+    """Each feature's description (meaning.descriptions) and the query are
+    embedded by the served model (as /v1/embeddings returns them) and ranked
+    by cosine around the descriptions' mean; a query that is a feature's own
+    description finds it first; an explanation becomes part of it."""
+    from service.steering.meaning import descriptions
+    from service.steering.sae import read_info
+
+    info = read_info(harness.models_dir() / "saes" / "millm-tiny-res-l1")
+    described = descriptions(record(L1), info, {})
+    indices = sorted(described)
+    vectors = embeddings(clean, model, [described[i] for i in indices])
+    centre = vectors.mean(dim=0)
+    target = indices[len(indices) // 2]
+    found = search(clean, L1, meaning=described[target], model=model, limit=5)
+    assert found["total"] == len(indices)
+    assert found["data"][0] == {"index": target, "score": pytest.approx(1.0, abs=1e-6)}
+    query = "gulls over the sea"
+    found = search(clean, L1, meaning=query, model=model, limit=5)
+    q = embeddings(clean, model, [query])[0] - centre
+    rows = torch.nn.functional.normalize(vectors - centre, dim=1)
+    want = (rows @ torch.nn.functional.normalize(q, dim=0)).tolist()
+    for match in found["data"]:
+        assert match["score"] == pytest.approx(want[indices.index(match["index"])], abs=1e-4)
+    assert [m["score"] for m in found["data"]] == sorted(
+        (m["score"] for m in found["data"]), reverse=True)
+    # An explanation joins the description (and the cached vectors follow).
+    clean.ok("PUT", f"/api/saes/{L1}/features/{target}/explanation",
+             {"text": "lighthouses at night"})
+    try:
+        again = descriptions(record(L1), info, {target: "lighthouses at night"})
+        assert again[target].startswith("lighthouses at night")
+        first = search(clean, L1, meaning=again[target], model=model, limit=1)["data"][0]
+        assert first["index"] == target and first["score"] == pytest.approx(1.0, abs=1e-6)
+    finally:
+        clean.ok("PUT", f"/api/saes/{L1}/features/{target}/explanation", {"text": ""})
 
 
 # --- cards and explanations -------------------------------------------------------------

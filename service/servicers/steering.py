@@ -19,6 +19,7 @@ from service.steering import acks, documents, manager
 from service.steering.explanations import Explanations
 from service.steering.features import FeatureRecords
 from service.steering.manager import SteeringManager
+from service.steering.meaning import MeaningIndex
 from service.steering.vector_builds import VectorBuilds
 
 MAX_DOCUMENT_BYTES = 1 << 20
@@ -90,6 +91,7 @@ class SteeringServicer(FeatureRpcs, VectorRpcs, steering_service_pb2_grpc.Steeri
         self._replicas = replicas
         self._inference = inference  # runs a search's example and a vector build's prompts
         self._builds = VectorBuilds(steering.vectors)
+        self._meanings = MeaningIndex()
         self._features = FeatureRecords()
         self._explanations = Explanations(steering.store.db)
 

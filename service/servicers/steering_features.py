@@ -1,16 +1,17 @@
 """SteeringService's feature workbench RPCs (issue 43): the record, search,
 cards and explanations. A mixin of SteeringServicer (servicers/steering.py),
 whose state it uses: the manager (`_m`), the records (`_features`), the
-explanations (`_explanations`) and the inference service (`_inference`)."""
+explanations (`_explanations`), the description vectors (`_meanings`) and
+the inference service (`_inference`)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from millm.v1 import steering_service_pb2 as pb
-from service.errors import invalid_parameter
+from service.errors import invalid_parameter, model_not_loaded
 from service.servicers.error_handling import unary_errors
-from service.steering import cards, explanations, search
+from service.steering import cards, explanations, meaning, search
 from service.steering.features import check_page
 
 
@@ -64,12 +65,22 @@ class FeatureRpcs:
         elif which == "example":
             matches, tokens, strings = await search.run_example(
                 self._inference, self._m.attached, info, request.example, request.model)
+        elif which == "meaning":
+            text = meaning.check_meaning(request.meaning)
+            model = request.model or (self._inference.loaded.id if self._inference.loaded
+                                      else "")
+            if not model:
+                raise model_not_loaded("No model is loaded; name one in 'model'.")
+            document = await asyncio.to_thread(self._features.document, info)
+            described = meaning.descriptions(document, info,
+                                             await self._explanations.of_sae(info.id))
+            matches = await self._meanings.search(self._inference, info, described, text, model)
         elif which == "neighbours_of":
             decoder = await asyncio.to_thread(self._m.decoder, info)
             matches = search.neighbours(decoder, info, request.neighbours_of)
         else:
-            raise invalid_parameter("query", "Search by one of 'query', 'example' or "
-                                    "'neighbours_of'.")
+            raise invalid_parameter("query", "Search by one of 'query', 'meaning', 'example' "
+                                    "or 'neighbours_of'.")
         return pb.SearchSaeFeaturesResponse(
             sae=self._sae(info), total=len(matches),
             data=[_match(m) for m in matches[request.offset:request.offset + limit]],

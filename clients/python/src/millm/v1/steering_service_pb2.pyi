@@ -253,11 +253,12 @@ class ListSaeFeaturesResponse(_message.Message):
     def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., recorded: _Optional[bool] = ..., total: _Optional[int] = ..., tokens_read: _Optional[int] = ..., features: _Optional[_Iterable[_Union[SaeFeature, _Mapping]]] = ...) -> None: ...
 
 class SearchSaeFeaturesRequest(_message.Message):
-    __slots__ = ("sae_id", "query", "example", "neighbours_of", "offset", "limit", "model")
+    __slots__ = ("sae_id", "query", "example", "neighbours_of", "meaning", "offset", "limit", "model")
     SAE_ID_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     EXAMPLE_FIELD_NUMBER: _ClassVar[int]
     NEIGHBOURS_OF_FIELD_NUMBER: _ClassVar[int]
+    MEANING_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -265,10 +266,11 @@ class SearchSaeFeaturesRequest(_message.Message):
     query: str
     example: str
     neighbours_of: int
+    meaning: str
     offset: int
     limit: int
     model: str
-    def __init__(self, sae_id: _Optional[str] = ..., query: _Optional[str] = ..., example: _Optional[str] = ..., neighbours_of: _Optional[int] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+    def __init__(self, sae_id: _Optional[str] = ..., query: _Optional[str] = ..., example: _Optional[str] = ..., neighbours_of: _Optional[int] = ..., meaning: _Optional[str] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class FeatureMatch(_message.Message):
     __slots__ = ("index", "score")
