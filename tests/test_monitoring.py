@@ -62,7 +62,7 @@ def mon(tmp_path_factory):
 @pytest.fixture
 def clean(mon):
     def reset():
-        mon.ok("PUT", "/api/monitoring", {"enabled": False})
+        mon.ok("PUT", "/api/monitoring", {"enabled": False, "keep_contexts": False})
         for probe in mon.ok("GET", "/api/probes")["probes"]:
             mon.ok("DELETE", f"/api/probes/{probe['name']}")
     reset()
@@ -306,3 +306,46 @@ def test_probes_and_the_switch_survive_a_restart(tmp_path):
     assert second.enabled and [(p.name, p.layer, p.threshold) for p in second.probes] == [
         ("kept", 0, 2.5)]
     assert second.probes[0].features[0].index == 9 and first.probes == second.probes
+
+
+@pytest.mark.parametrize("model", [MODEL, "millm-tiny-gguf:F32"])
+def test_feature_cards_keep_contexts_from_monitored_traffic_when_opted_in(clean, model):
+    """keep_contexts (off by default): the strongest position of the
+    feature that fires hardest on a monitored prompt shows on that feature's
+    card with the value the request's own readout read there and its token;
+    turning it off forgets them."""
+    def ask(**extra) -> dict:
+        reply = clean.api("POST", "/v1/chat/completions", {
+            "model": model, "messages": MESSAGES, "max_tokens": 8, "temperature": 0, **extra})
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    read = ask(return_sae_activations={"sae_id": L1, "top_k": 1, "positions": "all",
+                                       "read_point": "pre_steering"})
+    best = max((p for p in read["millm"]["sae_activations"]["positions"] if p["features"]),
+               key=lambda p: p["features"][0]["value"])
+    feature, value = best["features"][0]["index"], best["features"][0]["value"]
+    card = f"/api/saes/{L1}/features/{feature}"
+    clean.ok("POST", "/api/probes", {"name": "reads", "sae_id": L1, "feature": feature,
+                                     "threshold": 10000})
+    state = clean.ok("PUT", "/api/monitoring", {"model": model, "enabled": True})["monitoring"]
+    assert state["keep_contexts"] is False
+    ask()
+    assert clean.ok("GET", card)["traffic_contexts"] == []
+    state = clean.ok("PUT", "/api/monitoring", {"model": model, "enabled": True,
+                                                "keep_contexts": True})["monitoring"]
+    assert state["keep_contexts"] is True
+    ask()
+    ask(n=2, temperature=1.0)  # several choices: not sampled
+    contexts = clean.ok("GET", card)["traffic_contexts"]
+    assert contexts, "the feature's strongest position was not kept"
+    assert contexts[0]["value"] == pytest.approx(value, rel=1e-3, abs=1e-3)
+    token = clean.ok("POST", "/detokenize", {"model": model, "tokens": [best["token_id"]]})
+    assert contexts[0]["token"] == token["prompt"]
+    assert [c["value"] for c in contexts] == sorted((c["value"] for c in contexts), reverse=True)
+    assert len(contexts) <= 8
+    # Off forgets; the switch stays as it was.
+    state = clean.ok("PUT", "/api/monitoring", {"model": model, "enabled": True,
+                                                "keep_contexts": False})["monitoring"]
+    assert state["keep_contexts"] is False and state["enabled"] is True
+    assert clean.ok("GET", card)["traffic_contexts"] == []

@@ -84,6 +84,12 @@ class Generation:
         submitted = time.monotonic()
         self.lease.engine.submit(job)
         timer, queued = self.timer, False
+        # A single-choice generation whose monitoring keeps feature contexts
+        # hands its token ids over when it ends (steering/traffic_contexts.py).
+        ids = None
+        if (job.monitor is not None and job.monitor.spec.contexts and len(spec.groups) == 1
+                and spec.groups[0].n == 1):
+            ids = list(spec.groups[0].prompt_ids)
         try:
             if not spec.echo:
                 yield self.started()
@@ -117,6 +123,9 @@ class Generation:
                         timer.queued(job.admitted_at - submitted)
                         queued = True
                     timer.step(max((len(d.token_ids) for d in step.deltas), default=0))
+                if ids is not None:
+                    for d in step.deltas:
+                        ids.extend(d.token_ids)
                 yield step
         finally:
             # Closed before or between events: the model thread drops the job.
@@ -126,7 +135,9 @@ class Generation:
         yield GenerationFinished(spec.prompt_tokens, job.completion_tokens, job.cached_tokens,
                                  thinking.tokens if thinking is not None else 0)
         if job.monitor is not None and self.monitoring is not None:
-            yield ProbesRead(self.monitoring.record(job.monitor))
+            # (Contexts show special tokens written out, as /detokenize does.)
+            yield ProbesRead(self.monitoring.record(job.monitor, ids,
+                                                    self.lease.engine.detokenize))
         if spec.activations is not None:
             yield ActivationsRead(readout.result(spec.activations, job.recorder))
 

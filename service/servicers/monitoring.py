@@ -29,7 +29,8 @@ def _state(s: monitor.MonitoringState) -> monitoring_service_pb2.MonitoringState
             for p in s.probe_stats],
         feature_frequencies=[monitoring_service_pb2.FeatureFrequency(
             sae_id=f.sae_id, layer=f.layer, index=f.index, tokens=f.tokens,
-            frequency=f.frequency) for f in s.feature_frequencies])
+            frequency=f.frequency) for f in s.feature_frequencies],
+        keep_contexts=s.keep_contexts)
 
 
 class MonitoringServicer(monitoring_service_pb2_grpc.MonitoringServiceServicer):
@@ -73,7 +74,8 @@ class MonitoringServicer(monitoring_service_pb2_grpc.MonitoringServiceServicer):
     @unary_errors
     async def SetMonitoring(self, request, context):
         model = self._model(request.model)
-        await self._m.set_enabled(model, request.enabled)
+        await self._m.set_enabled(model, request.enabled, request.keep_contexts
+                                  if request.HasField("keep_contexts") else None)
         return monitoring_service_pb2.SetMonitoringResponse(monitoring=self._view(model))
 
     @unary_errors

@@ -116,6 +116,11 @@ class FeatureRpcs:
                                          for i, v in promoted)
             reply.suppressed_tokens.extend(pb.TokenLogit(token_id=i, token=strings[i], value=v)
                                            for i, v in suppressed)
+        monitoring = getattr(self._inference, "monitoring", None)
+        if monitoring is not None:
+            reply.traffic_contexts.extend(
+                pb.FeatureExample(value=c.value, token=c.token, left=c.left, right=c.right)
+                for c in monitoring.contexts_of(info.id, request.index))
         explanation = await self._explanations.get(info.id, request.index)
         if explanation is not None:
             reply.explanation.CopyFrom(_explanation(explanation))

@@ -35,6 +35,7 @@ from service.steering.probes import (
     ProbeReader,
     Verdict,
 )
+from service.steering.traffic_contexts import ContextSampler, resolve
 
 WINDOW = 256
 TOP_FEATURES = 16  # feature frequencies reported per SAE
@@ -80,6 +81,7 @@ class MonitoringState:
     total_requests: int
     probe_stats: tuple[ProbeStats, ...]
     feature_frequencies: tuple[FeatureFrequency, ...]
+    keep_contexts: bool = False
 
 
 class MonitoringManager:
@@ -95,6 +97,8 @@ class MonitoringManager:
         # Per SAE: feature activity over the monitored tokens of the last one
         # to two windows (rotated every WINDOW generations).
         self._tallies: dict[str, FeatureTally] = {}
+        # Per SAE: feature contexts kept from traffic (opt in: keep_contexts).
+        self._samplers: dict[str, ContextSampler] = {}
         self.total_requests = 0
         # probe -> (read, fired) since start; replaced whole on each change, so
         # the metrics thread never iterates a dict the event loop is changing.
@@ -104,6 +108,11 @@ class MonitoringManager:
         self.probes: dict[str, Probe] = {row["name"]: Probe.from_row(row) for row in probes}
         self.enabled: dict[str, bool] = {
             str(k): bool(v) for k, v in settings.get("monitoring", {}).items()}
+        self.keep: dict[str, bool] = {
+            str(k): bool(v) for k, v in settings.get("monitoring_contexts", {}).items()}
+        if not any(self.keep.values()):
+            for sampler in getattr(self, "_samplers", {}).values():
+                sampler.clear()
 
     # -- probes --------------------------------------------------------------------------
 
@@ -148,11 +157,16 @@ class MonitoringManager:
     # -- the switch ------------------------------------------------------------------------
 
     @completes
-    async def set_enabled(self, model: str, enabled: bool) -> None:
+    async def set_enabled(self, model: str, enabled: bool,
+                          keep_contexts: bool | None = None) -> None:
         async with self.steering.write_lock:
             wanted = {**self.enabled, model: enabled}
-            await self.store.set_monitoring(wanted)
-            self.enabled = wanted
+            keep = self.keep if keep_contexts is None else {**self.keep, model: keep_contexts}
+            await self.store.put_settings(monitoring=wanted, monitoring_contexts=keep)
+            self.enabled, self.keep = wanted, keep
+            if keep_contexts is False:
+                for sampler in self._samplers.values():
+                    sampler.clear()
 
     def spec_for(self, model: str) -> MonitorSpec | None:
         """What a generation of `model` validated now reads; None when it is
@@ -162,16 +176,18 @@ class MonitoringManager:
         attached = self.steering.attached
         # Probes are replaced, never changed in place, so the dict itself is the
         # key (held, so its id cannot be reused); every request comes here.
-        key = (self.probes, tuple((i, id(w)) for i, w in attached.items()))
+        keep = bool(self.keep.get(model))
+        key = (self.probes, tuple((i, id(w)) for i, w in attached.items()), keep)
         cached = self._compiled[0]
-        if cached is None or cached[0] is not key[0] or cached[1] != key[1]:
+        if cached is None or cached[0] is not key[0] or cached[1:] != key[1:]:
             by_sae: dict[str, list[Probe]] = {}
             for _, p in sorted(self.probes.items()):
                 if p.sae_id in attached:
                     by_sae.setdefault(p.sae_id, []).append(p)
-            layers = tuple(LayerProbes(attached[s], ps, self._tally(attached[s]))
+            layers = tuple(LayerProbes(attached[s], ps, self._tally(attached[s]),
+                                       self._sampler(attached[s]) if keep else None)
                            for s, ps in sorted(by_sae.items()))
-            self._compiled = (key, MonitorSpec(layers) if layers else None)
+            self._compiled = (key, MonitorSpec(layers, keep) if layers else None)
         return self._compiled[1]
 
     def _tally(self, sae) -> FeatureTally:
@@ -180,10 +196,30 @@ class MonitoringManager:
             tally = self._tallies[sae.info.id] = FeatureTally(sae.info.d_sae, sae.W_enc.device)
         return tally
 
+    def _sampler(self, sae) -> ContextSampler:
+        sampler = self._samplers.get(sae.info.id)
+        if sampler is None or sampler.d_sae != sae.info.d_sae:
+            sampler = self._samplers[sae.info.id] = ContextSampler(sae.info.d_sae,
+                                                                   sae.W_enc.device)
+        return sampler
+
+    def contexts_of(self, sae_id: str, index: int) -> list:
+        """A feature's contexts kept from traffic, strongest first."""
+        sampler = self._samplers.get(sae_id)
+        return sampler.of(index) if sampler is not None else []
+
     # -- what monitored traffic reported ---------------------------------------------------
 
-    def record(self, reader: ProbeReader) -> tuple[Verdict, ...]:
-        """A monitored generation ended; returns its verdicts."""
+    def record(self, reader: ProbeReader, ids: list[int] | None = None,
+               decode=None) -> tuple[Verdict, ...]:
+        """A monitored generation ended; returns its verdicts. With its token
+        ids (a single-choice generation whose spec keeps contexts), its
+        context candidates are offered to the samplers."""
+        if ids is not None and reader.found and decode is not None:
+            for sae_id, feature, context in resolve(reader.found, ids, decode):
+                sampler = self._samplers.get(sae_id)
+                if sampler is not None:
+                    sampler.offer(feature, context)
         verdicts = reader.verdicts()
         self._window.append(verdicts)
         self.total_requests += 1
@@ -218,7 +254,7 @@ class MonitoringManager:
             stats.append(ProbeStats(name, len(seen), sum(v.fired for v in seen), *total))
         return MonitoringState(model, enabled, not reason, reason, self.list_probes(),
                                len(window), self.total_requests, tuple(stats),
-                               self._frequencies())
+                               self._frequencies(), bool(self.keep.get(model)))
 
     def _frequencies(self) -> tuple[FeatureFrequency, ...]:
         """The most active features of each SAE read (attached ones only)."""

@@ -28,6 +28,7 @@ from service.errors import EngineError, invalid_parameter
 from service.state.database import check_storable
 from service.steering import documents
 from service.steering.sae import SaeInfo, SaeWeights
+from service.steering.traffic_contexts import ContextSampler, keep_best
 
 MAX_FEATURES = 64
 MAX_WEIGHT = 1000.0
@@ -140,9 +141,12 @@ class LayerProbes:
     """The probes reading one attached SAE, as tensors: the features they
     need and a [features, probes] weight matrix; and the SAE's FeatureTally."""
 
-    def __init__(self, sae: SaeWeights, probes: list[Probe], tally: FeatureTally):
+    def __init__(self, sae: SaeWeights, probes: list[Probe], tally: FeatureTally,
+                 contexts: ContextSampler | None = None):
         self.sae = sae
         self.tally = tally
+        # Opt in (monitoring's keep_contexts): feature contexts from this traffic.
+        self.contexts = contexts
         self.layer = sae.info.layer
         self.probes = tuple(probes)
         columns = sorted({i for p in probes for i, _ in p.features})
@@ -156,11 +160,17 @@ class LayerProbes:
         self.weights = weights.to(device)
         self.threshold_list = [p.threshold for p in probes]
 
-    def read(self, hidden: torch.Tensor) -> list[list[float]]:
+    def read(self, hidden: torch.Tensor, owners: list | None = None) -> list[list[float]]:
         """Residual vectors [n, d] -> scores [n][probes], counting each
-        feature's activity on the way: one encode and one transfer for all."""
+        feature's activity on the way: one encode and one transfer for all.
+        `owners` ((ProbeReader, position) per row) receive the activations
+        that beat the kept contexts' floor, when contexts are kept."""
         acts = self.sae.encode(hidden.float()).float()
         self.tally.add(acts > 0)
+        if self.contexts is not None and owners is not None:
+            for row, feature, value in self.contexts.hits(acts):
+                reader, position = owners[row]
+                reader.keep(self, position, feature, value)
         return (acts[:, self.columns] @ self.weights).tolist()
 
 
@@ -169,6 +179,9 @@ class MonitorSpec:
     """What monitoring reads in one request: per layer, the probes there."""
 
     layers: tuple[LayerProbes, ...]
+    # Whether its layers keep feature contexts (the generation then hands
+    # monitoring its token ids when it ends).
+    contexts: bool = False
 
 
 @dataclass
@@ -197,6 +210,11 @@ class ProbeReader:
 
     spec: MonitorSpec
     tallies: dict[int, _Tally] = field(default_factory=dict)
+    # Context candidates (value, sae_id, feature, position), when kept.
+    found: list = field(default_factory=list)
+
+    def keep(self, layer: LayerProbes, position: int, feature: int, value: float) -> None:
+        keep_best(self.found, (value, layer.sae.info.id, feature, position))
 
     def read(self, layer: LayerProbes, positions: list[int], scores: list[list[float]]) -> None:
         """Scores [position][probe] at `layer` (plain Python: no tensor work per row)."""
@@ -249,10 +267,12 @@ def read_layer(hidden: torch.Tensor, reads: list[MonitorRead]) -> None:
         if len(r.positions) == 1 and hidden.shape[1] - r.column == 1:
             batched.setdefault(id(r.layer), []).append(r)
         else:
-            r.reader.read(r.layer, r.positions, r.layer.read(hidden[r.row, r.column:]))
+            r.reader.read(r.layer, r.positions, r.layer.read(
+                hidden[r.row, r.column:], [(r.reader, p) for p in r.positions]))
     for group in batched.values():
         rows = torch.tensor([r.row for r in group], dtype=torch.long, device=hidden.device)
-        scores = group[0].layer.read(hidden[rows, -1])
+        scores = group[0].layer.read(hidden[rows, -1],
+                                     [(r.reader, r.positions[0]) for r in group])
         for k, r in enumerate(group):
             r.reader.read(r.layer, r.positions, scores[k:k + 1])
 

@@ -267,7 +267,8 @@ class ContextSteer:
         for group in by_layer.values():
             layer: LayerProbes = group[0][0]
             hidden = np.concatenate([read[1] for read in group])
-            scores = layer.read(torch.from_numpy(hidden))
+            scores = layer.read(torch.from_numpy(hidden), [
+                (monitor, p) for _, _, monitor, positions, _ in group for p in positions])
             at = 0
             for _, rows, monitor, positions, kept in group:
                 mine = scores[at:at + len(rows)]
@@ -354,11 +355,13 @@ def reachable(ctx, batch, steer: ContextSteer, bos: int, model_id: str) -> bool:
 
 def monitor_key(monitor: ProbeReader | None) -> tuple | None:
     """What a slot's kept probe scores were computed for: every probe of the
-    spec, in order (None: not monitored)."""
+    spec, in order, and whether contexts were sampled from them (a prompt
+    read without keep_contexts is read again with it, so its positions are
+    sampled; None: not monitored)."""
     if monitor is None:
         return None
-    return tuple((layer.layer, p.sae_id, p.features, p.threshold)
-                 for layer in monitor.spec.layers for p in layer.probes)
+    return (monitor.spec.contexts, *((layer.layer, p.sae_id, p.features, p.threshold)
+                                     for layer in monitor.spec.layers for p in layer.probes))
 
 
 def keep_scores(kept: dict, layer: int, positions: list[int], scores: list) -> None:

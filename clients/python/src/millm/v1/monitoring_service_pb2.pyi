@@ -74,12 +74,14 @@ class DeleteProbeResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class SetMonitoringRequest(_message.Message):
-    __slots__ = ("model", "enabled")
+    __slots__ = ("model", "enabled", "keep_contexts")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENABLED_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CONTEXTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     enabled: bool
-    def __init__(self, model: _Optional[str] = ..., enabled: _Optional[bool] = ...) -> None: ...
+    keep_contexts: bool
+    def __init__(self, model: _Optional[str] = ..., enabled: _Optional[bool] = ..., keep_contexts: _Optional[bool] = ...) -> None: ...
 
 class SetMonitoringResponse(_message.Message):
     __slots__ = ("monitoring",)
@@ -130,7 +132,7 @@ class FeatureFrequency(_message.Message):
     def __init__(self, sae_id: _Optional[str] = ..., layer: _Optional[int] = ..., index: _Optional[int] = ..., tokens: _Optional[int] = ..., frequency: _Optional[float] = ...) -> None: ...
 
 class MonitoringState(_message.Message):
-    __slots__ = ("model", "enabled", "active", "reason", "probes", "window_requests", "total_requests", "probe_stats", "feature_frequencies")
+    __slots__ = ("model", "enabled", "active", "reason", "probes", "window_requests", "total_requests", "probe_stats", "feature_frequencies", "keep_contexts")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +142,7 @@ class MonitoringState(_message.Message):
     TOTAL_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PROBE_STATS_FIELD_NUMBER: _ClassVar[int]
     FEATURE_FREQUENCIES_FIELD_NUMBER: _ClassVar[int]
+    KEEP_CONTEXTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     enabled: bool
     active: bool
@@ -149,4 +152,5 @@ class MonitoringState(_message.Message):
     total_requests: int
     probe_stats: _containers.RepeatedCompositeFieldContainer[ProbeStats]
     feature_frequencies: _containers.RepeatedCompositeFieldContainer[FeatureFrequency]
-    def __init__(self, model: _Optional[str] = ..., enabled: _Optional[bool] = ..., active: _Optional[bool] = ..., reason: _Optional[str] = ..., probes: _Optional[_Iterable[_Union[Probe, _Mapping]]] = ..., window_requests: _Optional[int] = ..., total_requests: _Optional[int] = ..., probe_stats: _Optional[_Iterable[_Union[ProbeStats, _Mapping]]] = ..., feature_frequencies: _Optional[_Iterable[_Union[FeatureFrequency, _Mapping]]] = ...) -> None: ...
+    keep_contexts: bool
+    def __init__(self, model: _Optional[str] = ..., enabled: _Optional[bool] = ..., active: _Optional[bool] = ..., reason: _Optional[str] = ..., probes: _Optional[_Iterable[_Union[Probe, _Mapping]]] = ..., window_requests: _Optional[int] = ..., total_requests: _Optional[int] = ..., probe_stats: _Optional[_Iterable[_Union[ProbeStats, _Mapping]]] = ..., feature_frequencies: _Optional[_Iterable[_Union[FeatureFrequency, _Mapping]]] = ..., keep_contexts: _Optional[bool] = ...) -> None: ...

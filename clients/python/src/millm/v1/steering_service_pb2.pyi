@@ -335,7 +335,7 @@ class FeatureExplanation(_message.Message):
     def __init__(self, text: _Optional[str] = ..., source: _Optional[str] = ..., updated: _Optional[int] = ...) -> None: ...
 
 class GetSaeFeatureResponse(_message.Message):
-    __slots__ = ("sae", "index", "recorded", "density", "max_activation", "top_tokens", "top_contexts", "model", "promoted_tokens", "suppressed_tokens", "explanation")
+    __slots__ = ("sae", "index", "recorded", "density", "max_activation", "top_tokens", "top_contexts", "model", "promoted_tokens", "suppressed_tokens", "explanation", "traffic_contexts")
     SAE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     RECORDED_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +347,7 @@ class GetSaeFeatureResponse(_message.Message):
     PROMOTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SUPPRESSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_CONTEXTS_FIELD_NUMBER: _ClassVar[int]
     sae: Sae
     index: int
     recorded: bool
@@ -358,7 +359,8 @@ class GetSaeFeatureResponse(_message.Message):
     promoted_tokens: _containers.RepeatedCompositeFieldContainer[TokenLogit]
     suppressed_tokens: _containers.RepeatedCompositeFieldContainer[TokenLogit]
     explanation: FeatureExplanation
-    def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., index: _Optional[int] = ..., recorded: _Optional[bool] = ..., density: _Optional[float] = ..., max_activation: _Optional[float] = ..., top_tokens: _Optional[_Iterable[_Union[FeatureToken, _Mapping]]] = ..., top_contexts: _Optional[_Iterable[_Union[FeatureExample, _Mapping]]] = ..., model: _Optional[str] = ..., promoted_tokens: _Optional[_Iterable[_Union[TokenLogit, _Mapping]]] = ..., suppressed_tokens: _Optional[_Iterable[_Union[TokenLogit, _Mapping]]] = ..., explanation: _Optional[_Union[FeatureExplanation, _Mapping]] = ...) -> None: ...
+    traffic_contexts: _containers.RepeatedCompositeFieldContainer[FeatureExample]
+    def __init__(self, sae: _Optional[_Union[Sae, _Mapping]] = ..., index: _Optional[int] = ..., recorded: _Optional[bool] = ..., density: _Optional[float] = ..., max_activation: _Optional[float] = ..., top_tokens: _Optional[_Iterable[_Union[FeatureToken, _Mapping]]] = ..., top_contexts: _Optional[_Iterable[_Union[FeatureExample, _Mapping]]] = ..., model: _Optional[str] = ..., promoted_tokens: _Optional[_Iterable[_Union[TokenLogit, _Mapping]]] = ..., suppressed_tokens: _Optional[_Iterable[_Union[TokenLogit, _Mapping]]] = ..., explanation: _Optional[_Union[FeatureExplanation, _Mapping]] = ..., traffic_contexts: _Optional[_Iterable[_Union[FeatureExample, _Mapping]]] = ...) -> None: ...
 
 class SetFeatureExplanationRequest(_message.Message):
     __slots__ = ("sae_id", "index", "text")
