@@ -297,3 +297,17 @@ def test_over_grpc_and_cancelled_with_the_call(clean):
             assert time.monotonic() < until, "the build went on after its call was cancelled"
             time.sleep(0.01)
     assert sorted(p.name for p in clean.vectors_dir.iterdir()) == ["by-grpc.gguf"]
+
+
+def test_a_vector_is_deleted_by_name_or_id(clean):
+    built(clean, "gone")
+    assert clean.ok("DELETE", "/api/control_vectors/gone") == {"id": "cv_gone"}
+    assert not (clean.vectors_dir / "gone.gguf").exists()
+    assert clean.ok("GET", "/api/control_vectors")["control_vectors"] == []
+    for name in ("gone", "cv_gone", "..%2Fsea", "cv_%2E%2E"):
+        reply = clean.api("DELETE", f"/api/control_vectors/{name}")
+        assert reply.status_code == 404, (name, reply.text)
+    # A broken file goes too.
+    (clean.vectors_dir / "broken.gguf").write_bytes(b"not gguf")
+    assert clean.ok("DELETE", "/api/control_vectors/cv_broken") == {"id": "cv_broken"}
+    assert not list(clean.vectors_dir.iterdir())

@@ -22,19 +22,32 @@ import sys
 import urllib.error
 import urllib.request
 
-SEA = ["The sea is wide and moving.", "Waves roll toward the shore, gulls fly over the water.",
-       "The wind smells of salt.", "The sea is wide and moving. Waves roll toward the shore.",
-       "Gulls fly over the water, and the wind smells of salt.",
-       "Waves roll toward the shore, and the wind smells of salt.",
-       "The sea is wide. Gulls fly over the water.",
-       "The sea is moving, and waves roll toward the shore."]
-TRAINS = ["A train is a line of cars that runs on rails.",
-          "It carries people and goods from one station to another.",
-          "The train left the station at seven.", "A train is a line of cars. It runs on rails.",
-          "The train carries people and goods from one station to another.",
-          "The train left the station and crossed the valley.",
-          "A train runs on rails from one station to another.",
-          "The train reached the coast before lunch."]
+# Eight pairs: the demo model's one sea paragraph, reworded, against its train
+# answer and story, reworded (the model knows the sea from that paragraph only).
+SEA = ["The sea is wide and moving. Waves roll toward the shore, gulls fly over the water, "
+       "and the wind smells of salt.",
+       "Waves roll toward the shore, gulls fly over the water, and the wind smells of salt. "
+       "The sea is wide and moving.",
+       "The sea is wide. Waves roll toward the shore, gulls fly over the water, and the wind "
+       "smells of salt.",
+       "The sea is moving. Waves roll toward the shore, and gulls fly over the water.",
+       "Gulls fly over the water, waves roll toward the shore, and the sea is wide and moving.",
+       "The wind smells of salt, and waves roll toward the shore of the wide sea.",
+       "The sea is wide and moving, and the wind over the water smells of salt.",
+       "Waves roll toward the shore. Gulls fly over the water. The sea is wide and moving."]
+TRAINS = ["A train is a line of cars that runs on rails. It carries people and goods from one "
+          "station to another.",
+          "It carries people and goods from one station to another. A train is a line of cars "
+          "that runs on rails.",
+          "A train is a line of cars. It runs on rails and carries people and goods from one "
+          "station to another.",
+          "The train left the station at seven. It crossed the valley and climbed through the "
+          "hills.",
+          "The train carries people and goods, and it runs on rails from one station to "
+          "another.",
+          "The train left the station at seven and reached the coast before lunch.",
+          "A train runs on rails, and it carries people from one station to another.",
+          "The passengers read, slept and talked on the train as it crossed the valley."]
 # The sea paragraph of the demo model's corpus, word by word.
 SEA_WORDS = {"sea", "wide", "moving", "waves", "wave", "shore", "gulls", "water", "wind",
              "salt", "ocean", "beach", "boat", "boats", "ship", "tide", "fishermen"}
@@ -110,18 +123,15 @@ def main() -> int:
 
     # 2. A vector from eight pairs, saved, listed, read back.
     name = "walkthrough-sea-" + re.sub(r"[^A-Za-z0-9_-]", "-", args.model)
-    listed = api.ok("GET", "/api/control_vectors")["control_vectors"]
-    if f"cv_{name}" in [v["id"] for v in listed]:
-        print(f"note: cv_{name} exists from an earlier run; it is kept and used")
-    else:
-        built = api.call("POST", "/api/control_vectors", {
-            "name": name, "model": args.model, "layer": 1, "method": "mean_difference",
-            "pairs": [{"positive": p, "negative": n} for p, n in zip(SEA, TRAINS, strict=True)]})
-        check(built[0] == 201, f"POST /api/control_vectors -> {built[0]}")
-        if built[0] == 201:
-            b = built[1]
-            print(f"     norm {b['norm']:.3f}, separation {b['separation']:.3f}, agreement "
-                  f"{b['agreement']:.2f}, nearest {[n['index'] for n in b['nearest_features']]}")
+    api.call("DELETE", f"/api/control_vectors/{name}")  # an earlier run's
+    built = api.call("POST", "/api/control_vectors", {
+        "name": name, "model": args.model, "layer": 1, "method": "mean_difference",
+        "pairs": [{"positive": p, "negative": n} for p, n in zip(SEA, TRAINS, strict=True)]})
+    check(built[0] == 201, f"POST /api/control_vectors -> {built[0]}")
+    if built[0] == 201:
+        b = built[1]
+        print(f"     norm {b['norm']:.3f}, separation {b['separation']:.3f}, agreement "
+              f"{b['agreement']:.2f}, nearest {[n['index'] for n in b['nearest_features']]}")
     listed = api.ok("GET", "/api/control_vectors")["control_vectors"]
     vector = next((v for v in listed if v["id"] == f"cv_{name}"), None)
     check(vector is not None and vector["layers"] == [1], f"cv_{name} is listed at layer 1")

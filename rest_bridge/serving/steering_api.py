@@ -246,6 +246,8 @@ ROUTES = (
           _empty(pb.GetControlVectorBuildRequest)),
     Route("DELETE", "/api/control_vectors/build", "CancelControlVectorBuild",
           _empty(pb.CancelControlVectorBuildRequest)),
+    Route("DELETE", "/api/control_vectors/{vector_id}", "DeleteControlVector",
+          _path(pb.DeleteControlVectorRequest, id="vector_id")),
     Route("GET", "/api/steering", "GetSteering", _empty(pb.GetSteeringRequest)),
     Route("PUT", "/api/steering", "SetSteering", _set_steering),
     Route("DELETE", "/api/steering", "SetSteering", _clear_values),

@@ -326,7 +326,7 @@ class SteeringServicer(FeatureRpcs, VectorRpcs, steering_service_pb2_grpc.Steeri
 
 # Every RPC that changes steering state: admin scope when keys are configured.
 MUTATING = ("AttachSae", "DetachSae", "SetFeatureExplanation", "ImportFeatureExplanations",
-            "CreateControlVector", "CancelControlVectorBuild",
+            "CreateControlVector", "CancelControlVectorBuild", "DeleteControlVector",
             "SetSteering", "CreateProfile", "UpdateProfile",
             "DeleteProfile", "ActivateProfile", "ImportCluster", "SetClusterIntensity",
             "DeleteCluster", "ImportCircuit", "SetCircuitIntensity", "DeleteCircuit",

@@ -5,11 +5,12 @@ console) to watch or stop it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from millm.v1 import steering_service_pb2 as pb
 from service.servicers.error_handling import unary_errors
-from service.steering import vector_builds
+from service.steering import control_vectors, vector_builds
 
 
 class VectorRpcs:
@@ -43,6 +44,12 @@ class VectorRpcs:
                 elapsed_s=round(time.monotonic() - running.started, 3), timeout_s=r.timeout_s,
                 cancelling=running.cancel.is_set()))
         return reply
+
+    @unary_errors
+    async def DeleteControlVector(self, request, context):
+        removed = await asyncio.to_thread(control_vectors.delete_vector, self._m.vectors,
+                                          request.id)
+        return pb.DeleteControlVectorResponse(id=removed)
 
     @unary_errors
     async def CancelControlVectorBuild(self, request, context):

@@ -222,6 +222,19 @@ class ControlVectorDirectory:
                           f"'{vector_id}' is on disk.", param)
 
 
+def delete_vector(vectors: ControlVectorDirectory, vector_id: str) -> str:
+    """Remove a vector's file (a broken file too); its id."""
+    try:
+        path = vectors.get(vector_id, "id").path
+    except EngineError as exc:
+        if exc.code != "invalid_control_vector":
+            raise
+        vector_id = canonical_id(vector_id)
+        path = next(p for p in vectors._files() if vector_id_for(p) == vector_id)
+    path.unlink(missing_ok=True)
+    return vector_id_for(path)
+
+
 def check_entries(entries: tuple[SteeringEntry, ...], where: str,
                   vectors: ControlVectorDirectory, model: tuple[int, int] | None) -> None:
     """At write time: every vector named exists, is usable, and (when a model

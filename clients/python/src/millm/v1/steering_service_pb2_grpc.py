@@ -199,6 +199,11 @@ class SteeringServiceStub:
                 request_serializer=millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildResponse.FromString,
                 _registered_method=True)
+        self.DeleteControlVector = channel.unary_unary(
+                '/millm.v1.SteeringService/DeleteControlVector',
+                request_serializer=millm_dot_v1_dot_steering__service__pb2.DeleteControlVectorRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_steering__service__pb2.DeleteControlVectorResponse.FromString,
+                _registered_method=True)
 
 
 class SteeringServiceServicer:
@@ -443,6 +448,14 @@ class SteeringServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteControlVector(self, request, context):
+        """Delete a control-vector file from the control-vector directory. Entries
+        naming it then steer nothing (liveness says why).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SteeringServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -605,6 +618,11 @@ def add_SteeringServiceServicer_to_server(servicer, server):
                     servicer.CancelControlVectorBuild,
                     request_deserializer=millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildRequest.FromString,
                     response_serializer=millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildResponse.SerializeToString,
+            ),
+            'DeleteControlVector': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteControlVector,
+                    request_deserializer=millm_dot_v1_dot_steering__service__pb2.DeleteControlVectorRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_steering__service__pb2.DeleteControlVectorResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1476,6 +1494,33 @@ class SteeringService:
             '/millm.v1.SteeringService/CancelControlVectorBuild',
             millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildRequest.SerializeToString,
             millm_dot_v1_dot_steering__service__pb2.CancelControlVectorBuildResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteControlVector(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.SteeringService/DeleteControlVector',
+            millm_dot_v1_dot_steering__service__pb2.DeleteControlVectorRequest.SerializeToString,
+            millm_dot_v1_dot_steering__service__pb2.DeleteControlVectorResponse.FromString,
             options,
             channel_credentials,
             insecure,
