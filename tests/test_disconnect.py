@@ -64,3 +64,19 @@ def test_grpc_cancel_stops_generation(generation_stub, server_stub):
     call.cancel()
     assert call.code() == grpc.StatusCode.CANCELLED
     assert_stopped_early(server_stub, before)
+
+
+def test_a_compared_stream_stops_both_sides_when_the_client_leaves(stack, server_stub):
+    """steering_compare runs two generations; a client that leaves ends both."""
+    before = settled(server_stub)
+    sock = open_stream(stack.http_port, "/v1/completions",
+                       {**LONG, "stream": True, "steering_compare": True})
+    received = b""
+    while received.count(b"data: ") < 6:
+        received += sock.recv(4096)
+    assert inference_status(server_stub).active_generations == 2
+    sock.close()
+    after = settled(server_stub)
+    assert after, "a side kept running after the client left"
+    assert after.cancelled_generations_total == before.cancelled_generations_total + 2
+    assert after.completed_generations_total == before.completed_generations_total

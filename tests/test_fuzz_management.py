@@ -110,7 +110,7 @@ def test_no_5xx_on_the_management_api(fuzz_stack, models_on_disk, route, name, b
     # One fuzzed value per URL (see ROUTE_TABLE): the routes with an index
     # and a fuzzed SAE id take index 3; those on a real SAE fuzz the index.
     path = template.format(name=quoted(name), sae_id=quoted(name), model_id=quoted(name),
-                           index=3)
+                           vector_id=quoted(name), index=3)
     raw = body if method in ("POST", "PUT", "PATCH") else None
     reply = call(fuzz_stack.http_port, method, path, raw=raw, timeout=60)
     assert reply.status_code < 500, (method, path[:300], raw[:500] if raw else None,
