@@ -5,8 +5,9 @@ definition (SAELens's TopKSAE: the k largest pre-activations, then ReLU;
 choosing and dividing them out when decoding) on tiny random weights, with
 SAELens 6's cfg layout (model keys under "metadata").
 
-Unit level: no engine. (The end-to-end attach-and-steer check on both
-engines belongs with the rest of issue 44.)
+Then end to end on both engines: the demo's layer-1 weights saved as a TopK
+SAE attach, read exactly the k largest of what the standard SAE reads at
+each position, and steer.
 """
 
 from __future__ import annotations
@@ -113,3 +114,86 @@ def test_what_cannot_be_served_faithfully_is_refused(tmp_path, cfg, words):
     with pytest.raises(EngineError) as caught:
         read_info(directory)
     assert caught.value.code == "invalid_sae" and words in caught.value.message
+
+
+# -- end to end: a TopK SAE attaches, reads and steers on both engines ----------------------------
+
+TINY, F32 = "millm-tiny", "millm-tiny-gguf:F32"
+
+
+@pytest.fixture(scope="module")
+def topk_stack(tmp_path_factory):
+    """A stack whose SAE folder holds the demo's layer-1 SAE and the same
+    weights as a SAELens 6 TopK SAE (k 8)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from tests import harness
+
+    tmp = tmp_path_factory.mktemp("topk")
+    saes = tmp / "saes"
+    shutil.copytree(harness.models_dir() / "saes" / "millm-tiny-res-l1", saes / "standard")
+    weights = load_file(str(saes / "standard" / "sae_weights.safetensors"))
+    write_sae(saes / "topk", {**topk_cfg(8, False), "d_in": 64, "d_sae": 256}, weights)
+    stack = harness.OwnStack(tmp, MILLM_SAES_DIR=str(saes))
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _call(stack, method, path, body=None):
+    from tests.http_helpers import call
+
+    reply = call(stack.http_port, method, path, body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def _read(stack, model: str, sae_id: str) -> list[dict]:
+    body = _call(stack, "POST", "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Tell me about the sea."}],
+        "max_tokens": 6, "temperature": 0, "return_sae_activations": {
+            "sae_id": sae_id, "positions": "all", "top_k": 64}})
+    return body["millm"]["sae_activations"]["positions"]
+
+
+@pytest.mark.parametrize("model", [TINY, F32])
+def test_a_topk_sae_attaches_reads_its_k_best_and_steers(topk_stack, model):
+    listed = {s["id"]: s for s in _call(topk_stack, "GET", "/api/saes")["saes"]}
+    assert listed["sae_topk"]["architecture"] == "topk" and listed["sae_topk"]["layer"] == 1
+    _call(topk_stack, "POST", "/api/saes/sae_standard/attach")
+    standard = _read(topk_stack, model, "sae_standard")
+    _call(topk_stack, "POST", "/api/saes/sae_standard/detach")
+    _call(topk_stack, "POST", "/api/saes/sae_topk/attach")
+    topk = _read(topk_stack, model, "sae_topk")
+    # The same pre-activations: at each position the TopK SAE reads the k
+    # largest of what the standard one reads (those above zero).
+    assert [p["position"] for p in topk] == [p["position"] for p in standard]
+    for mine, full in zip(topk, standard, strict=True):
+        want = sorted(full["features"], key=lambda f: -f["value"])[:8]
+        got = sorted(mine["features"], key=lambda f: -f["value"])
+        assert len(got) <= 8
+        assert [f["index"] for f in got] == [f["index"] for f in want if f["value"] > 0]
+        assert [f["value"] for f in got] == pytest.approx(
+            [f["value"] for f in want if f["value"] > 0], rel=1e-4, abs=1e-4)
+    # It steers on this engine: some feature's direction changes the greedy text.
+    def text(**extra) -> str:
+        return _call(topk_stack, "POST", "/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": "Tell me about the sea."}],
+            "max_tokens": 8, "temperature": 0, **extra})["choices"][0]["message"]["content"]
+
+    plain = text()
+    changed = False
+    for feature in range(256):
+        _call(topk_stack, "POST", "/api/profiles", {"name": "topk-steer", "entries": [
+            {"layer": 1, "feature": feature, "strength": 8.0, "sae_id": "sae_topk"}]})
+        try:
+            changed = text(profile="topk-steer") != plain
+        finally:
+            _call(topk_stack, "DELETE", "/api/profiles/topk-steer")
+        if changed:
+            break
+    assert changed, "no feature of the TopK SAE changes the greedy text"
+    _call(topk_stack, "POST", "/api/saes/sae_topk/detach")
