@@ -1,10 +1,23 @@
 """Sparse autoencoders in SAELens format, and the registry of those on disk.
 
-An SAE directory holds `cfg.json` (d_in, d_sae, architecture, hook_name, ...)
-and `sae_weights.safetensors` (W_enc [d_in, d_sae], W_dec [d_sae, d_in],
+An SAE directory holds `cfg.json` (d_in, d_sae, architecture, hook_name, ...;
+SAELens 6 keeps hook_name and model_name under "metadata") and
+`sae_weights.safetensors` (W_enc [d_in, d_sae], W_dec [d_sae, d_in],
 b_enc [d_sae], b_dec [d_in], and threshold [d_sae] for jumprelu). Steering
 reads W_dec rows (a feature's direction in the residual stream); activation
 readout runs the encoder.
+
+Families, as SAELens defines their inference forward:
+- standard: relu(pre), pre = (x - b_dec?) @ W_enc + b_enc;
+- jumprelu: relu(pre) where pre > threshold (BatchTopK SAEs are saved as
+  jumprelu with one threshold for every latent);
+- topk (`k` in cfg.json): the k largest pre-activations, then relu, the rest
+  0. With `rescale_acts_by_decoder_norm` SAELens scales pre by the decoder
+  row norms before choosing and divides them out when decoding; folding the
+  norms into the weights at load (W_enc and b_enc times the norm, W_dec
+  over it) computes the same thing with plain rows, which steering reads.
+Activation normalisation at run time (`normalize_activations` other than
+"none") is refused: its per-token state is not carried here.
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ import torch
 
 from service.errors import EngineError
 
-ARCHITECTURES = ("standard", "jumprelu")
+ARCHITECTURES = ("standard", "jumprelu", "topk")
 # The residual stream after block L: the output of decoder layer L, where the
 # steering hook adds its delta.
 _HOOK = re.compile(r"^blocks\.(\d+)\.hook_resid_post$")
@@ -53,6 +66,8 @@ class SaeInfo:
     layer: int
     model_name: str
     apply_b_dec_to_input: bool
+    k: int = 0  # topk: latents kept per position
+    rescale_by_decoder_norm: bool = False  # topk: folded into the weights at load
 
 
 def read_info(directory: pathlib.Path) -> SaeInfo:
@@ -71,7 +86,18 @@ def read_info(directory: pathlib.Path) -> SaeInfo:
     if architecture not in ARCHITECTURES:
         raise invalid_sae(f"{cfg_file}: architecture {architecture!r} is not supported "
                           f"(supported: {', '.join(ARCHITECTURES)}).")
-    hook = str(cfg.get("hook_name", ""))
+    # SAELens 6 moved the model-side keys under "metadata".
+    metadata = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    normalize = cfg.get("normalize_activations", "none")
+    if normalize not in (None, "none", False):
+        raise invalid_sae(f"{cfg_file}: normalize_activations {normalize!r} is not supported "
+                          "(only 'none': fold the scaling into the weights first).")
+    k = 0
+    if architecture == "topk":
+        k = cfg.get("k")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= cfg["d_sae"]:
+            raise invalid_sae(f"{cfg_file}: a topk SAE needs 'k' from 1 to d_sae.")
+    hook = str(cfg.get("hook_name") or metadata.get("hook_name") or "")
     match = _HOOK.match(hook)
     if match is None:
         raise invalid_sae(f"{cfg_file}: hook_name {hook!r} is not supported; steering hooks "
@@ -79,8 +105,9 @@ def read_info(directory: pathlib.Path) -> SaeInfo:
     return SaeInfo(
         id=sae_id_for(directory), path=directory, d_in=cfg["d_in"], d_sae=cfg["d_sae"],
         architecture=architecture, hook_name=hook, layer=int(match.group(1)),
-        model_name=str(cfg.get("model_name", "")),
+        model_name=str(cfg.get("model_name") or metadata.get("model_name") or ""),
         apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", architecture == "standard")),
+        k=k, rescale_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
     )
 
 
@@ -106,6 +133,12 @@ class SaeWeights:
             if tuple(tensors[name].shape) != shape:
                 raise invalid_sae(f"{info.path}: {name} has shape {tuple(tensors[name].shape)}, "
                                   f"expected {shape} from cfg.json.")
+        if info.rescale_by_decoder_norm:
+            # SAELens's own fold (exact): the rows steering reads become unit ones.
+            norms = tensors["W_dec"].float().norm(dim=1).clamp(min=1e-8)
+            tensors = {**tensors, "W_enc": tensors["W_enc"].float() * norms,
+                       "b_enc": tensors["b_enc"].float() * norms,
+                       "W_dec": tensors["W_dec"].float() / norms[:, None]}
         t = {name: tensors[name].to(device=device, dtype=dtype) for name in shapes}
         self.W_enc, self.W_dec = t["W_enc"], t["W_dec"]
         self.b_enc, self.b_dec = t["b_enc"], t["b_dec"]
@@ -124,7 +157,10 @@ class SaeWeights:
             x = x - self.b_dec
         pre = x @ self.W_enc + self.b_enc
         if self.threshold is not None:
-            return pre * (pre > self.threshold)
+            return torch.relu(pre) * (pre > self.threshold)
+        if self.info.k:
+            best = torch.topk(pre, self.info.k, dim=-1)
+            return torch.zeros_like(pre).scatter(-1, best.indices, torch.relu(best.values))
         return torch.relu(pre)
 
 
