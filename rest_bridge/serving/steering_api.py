@@ -42,14 +42,27 @@ def to_json(message: Message) -> dict:
         else:
             out[field.name] = _value(field, value)
     if message.DESCRIPTOR.full_name == "millm.v1.SteeringEntry":
-        # An entry is of one kind: the other kind's fields would read as values.
+        # An entry is of one kind: the other kind's fields would read as values,
+        # and a mode's unused fields are left out.
         kind = _VECTOR_FIELDS if message.control_vector else _SAE_FIELDS
-        out = {k: v for k, v in out.items() if k in kind}
+        out = {k: v for k, v in out.items() if k in kind and _entry_field_set(message, k, v)}
+    elif message.DESCRIPTOR.full_name == "millm.v1.SteeringCondition":
+        kind = message.WhichOneof("kind")
+        out = {kind: out[kind]} if kind else {}
     return out
 
 
-_VECTOR_FIELDS = ("control_vector", "scale")
-_SAE_FIELDS = ("layer", "feature", "strength", "sae_id")
+_MODE_FIELDS = ("mode", "value", "when")
+
+
+def _entry_field_set(entry: Message, name: str, value) -> bool:
+    if name == "mode":
+        return bool(entry.mode)
+    if name in ("value", "when"):
+        return entry.HasField(name)
+    return value is not None  # strength and scale are unset outside mode add
+_VECTOR_FIELDS = ("control_vector", "scale", *_MODE_FIELDS)
+_SAE_FIELDS = ("layer", "feature", "strength", "sae_id", *_MODE_FIELDS)
 
 
 def _value(field: FieldDescriptor, value):

@@ -38,17 +38,29 @@ _MODES = {
 def _entry_dict(e: steering_pb2.SteeringEntry) -> dict:
     """An entry as the document parser reads it: a control-vector entry's
     unset SAE fields stay out, so one that sets them is refused by name."""
+    common = {**({"mode": e.mode} if e.mode else {}),
+              **({"value": e.value} if e.HasField("value") else {}),
+              **({"when": _condition_dict(e.when)} if e.HasField("when") else {})}
     if e.control_vector:
         return {"control_vector": e.control_vector,
                 **({"scale": e.scale} if e.HasField("scale") else {}),
                 **({"layer": e.layer} if e.layer else {}),
                 **({"feature": e.feature} if e.feature else {}),
                 **({"strength": e.strength} if e.HasField("strength") else {}),
-                **({"sae_id": e.sae_id} if e.sae_id else {})}
+                **({"sae_id": e.sae_id} if e.sae_id else {}), **common}
     return {"layer": e.layer, "feature": e.feature,
             **({"strength": e.strength} if e.HasField("strength") else {}),
             **({"sae_id": e.sae_id} if e.sae_id else {}),
-            **({"scale": e.scale} if e.HasField("scale") else {})}
+            **({"scale": e.scale} if e.HasField("scale") else {}), **common}
+
+
+def _condition_dict(c: steering_pb2.SteeringCondition) -> dict:
+    kind = c.WhichOneof("kind")
+    return {kind: getattr(c, kind)} if kind else {}
+
+
+def _condition_pb(c) -> steering_pb2.SteeringCondition:
+    return steering_pb2.SteeringCondition(**c.to_json())
 
 
 def entries_from_pb(entries, where: str) -> tuple[documents.SteeringEntry, ...]:
@@ -57,9 +69,20 @@ def entries_from_pb(entries, where: str) -> tuple[documents.SteeringEntry, ...]:
 
 def entry_to_pb(e: documents.SteeringEntry) -> steering_pb2.SteeringEntry:
     if e.control_vector:
-        return steering_pb2.SteeringEntry(control_vector=e.control_vector, scale=e.strength)
-    return steering_pb2.SteeringEntry(layer=e.layer, feature=e.feature, strength=e.strength,
-                                      sae_id=e.sae_id)
+        out = steering_pb2.SteeringEntry(control_vector=e.control_vector)
+        if e.mode == documents.ADD:
+            out.scale = e.strength
+    else:
+        out = steering_pb2.SteeringEntry(layer=e.layer, feature=e.feature, sae_id=e.sae_id)
+        if e.mode == documents.ADD:
+            out.strength = e.strength
+    if e.mode != documents.ADD:
+        out.mode = e.mode
+    if e.mode == documents.CLAMP:
+        out.value = e.value
+    if e.when is not None:
+        out.when.CopyFrom(_condition_pb(e.when))
+    return out
 
 
 def _live(live: manager.Live) -> steering_service_pb2.Liveness:

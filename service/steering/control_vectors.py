@@ -14,7 +14,7 @@ with no shift, on both engines.
 
 Why a module of its own: SAE entries resolve against attached SAEs
 (manager.py); a control vector needs no SAE, only its file, so its entries
-resolve here and the manager adds the result to the plan's per-layer vectors.
+resolve here (entry_ops) and the manager adds the result to the plan's layers.
 Files sit in one directory (MILLM_CONTROL_VECTORS_DIR, by default
 <models dir>/control_vectors) and are read whole, checked and cached until
 their size or modification time changes; ids are `cv_<file stem>`, and an
@@ -24,6 +24,7 @@ entry may name a vector by its stem too.
 from __future__ import annotations
 
 import logging
+import math
 import pathlib
 import re
 import threading
@@ -34,6 +35,7 @@ import numpy as np
 from service.errors import EngineError
 from service.steering import intensity
 from service.steering.documents import SteeringEntry
+from service.steering.plan import ADD, CLAMP, Edit
 
 log = logging.getLogger(__name__)
 
@@ -249,31 +251,36 @@ def check_entries(entries: tuple[SteeringEntry, ...], where: str,
             raise EngineError("control_vector_mismatch", problem, param)
 
 
-def additions(entries: tuple[SteeringEntry, ...], level: float,
-              vectors: ControlVectorDirectory, model: tuple[int, int] | None
-              ) -> dict[int, np.ndarray]:
-    """What the vector entries add at dial λ, per layer (float32). A vector
-    gone from disk, or one that does not fit the loaded model, steers nothing,
-    as an entry at a layer with no SAE attached does; writes refuse both, and
-    liveness (unfit) says why."""
-    out: dict[int, np.ndarray] = {}
+def entry_ops(e: SteeringEntry, level: float, vectors: ControlVectorDirectory,
+              model: tuple[int, int] | None) -> dict[int, tuple[np.ndarray | None, Edit | None]]:
+    """What one vector entry does at dial λ, per layer: (added vector, edit).
+    add: the scaled direction; ablate: the stream's component along the
+    direction removed (λ of it); clamp: that component set to `value`. A
+    vector gone from disk, or one that does not fit the loaded model, steers
+    nothing, as an entry at a layer with no SAE attached does; writes refuse
+    both, and liveness (unfit) says why."""
     if model is None:
-        return out
-    for e in entries:
-        if not e.control_vector:
-            continue
+        return {}
+    try:
+        vector = vectors.get(e.control_vector)
+    except EngineError:
+        return {}
+    if vector.mismatch(model):
+        return {}
+    out: dict[int, tuple[np.ndarray | None, Edit | None]] = {}
+    if e.mode == ADD:
         scale = intensity.scaled(e.strength, level)
-        if scale == 0.0:
+        if scale != 0.0:
+            for layer, direction in vector.directions.items():
+                out[layer] = (direction * np.float32(scale), None)
+        return out
+    for layer, direction in vector.directions.items():
+        norm = float(np.linalg.norm(direction))
+        if norm == 0.0:
             continue
-        try:
-            vector = vectors.get(e.control_vector)
-        except EngineError:
-            continue
-        if vector.mismatch(model):
-            continue
-        for layer, direction in vector.directions.items():
-            delta = direction * np.float32(scale)
-            out[layer] = out[layer] + delta if layer in out else delta
+        unit = (direction / np.float32(norm)).astype(np.float32)
+        target = e.value if e.mode == CLAMP else 0.0
+        out[layer] = (None, Edit(unit, 0.0, target, -math.inf, unit * np.float32(level)))
     return out
 
 

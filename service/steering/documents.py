@@ -8,6 +8,10 @@ attached SAEs (a feature past an SAE's width) happen when steering applies.
 An entry is of one of two kinds: an SAE feature (layer, feature, strength) or
 a llama.cpp control vector (control_vector, scale; steering/control_vectors.py),
 which needs no SAE and adds at every layer its file has a direction for.
+Either has a mode: `add` (the default: strength or scale), `clamp` (`value`:
+the feature's activation, or the stream's component along the vector's
+direction, set to it) or `ablate` (the feature driven to zero, the direction
+projected out); and may hold a condition (`when`, steering/conditions.py).
 """
 
 from __future__ import annotations
@@ -18,7 +22,11 @@ from dataclasses import dataclass, field
 
 from service.errors import EngineError
 from service.state.database import check_storable
+from service.steering import conditions
+from service.steering.conditions import Condition
 from service.steering.intensity import ENVELOPE, MAX_STRENGTH
+from service.steering.plan import ABLATE, ADD, CLAMP
+from service.steering.plan import MODES as ENTRY_MODES
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_ENTRIES = 4096
@@ -51,9 +59,12 @@ class SteeringEntry:
 
     layer: int
     feature: int
-    strength: float
+    strength: float  # add only (0 for the other modes)
     sae_id: str = ""
     control_vector: str = ""
+    mode: str = ADD
+    value: float = 0.0  # clamp only
+    when: Condition | None = None
 
     @property
     def key(self) -> tuple:
@@ -63,10 +74,21 @@ class SteeringEntry:
 
     def to_json(self) -> dict:
         if self.control_vector:
-            return {"control_vector": self.control_vector, "scale": self.strength}
-        out = {"layer": self.layer, "feature": self.feature, "strength": self.strength}
-        if self.sae_id:
-            out["sae_id"] = self.sae_id
+            out = {"control_vector": self.control_vector}
+            if self.mode == ADD:
+                out["scale"] = self.strength
+        else:
+            out = {"layer": self.layer, "feature": self.feature}
+            if self.mode == ADD:
+                out["strength"] = self.strength
+            if self.sae_id:
+                out["sae_id"] = self.sae_id
+        if self.mode != ADD:
+            out["mode"] = self.mode
+        if self.mode == CLAMP:
+            out["value"] = self.value
+        if self.when is not None:
+            out["when"] = self.when.to_json()
         return out
 
 
@@ -108,13 +130,55 @@ def _strength(raw: dict, where: str, key: str) -> float:
     return strength
 
 
+def _mode(raw: dict, where: str, amount: str, vector: bool) -> tuple[str, float, float]:
+    """(mode, strength, value): add needs `amount` (strength or scale), clamp
+    needs `value` and takes no amount, ablate takes neither."""
+    mode = raw.get("mode", ADD)
+    if mode not in ENTRY_MODES:
+        raise invalid_document(f"{where}.mode", f"'{where}.mode' must be one of "
+                               f"{', '.join(ENTRY_MODES)}; got {mode!r}.")
+    if mode == ADD:
+        if amount not in raw:
+            raise invalid_document(f"{where}.{amount}", f"Missing field '{where}.{amount}'.")
+        if "value" in raw:
+            raise invalid_document(f"{where}.value", f"'{where}.value' is for mode clamp.")
+        return mode, _strength(raw, where, amount), 0.0
+    if amount in raw:
+        raise invalid_document(f"{where}.{amount}", f"'{where}.{amount}' is for mode add; "
+                               f"an {mode} entry " + ("takes no amount." if mode == ABLATE
+                                                       else "sets 'value'."))
+    if mode == ABLATE:
+        if "value" in raw:
+            raise invalid_document(f"{where}.value", f"'{where}.value' is for mode clamp.")
+        return mode, 0.0, 0.0
+    if "value" not in raw:
+        raise invalid_document(f"{where}.value", f"Missing field '{where}.value' (mode clamp).")
+    value = _number(raw["value"], f"{where}.value")
+    if abs(value) > MAX_STRENGTH:
+        raise invalid_document(f"{where}.value", f"'{where}.value' must be within "
+                               f"±{MAX_STRENGTH:g}; got {value:g}.")
+    if value < 0 and not vector:
+        raise invalid_document(f"{where}.value", f"'{where}.value' must be 0 or more: an SAE "
+                               f"feature's activation is never negative; got {value:g}.")
+    return mode, 0.0, value
+
+
+def _when(raw: dict, where: str) -> Condition | None:
+    return conditions.parse(raw["when"], f"{where}.when") if "when" in raw else None
+
+
+_COMMON = ("mode", "value", "when", "label")
+
+
 def _vector_entry(raw: dict, where: str) -> SteeringEntry:
-    _only(raw, where, ("control_vector", "scale", "label"), ("control_vector", "scale"))
+    _only(raw, where, ("control_vector", "scale", *_COMMON), ("control_vector",))
     name = raw["control_vector"]
     if not isinstance(name, str) or not name:
         raise invalid_document(f"{where}.control_vector", f"'{where}.control_vector' must be "
                                "a control vector's id.")
-    return SteeringEntry(-1, -1, _strength(raw, where, "scale"), control_vector=name)
+    mode, strength, value = _mode(raw, where, "scale", vector=True)
+    return SteeringEntry(-1, -1, strength, control_vector=name, mode=mode, value=value,
+                         when=_when(raw, where))
 
 
 def parse_entry(raw, where: str) -> SteeringEntry:
@@ -122,14 +186,16 @@ def parse_entry(raw, where: str) -> SteeringEntry:
         raise invalid_document(where, f"'{where}' must be an object.")
     if "control_vector" in raw:
         return _vector_entry(raw, where)
-    _only(raw, where, ("layer", "feature", "strength", "sae_id", "label"),
-          ("layer", "feature", "strength"))
-    strength = _strength(raw, where, "strength")
+    _only(raw, where, ("layer", "feature", "strength", "sae_id", *_COMMON),
+          ("layer", "feature"))
+    layer, feature = _int(raw["layer"], f"{where}.layer"), _int(raw["feature"],
+                                                                f"{where}.feature")
     sae_id = raw.get("sae_id", "")
     if not isinstance(sae_id, str):
         raise invalid_document(f"{where}.sae_id", f"'{where}.sae_id' must be a string.")
-    return SteeringEntry(_int(raw["layer"], f"{where}.layer"),
-                         _int(raw["feature"], f"{where}.feature"), strength, sae_id)
+    mode, strength, value = _mode(raw, where, "strength", vector=False)
+    return SteeringEntry(layer, feature, strength, sae_id, mode=mode, value=value,
+                         when=_when(raw, where))
 
 
 def parse_entries(raw, where: str, allow_empty: bool = True) -> tuple[SteeringEntry, ...]:
@@ -140,6 +206,10 @@ def parse_entries(raw, where: str, allow_empty: bool = True) -> tuple[SteeringEn
     if len(raw) > MAX_ENTRIES:
         raise invalid_document(where, f"'{where}' holds at most {MAX_ENTRIES} entries.")
     entries = tuple(parse_entry(e, f"{where}[{i}]") for i, e in enumerate(raw))
+    distinct = {e.when for e in entries if e.when is not None}
+    if len(distinct) > conditions.MAX_CONDITIONS:
+        raise invalid_document(where, f"'{where}' holds at most {conditions.MAX_CONDITIONS} "
+                               "distinct conditions.")
     seen: dict[tuple, int] = {}
     for i, e in enumerate(entries):
         if e.key in seen:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from service.errors import EngineError
 from service.steering import control_vectors, documents, intensity
 from service.steering.documents import SteeringEntry
-from service.steering.plan import LayerSteering, SteeringPlan
+from service.steering.plan import ABLATE, ADD, LayerSteering, SteeringPlan
 from service.steering.records import CIRCUIT, CLUSTER, FEATURES, UNSTEERED, Live, Profile, Resolved
 from service.steering.sae import SaeWeights
 
@@ -45,12 +45,38 @@ class SteeringResolution:
         """Entries at dial λ on the SAEs attached now; entries at layers with
         no SAE attached do not steer. A feature past the SAE's width, or an
         entry pinned to another SAE than the one attached, is refused.
-        Control-vector entries add their scaled directions on top
-        (control_vectors.py), with or without an SAE."""
-        by_layer = self._by_layer()
-        per_layer: dict[int, tuple[list[int], list[float]]] = {}
+        Control-vector entries steer on top (control_vectors.py), with or
+        without an SAE. Entries with a condition form one block per distinct
+        condition, in the order they first appear."""
+        groups: dict = {}
         for i, e in enumerate(entries):
+            groups.setdefault(e.when, []).append(i)
+        always, conditional = (), []
+        for when, indices in groups.items():
+            layers = self._layers(entries, indices, level, where)
+            if when is None:
+                always = layers
+            elif layers:
+                conditional.append((when, layers))
+        if not always and not conditional:
+            return None
+        return SteeringPlan(always, tuple(conditional))
+
+    def _layers(self, entries: tuple[SteeringEntry, ...], indices: list[int], level: float,
+                where: str) -> tuple[LayerSteering, ...]:
+        by_layer = self._by_layer()
+        # layer -> (features, strengths, added vector, edits in entry order)
+        per_layer: dict[int, tuple[list[int], list[float], list, list]] = {}
+        for i in indices:
+            e = entries[i]
             if e.control_vector:
+                for layer, (add, edit) in control_vectors.entry_ops(
+                        e, level, self.vectors, self._model).items():
+                    _, _, adds, edits = per_layer.setdefault(layer, ([], [], [], []))
+                    if add is not None:
+                        adds.append(add)
+                    if edit is not None:
+                        edits.append(edit)
                 continue
             sae = by_layer.get(e.layer)
             if sae is None:
@@ -63,25 +89,29 @@ class SteeringResolution:
                 raise EngineError("invalid_feature_index", f"{where}[{i}] names feature "
                                   f"{e.feature}, past the width of {sae.info.id} "
                                   f"({sae.info.d_sae} features).", where)
+            if e.mode != ADD:
+                edit = sae.edit(e.feature, e.value, e.mode == ABLATE, level, f"{where}[{i}]")
+                per_layer.setdefault(e.layer, ([], [], [], []))[3].append(edit)
+                continue
             strength = intensity.scaled(e.strength, level)
             if strength == 0.0:
                 continue
-            features, strengths = per_layer.setdefault(e.layer, ([], []))
+            features, strengths, _, _ = per_layer.setdefault(e.layer, ([], [], [], []))
             features.append(e.feature)
             strengths.append(strength)
-        added = control_vectors.additions(entries, level, self.vectors, self._model)
-        if not per_layer and not added:
-            return None
         layers = []
-        for layer in sorted({*per_layer, *added}):
-            features, strengths = per_layer.get(layer, ([], []))
+        for layer in sorted(per_layer):
+            features, strengths, adds, edits = per_layer[layer]
             vector = (by_layer[layer].direction(features, strengths).float().cpu().numpy()
                       if features else None)
-            if layer in added:
-                vector = added[layer] if vector is None else vector + added[layer]
+            for add in adds:
+                vector = add if vector is None else vector + add
+            if vector is None and not edits:
+                continue
             layers.append(LayerSteering(layer, by_layer[layer].info.id if features else "",
-                                        tuple(features), tuple(strengths), vector))
-        return SteeringPlan(tuple(layers))
+                                        tuple(features), tuple(strengths), vector,
+                                        tuple(edits)))
+        return tuple(layers)
 
     def _base_of(self, profile: Profile | None) -> _Base | None:
         if profile is None:

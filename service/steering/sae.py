@@ -23,6 +23,7 @@ Activation normalisation at run time (`normalize_activations` other than
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import re
 from dataclasses import dataclass
@@ -30,8 +31,12 @@ from dataclasses import dataclass
 import torch
 
 from service.errors import EngineError
+from service.steering.plan import Edit
 
 ARCHITECTURES = ("standard", "jumprelu", "topk")
+# Clamp and ablate move along a feature's decoder row: refused where that row
+# is within about 89.4 degrees of orthogonal to the feature's encoder column.
+MIN_COSINE = 0.01
 # The residual stream after block L: the output of decoder layer L, where the
 # steering hook adds its delta.
 _HOOK = re.compile(r"^blocks\.(\d+)\.hook_resid_post$")
@@ -149,6 +154,35 @@ class SaeWeights:
         index = torch.tensor(features, dtype=torch.long, device=self.W_dec.device)
         weights = torch.tensor(strengths, dtype=self.W_dec.dtype, device=self.W_dec.device)
         return weights @ self.W_dec[index]
+
+    def edit(self, feature: int, value: float, ablate: bool, level: float, where: str) -> Edit:
+        """Clamp or ablate `feature` (plan.Edit): the residual moves along the
+        feature's decoder row until the encoder reads `value` there (ablate:
+        until it reads nothing, from wherever it fires). Where encoder and
+        decoder agree on the feature (W_enc[:, f]·W_dec[f] = 1) this is exactly
+        swapping the feature's contribution to the reconstruction and keeping
+        the SAE's error term; otherwise it still reads back `value`, which is
+        what clamping promises. A feature whose decoder row barely moves its
+        own encoder cannot be set so, and is refused."""
+        read = self.W_enc[:, feature].double().cpu()
+        row = self.W_dec[feature].double().cpu()
+        bias = float(self.b_enc[feature])
+        if self.info.apply_b_dec_to_input:
+            bias -= float(self.b_dec.double().cpu() @ read)
+        gain = float(row @ read)
+        if gain <= MIN_COSINE * float(read.norm() * row.norm()):
+            raise EngineError("invalid_steering_mode", f"{where}: feature {feature} of "
+                              f"{self.info.id} cannot be clamped or ablated: its decoder "
+                              "direction does not raise its own encoder reading "
+                              f"(W_enc·W_dec = {gain:.3g}).", where)
+        if ablate or value == 0.0:
+            # Only where it fires: jumprelu fires above its threshold, the rest above 0.
+            above = float(self.threshold[feature]) if self.threshold is not None else 0.0
+            target = 0.0
+        else:
+            above, target = -math.inf, value
+        return Edit(read.float().numpy(), bias, target, above,
+                    (row * (level / gain)).float().numpy())
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Feature activations of residual vectors x [..., d_in] -> [..., d_sae]."""

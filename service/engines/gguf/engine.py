@@ -152,7 +152,8 @@ class GgufEngine(GgufVocab, Engine):
                                                  self.llm.token_bos(), self.entry.id):
             steerer = None
         self._steerer = steerer
-        self._readers = Readers(self._open, window, self.kv.embed_window, steerer)
+        self._readers = Readers(self._open, window, self.kv.embed_window, steerer,
+                                self._token_bytes)
         lanes = Lanes(lane_opener(self.llm._model, self.llm.context_params, window, steerer))
         model = self.llm._model.model
         whole_only = bool(lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
@@ -304,7 +305,8 @@ class GgufEngine(GgufVocab, Engine):
             rows = slice(start - 1, len(ids) - 1)
             readers = engine._readers
             plain = torch.from_numpy(readers.prompt_logits(ids)[rows])
-            steered = (torch.from_numpy(readers.prompt_logits(ids, plan)[rows])
+            steered = (torch.from_numpy(readers.prompt_logits(ids, plan,
+                                                              generated_from=start)[rows])
                        if plan is not None else plain)
             return scores.divergence(engine._tokens, ids, start, steered, plain)
 

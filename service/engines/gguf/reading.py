@@ -28,17 +28,21 @@ GGML_TYPE_F32 = 0
 
 class Readers:
     def __init__(self, open_context: Callable, context_window: int, embedding_window: int,
-                 steerer=None):
+                 steerer=None, token_bytes: list[bytes] | None = None):
         self._open, self._window = open_context, context_window
+        self._token_bytes = token_bytes or []
         self._steerer, self._steer = steerer, None
         self._embed_window = embedding_window  # capped: its scratch grows with its square
         self._scorer = None
         self._embedder = None
 
-    def prompt_logits(self, ids: list[int], plan=None, recorder=None) -> np.ndarray:
+    def prompt_logits(self, ids: list[int], plan=None, recorder=None,
+                      generated_from: int | None = None) -> np.ndarray:
         """Logits after each prompt position ([len(ids), vocab]): row p is the
         prediction of token p + 1, made before seeing it. Steered by `plan`
-        when given; `recorder` reads activations on the way."""
+        when given, its conditions holding where they held as ids from
+        `generated_from` on were generated (steering/conditions.py Replayed);
+        `recorder` reads activations on the way."""
         if self._scorer is None:
             # llama.cpp's default f16 cache moves log-probabilities by up to ~5e-3.
             self._scorer = self._open(n_ctx=self._window, n_batch=min(512, self._window),
@@ -53,9 +57,13 @@ class Readers:
             scorer.eval(ids)
         else:
             from service.engines.gguf.steering import BatchPart, RowSteering
+            from service.steering.conditions import Replayed
 
-            row = RowSteering(plan.vectors() if plan is not None else {}, recorder, None,
-                              len(ids), self._steerer.num_layers - 1)
+            row = RowSteering(plan, recorder, None, len(ids), self._steerer.num_layers - 1)
+            if plan is not None and plan.conditional:
+                row.conditions = Replayed(plan.conditions, [self._token_bytes[t] for t in ids],
+                                          len(ids) if generated_from is None
+                                          else generated_from)
             for start in range(0, len(ids), scorer.n_batch):  # one decode per chunk
                 chunk = ids[start:start + scorer.n_batch]
                 self._steer.prepare([BatchPart(row, 0, len(chunk), start, chunk)], len(chunk),

@@ -183,7 +183,10 @@ def take_token(row: Row, token: int, eog: frozenset[int], ignore_eos: bool
         text = text if hit else text + row.stopper.flush()
         return ChoiceDelta(index, text, (token,), FinishReason.STOP,
                            stop_sequence=row.stopper.matched), True
-    text, hit = row.stopper.push(row.detokenizer.push(token))
+    piece = row.detokenizer.push(token)
+    if row.steer is not None and row.steer.conditions is not None:
+        row.steer.conditions.generated(piece)
+    text, hit = row.stopper.push(piece)
     if hit:
         return ChoiceDelta(index, text, (token,), FinishReason.STOP,
                            stop_sequence=row.stopper.matched), True

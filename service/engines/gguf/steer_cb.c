@@ -10,7 +10,8 @@
  * monitoring probes) before and after that add.
  *
  * Python (engines/gguf/steering.py) owns every buffer and fills them before
- * each llama_decode: per layer, each batch token's vector index (or -1) and
+ * each llama_decode: per layer, each batch token's edits (clamp, ablate: a
+ * linear reading of the stream moved to a target), vector index (or -1) and
  * capture rows (or -1). The callback only reads those tables; it allocates
  * nothing and never calls back into Python, so a step costs one comparison
  * per graph node plus the adds themselves. With `active` 0 it asks for no
@@ -42,6 +43,11 @@ typedef struct {
     float *pre_buf;              /* [cap, n_embd] */
     float *post_buf;             /* [cap, n_embd] */
     uint8_t *seen;               /* [n_layer]: DISCOVER marks reachable layers */
+    const int32_t *token_edit;   /* [n_layer, cap]: first edit row or -1 */
+    const int32_t *token_edits;  /* [n_layer, cap]: how many edits from there */
+    const float *edit_read;      /* [*, n_embd] */
+    const float *edit_move;      /* [*, n_embd] */
+    const float *edit_args;      /* [*, 3]: bias, target, above */
 } millm_steer;
 
 static int layer_of(const char *name) {
@@ -109,6 +115,8 @@ bool millm_steer_eval(struct ggml_tensor *t, bool ask, void *user_data) {
     const int32_t *vec = s->token_vector + (size_t)il * s->cap;
     const int32_t *pre = s->token_pre + (size_t)il * s->cap;
     const int32_t *post = s->token_post + (size_t)il * s->cap;
+    const int32_t *edit = s->token_edit + (size_t)il * s->cap;
+    const int32_t *edits = s->token_edits + (size_t)il * s->cap;
     float *data = (float *)t->data;
     for (int64_t c = 0; c < cols; c++) {
         int32_t token = to_token ? to_token[c] : (int32_t)c;
@@ -119,6 +127,22 @@ bool millm_steer_eval(struct ggml_tensor *t, bool ask, void *user_data) {
         float *x = data + c * n;
         if (pre[token] >= 0) {
             memcpy(s->pre_buf + (size_t)pre[token] * n, x, n * sizeof(float));
+        }
+        /* Edits (steering/plan.py Edit), in order: a reading set to a target. */
+        for (int32_t e = edit[token]; e >= 0 && e < edit[token] + edits[token]; e++) {
+            const float *r = s->edit_read + (size_t)e * n;
+            const float *args = s->edit_args + (size_t)e * 3;
+            float reading = args[0];
+            for (int i = 0; i < n; i++) {
+                reading += x[i] * r[i];
+            }
+            if (reading > args[2]) {
+                const float shift = args[1] - reading;
+                const float *m = s->edit_move + (size_t)e * n;
+                for (int i = 0; i < n; i++) {
+                    x[i] += shift * m[i];
+                }
+            }
         }
         if (vec[token] >= 0) {
             const float *v = s->vectors + (size_t)vec[token] * n;

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from service.steering.conditions import RowConditions
 from service.steering.plan import PRE_STEERING, ActivationSpec, SteeringPlan
 from service.steering.probes import LayerProbes, ProbeReader
 from service.steering.recording import ActivationRecorder
@@ -57,7 +58,9 @@ class _State(ctypes.Structure):
                 ("errors", ctypes.c_int32), ("applied", ctypes.c_int32),
                 ("out_tokens", _i32p), ("layer_on", _u8p), ("vectors", _f32p),
                 ("token_vector", _i32p), ("token_pre", _i32p), ("token_post", _i32p),
-                ("pre_buf", _f32p), ("post_buf", _f32p), ("seen", _u8p)]
+                ("pre_buf", _f32p), ("post_buf", _f32p), ("seen", _u8p),
+                ("token_edit", _i32p), ("token_edits", _i32p), ("edit_read", _f32p),
+                ("edit_move", _f32p), ("edit_args", _f32p)]
 
 
 def _ptr(array: np.ndarray, kind):
@@ -68,13 +71,16 @@ def _ptr(array: np.ndarray, kind):
 class RowSteering:
     """One row's steering and reads, for its whole life in a slot."""
 
-    vectors: dict[int, np.ndarray]  # layer -> float32 [n_embd]
+    plan: SteeringPlan | None
     recorder: ActivationRecorder | None
     monitor: ProbeReader | None
     prompt_len: int
     last_layer: int
     # Set by prepare for the step: (capture kind, layer, buffer rows) to collect.
     reads: list = field(default_factory=list)
+    # The plan's conditions as this row generates (RowConditions), or a
+    # finished sequence's (Replayed); None when the plan has none.
+    conditions: object = None
 
     @staticmethod
     def of(plan: SteeringPlan | None, activations: ActivationSpec | None,
@@ -84,8 +90,17 @@ class RowSteering:
             return None
         recorder = (ActivationRecorder(activations, prompt_len)
                     if activations is not None else None)
-        return RowSteering(plan.vectors() if plan is not None else {}, recorder, monitor,
-                           prompt_len, last_layer)
+        conditions = (RowConditions(plan.conditions)
+                      if plan is not None and plan.conditional else None)
+        return RowSteering(plan, recorder, monitor, prompt_len, last_layer,
+                           conditions=conditions)
+
+    def runs(self, first: int, count: int) -> list:
+        """What the plan does at positions first..first+count-1: (offset,
+        length, plan.LayerOps per layer) runs."""
+        if self.plan is None:
+            return []
+        return self.plan.runs(self.conditions, first, count)
 
     def __post_init__(self):
         # Fixed for the row's life, so worked out once: (pre or post, layer,
@@ -142,6 +157,11 @@ class ContextSteer:
         self.token_pre = np.full((n_layer, capacity), -1, dtype=np.int32)
         self.token_post = np.full((n_layer, capacity), -1, dtype=np.int32)
         self.vectors = np.zeros((8, n_embd), dtype=np.float32)
+        self.token_edit = np.full((n_layer, capacity), -1, dtype=np.int32)
+        self.token_edits = np.zeros((n_layer, capacity), dtype=np.int32)
+        self.edit_read = np.zeros((4, n_embd), dtype=np.float32)
+        self.edit_move = np.zeros((4, n_embd), dtype=np.float32)
+        self.edit_args = np.zeros((4, 3), dtype=np.float32)
         self.pre_buf = np.zeros((8, n_embd), dtype=np.float32)
         self.post_buf = np.zeros((8, n_embd), dtype=np.float32)
         s = self.state
@@ -149,6 +169,7 @@ class ContextSteer:
         s.token_vector = _ptr(self.token_vector, _i32p)
         s.token_pre, s.token_post = _ptr(self.token_pre, _i32p), _ptr(self.token_post, _i32p)
         s.seen = _ptr(self.seen, _u8p)
+        s.token_edit, s.token_edits = _ptr(self.token_edit, _i32p), _ptr(self.token_edits, _i32p)
         self._point_buffers()
         self._parts: list[BatchPart] = []
         self._touched = 0  # batch tokens whose table entries may be set
@@ -164,14 +185,17 @@ class ContextSteer:
         s = self.state
         s.vectors = _ptr(self.vectors, _f32p)
         s.pre_buf, s.post_buf = _ptr(self.pre_buf, _f32p), _ptr(self.post_buf, _f32p)
+        s.edit_read, s.edit_move = _ptr(self.edit_read, _f32p), _ptr(self.edit_move, _f32p)
+        s.edit_args = _ptr(self.edit_args, _f32p)
 
-    def _room(self, vectors: int, pre: int, post: int) -> None:
+    def _room(self, vectors: int, pre: int, post: int, edits: int = 0) -> None:
         grown = False
-        for name, rows in (("vectors", vectors), ("pre_buf", pre), ("post_buf", post)):
+        for name, rows in (("vectors", vectors), ("pre_buf", pre), ("post_buf", post),
+                           ("edit_read", edits), ("edit_move", edits), ("edit_args", edits)):
             current = getattr(self, name)
             if rows > current.shape[0]:
-                setattr(self, name, np.zeros((max(rows, 2 * current.shape[0]), self.n_embd),
-                                             dtype=np.float32))
+                setattr(self, name, np.zeros((max(rows, 2 * current.shape[0]),
+                                              current.shape[1]), dtype=np.float32))
                 grown = True
         if grown:
             self._point_buffers()
@@ -184,22 +208,37 @@ class ContextSteer:
         self._parts = parts
         if not parts:
             return
-        vectors = pre = post = 0
+        vectors = pre = post = edits = 0
+        planned = []
         for p in parts:
-            vectors += len(p.steer.vectors)
+            runs = p.steer.runs(p.first_position, p.count)
+            planned.append(runs)
+            for _, _, ops in runs:
+                vectors += sum(1 for o in ops.values() if o.add is not None)
+                edits += sum(len(o.edits) for o in ops.values())
             pre += p.count * p.steer.pre_reads
             post += p.count * p.steer.post_reads
-        self._room(vectors, pre, post)
-        v = pre_row = post_row = 0
+        self._room(vectors, pre, post, edits)
+        v = e = pre_row = post_row = 0
         layer_on, token_vector = self.layer_on, self.token_vector
-        for part in parts:
+        for part, runs in zip(parts, planned, strict=True):
             start, count = part.start, part.count
             end = start + count
-            for layer, vector in part.steer.vectors.items():
-                self.vectors[v] = vector
-                token_vector[layer, start:end] = v
-                layer_on[layer] = 1
-                v += 1
+            for offset, length, ops in runs:
+                first, last = start + offset, start + offset + length
+                for layer, op in ops.items():
+                    layer_on[layer] = 1
+                    if op.add is not None:
+                        self.vectors[v] = op.add
+                        token_vector[layer, first:last] = v
+                        v += 1
+                    if op.edits:
+                        self.token_edit[layer, first:last] = e
+                        self.token_edits[layer, first:last] = len(op.edits)
+                        for edit in op.edits:
+                            self.edit_read[e], self.edit_move[e] = edit.read, edit.move
+                            self.edit_args[e] = (edit.bias, edit.target, edit.above)
+                            e += 1
             reads = part.steer.reads = []
             for kind, layer, reader in part.steer.layer_reads:
                 table = self.token_pre if kind == "pre" else self.token_post
@@ -227,6 +266,8 @@ class ContextSteer:
         if self._touched:
             on = np.nonzero(self.layer_on)[0]
             self.token_vector[on, :self._touched] = -1
+            self.token_edit[on, :self._touched] = -1
+            self.token_edits[on, :self._touched] = 0
             self.token_pre[on, :self._touched] = -1
             self.token_post[on, :self._touched] = -1
             self.layer_on[:] = 0

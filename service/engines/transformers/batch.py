@@ -40,6 +40,8 @@ from service.sampling import (
     apply_penalties,
     choose_tokens,
 )
+from service.steering.conditions import RowConditions
+from service.steering.plan import SteeringPlan
 from service.steering.probes import ProbeReader
 from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
 
@@ -91,8 +93,9 @@ class GroupProgress:
     rows_left: int
     completion_tokens: int = 0
     cached_tokens: int = 0
-    # This request's own steering (layer -> float32 delta; stack_deltas casts).
-    deltas: dict | None = None
+    # This request's own steering (steering/plan.py; steering.build makes
+    # the hooks' tensors of it).
+    plan: SteeringPlan | None = None
     recorder: ActivationRecorder | None = None
     # Monitoring's probes, when the request's model is monitored (one per job).
     monitor: ProbeReader | None = None
@@ -102,9 +105,7 @@ class GroupProgress:
 
     def __post_init__(self):
         spec = self.job.spec
-        if spec.steering is not None:
-            self.deltas = {layer: torch.from_numpy(vector)
-                           for layer, vector in spec.steering.vectors().items()}
+        self.plan = spec.steering
         if spec.activations is not None:
             self.recorder = ActivationRecorder(spec.activations, len(self.group.prompt_ids))
         self.monitor = self.job.monitor
@@ -114,7 +115,7 @@ class GroupProgress:
         """Steered, recording or monitored: its KV and activations are its
         own (a monitor reads every prompt position), so it neither reads nor
         feeds the prefix cache."""
-        return self.deltas is not None or self.recorder is not None or self.monitor is not None
+        return self.plan is not None or self.recorder is not None or self.monitor is not None
 
 
 _row_serials = itertools.count()
@@ -160,6 +161,10 @@ class Row:
         self.penalised = self.options.penalised
         self.generated = 0
         self.last_token = -1
+        # Its steering's conditions, evaluated on what it generates.
+        plan = progress.plan
+        self.conditions = (RowConditions(plan.conditions)
+                           if plan is not None and plan.conditional else None)
         self.failed = False  # its bookkeeping raised: it left, and its request fails
 
     def _final_text(self) -> str:
@@ -187,6 +192,8 @@ class Row:
             return (ChoiceDelta(self.index, text, (token,), FinishReason.STOP, scores,
                                 stop_sequence=self.stopper.matched), True)
         piece = self.detokenizer.push(token)
+        if self.conditions is not None:
+            self.conditions.generated(piece)
         if self.reasoning_watch is not None and self.reasoning_watch.push(piece):
             self.bans_controls, self.reasoning_watch = True, None
         text, hit = self.stopper.push(piece)

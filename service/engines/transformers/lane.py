@@ -24,7 +24,7 @@ from service.engines.transformers.batch import (
     sample,
 )
 from service.engines.transformers.decode_mask import decode_mask
-from service.engines.transformers.steering import Capture, ForwardSteering, stack_deltas
+from service.engines.transformers.steering import Capture, ForwardSteering, build, row_ops
 from service.generation.job import ChoiceDelta
 from service.steering.probes import add_reads
 
@@ -41,7 +41,7 @@ class Lane:
         # Token counts, kept only while a row has a penalty (batch.penalty_state).
         self.counts: torch.Tensor | None = None
         self.seen: torch.Tensor | None = None
-        self._stacked: dict = {}
+        self._stacked: tuple = ({}, {})
         self._stacked_for: tuple = ()
 
     @property
@@ -100,21 +100,26 @@ class Lane:
             kv.trim_columns(self.cache, first)
 
     def _steering(self) -> ForwardSteering | None:
-        """The rows' own deltas (stacked once per set of rows) and captures."""
+        """The rows' own steering (built once per set of rows and of the
+        conditions that hold on them) and captures."""
         ctx = self.ctx
         if ctx.steering is None or not any(r.progress.steered_or_reading for r in self.rows):
             return None
-        key = tuple(r.serial for r in self.rows)
+        recording = [i for i, row in enumerate(self.rows)
+                     if row.progress.recorder is not None or row.progress.monitor is not None]
+        positions = None
+        if recording or any(r.conditions is not None for r in self.rows):
+            positions = self.positions.tolist()  # one device sync, only when needed
+        key = tuple((r.serial, None if r.conditions is None else r.conditions.active(
+            positions[i])) for i, r in enumerate(self.rows))
         if self._stacked_for != key:
-            self._stacked = stack_deltas([r.progress.deltas for r in self.rows],
-                                         ctx.steering)
+            self._stacked = build([row_ops(r.progress.plan, r.conditions,
+                                           positions[i] if positions else 0, 1)
+                                   for i, r in enumerate(self.rows)], 1, ctx.steering)
             self._stacked_for = key
         captures: dict[int, list[Capture]] = {}
         monitors: dict[int, list] = {}
-        recording = [i for i, row in enumerate(self.rows)
-                     if row.progress.recorder is not None or row.progress.monitor is not None]
         if recording:
-            positions = self.positions.tolist()  # one device sync, only when reading
             for i in recording:
                 progress = self.rows[i].progress
                 if progress.recorder is not None:
@@ -122,7 +127,8 @@ class Lane:
                         Capture(i, 0, [positions[i]], [self.rows[i].last_token],
                                 progress.recorder))
                 add_reads(monitors, progress.monitor, i, 0, [positions[i]])
-        return ForwardSteering(self._stacked, captures, monitors)
+        deltas, edits = self._stacked
+        return ForwardSteering(deltas, captures, monitors, edits)
 
     def step(self) -> list[tuple[Row, ChoiceDelta, bool]]:
         """One decode step for every row; finished rows leave the lane."""

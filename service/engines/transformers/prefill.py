@@ -47,7 +47,8 @@ from service.engines.transformers.batch import (
     sample,
 )
 from service.engines.transformers.decode_mask import prefix_mask
-from service.engines.transformers.steering import Capture, ForwardSteering, stack_deltas
+from service.engines.transformers.steering import Capture, ForwardSteering, build, row_ops
+from service.steering.conditions import RowConditions
 from service.steering.probes import add_reads
 
 log = logging.getLogger(__name__)
@@ -190,8 +191,12 @@ class Prefill:
         ctx, progresses = self.ctx, self.progresses
         if ctx.steering is None or not any(p.steered_or_reading for p in progresses):
             return None
-        if self._deltas is None:
-            self._deltas = stack_deltas([p.deltas for p in progresses], ctx.steering)
+        # Built once, unless a condition makes a chunk's columns differ.
+        span = (start, end) if any(p.plan is not None and p.plan.conditional
+                                   for p in progresses) else None
+        if self._deltas is None or self._deltas[0] != span:
+            self._deltas = (span, build(
+                [self._runs(p, start, end) for p in progresses], end - start, ctx.steering))
         captures: dict[int, list[Capture]] = {}
         monitors: dict[int, list] = {}
         for i, p in enumerate(progresses):
@@ -207,7 +212,26 @@ class Prefill:
                     p.recorder))
             if not p.continuation:  # a request's later parts share the prompt already read
                 add_reads(monitors, p.monitor, i, first - start, positions)
-        return ForwardSteering(self._deltas, captures, monitors)
+        deltas, edits = self._deltas[1]
+        return ForwardSteering(deltas, captures, monitors, edits)
+
+    def _runs(self, progress, start: int, end: int):
+        """A group's steering over columns [start, end): its prompt's
+        positions where it has them, the first run reaching back over any
+        padding (which no one attends to)."""
+        plan = progress.plan
+        if plan is None:
+            return None
+        if not plan.conditional:
+            return row_ops(plan, None, 0, end - start)
+        offset = self.width - len(progress.group.prompt_ids)
+        first = max(start, offset)
+        if first >= end:
+            return None
+        runs = row_ops(plan, RowConditions(plan.conditions), first - offset, end - first)
+        shift = first - start
+        return [(0 if i == 0 else a + shift, n + shift if i == 0 else n, ops)
+                for i, (a, n, ops) in enumerate(runs)]
 
 
 def order(prefills: list[Prefill], now: float, aging_s: float) -> list[Prefill]:

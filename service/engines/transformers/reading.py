@@ -24,7 +24,8 @@ from service.engines.scores import (
     scaled,
     score_logits,
 )
-from service.engines.transformers.steering import Capture, ForwardSteering, plan_deltas
+from service.engines.transformers.steering import Capture, ForwardSteering, build, row_ops
+from service.steering.conditions import Replayed
 
 
 def unsteered_forward(ctx, recorder=None, **inputs):
@@ -43,12 +44,19 @@ def unsteered_forward(ctx, recorder=None, **inputs):
         return ctx.model(**inputs)
 
 
-def steered_forward(ctx, plan, **inputs):
+def steered_forward(ctx, plan, generated_from: int | None = None, **inputs):
     """A forward pass over one row steered by `plan` (a SteeringPlan): echo's
     prompt log-probabilities belong to a completion, which default steering
-    applies to, so they are read under the same steering as its generation."""
-    deltas = {layer: delta.unsqueeze(0) for layer, delta in plan_deltas(plan, ctx.steering).items()}
-    with ctx.steering.applying(ForwardSteering(deltas, {})):
+    applies to, so they are read under the same steering as its generation.
+    Tokens from `generated_from` on were generated (None: none were): the
+    plan's conditions hold where they held as it generated."""
+    ids = inputs["input_ids"][0].tolist()
+    conditions = None
+    if plan.conditional:
+        conditions = Replayed(plan.conditions, [ctx.tokens.bytes_of(t) for t in ids],
+                              len(ids) if generated_from is None else generated_from)
+    deltas, edits = build([row_ops(plan, conditions, 0, len(ids))], len(ids), ctx.steering)
+    with ctx.steering.applying(ForwardSteering(deltas, {}, edits=edits)):
         return ctx.model(**inputs)
 
 
@@ -58,7 +66,7 @@ def divergence(ctx, ids: list[int], start: int, plan) -> list[StepDivergence]:
     inputs = {"input_ids": torch.tensor([ids], device=ctx.device), "use_cache": False,
               "logits_to_keep": len(ids) - start + 1}
     if plan is not None and ctx.steering is not None:
-        steered = steered_forward(ctx, plan, **inputs).logits[0, :-1]
+        steered = steered_forward(ctx, plan, start, **inputs).logits[0, :-1]
     else:
         steered = None
     plain = unsteered_forward(ctx, **inputs).logits[0, :-1]

@@ -112,17 +112,31 @@ class CircuitRung(_message.Message):
     def __init__(self, rung: _Optional[int] = ..., language: _Optional[str] = ...) -> None: ...
 
 class SteeringEntry(_message.Message):
-    __slots__ = ("layer", "feature", "strength", "sae_id", "control_vector", "scale")
+    __slots__ = ("layer", "feature", "strength", "sae_id", "control_vector", "scale", "mode", "value", "when")
     LAYER_FIELD_NUMBER: _ClassVar[int]
     FEATURE_FIELD_NUMBER: _ClassVar[int]
     STRENGTH_FIELD_NUMBER: _ClassVar[int]
     SAE_ID_FIELD_NUMBER: _ClassVar[int]
     CONTROL_VECTOR_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    WHEN_FIELD_NUMBER: _ClassVar[int]
     layer: int
     feature: int
     strength: float
     sae_id: str
     control_vector: str
     scale: float
-    def __init__(self, layer: _Optional[int] = ..., feature: _Optional[int] = ..., strength: _Optional[float] = ..., sae_id: _Optional[str] = ..., control_vector: _Optional[str] = ..., scale: _Optional[float] = ...) -> None: ...
+    mode: str
+    value: float
+    when: SteeringCondition
+    def __init__(self, layer: _Optional[int] = ..., feature: _Optional[int] = ..., strength: _Optional[float] = ..., sae_id: _Optional[str] = ..., control_vector: _Optional[str] = ..., scale: _Optional[float] = ..., mode: _Optional[str] = ..., value: _Optional[float] = ..., when: _Optional[_Union[SteeringCondition, _Mapping]] = ...) -> None: ...
+
+class SteeringCondition(_message.Message):
+    __slots__ = ("after_text", "from_position")
+    AFTER_TEXT_FIELD_NUMBER: _ClassVar[int]
+    FROM_POSITION_FIELD_NUMBER: _ClassVar[int]
+    after_text: str
+    from_position: int
+    def __init__(self, after_text: _Optional[str] = ..., from_position: _Optional[int] = ...) -> None: ...
