@@ -68,6 +68,7 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "profile_not_found": ErrorCode(_S.NOT_FOUND, 404),
     "invalid_feature_index": ErrorCode(_S.INVALID_ARGUMENT, 400),
     "invalid_steering_mode": ErrorCode(_S.INVALID_ARGUMENT, 400),
+    "invalid_steering_condition": ErrorCode(_S.INVALID_ARGUMENT, 400),
     "cluster_not_found": ErrorCode(_S.NOT_FOUND, 404),
     "circuit_not_found": ErrorCode(_S.NOT_FOUND, 404),
     "sae_not_found": ErrorCode(_S.NOT_FOUND, 404),

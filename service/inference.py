@@ -190,6 +190,10 @@ class InferenceService:
         if steering is not None and not checked.scoring:
             # Scoring is never steered: check_params refuses profile and dial.
             resolved = steering.resolve(params.profile, dial)
+            if params.steering_compare and resolved.plan is not None and resolved.plan.scored:
+                raise invalid_parameter("steering_compare", "This steering has a condition on "
+                                        "a probe or a feature, read as each row generates; a "
+                                        "side-by-side comparison cannot replay it.")
         # Every generation of a monitored model is read (validated() leaves
         # scoring out).
         monitoring = None

@@ -145,7 +145,12 @@ def test_plan_keys_differ_by_mode_and_condition():
     ({"layer": 1, "feature": 2, "strength": 1, "when": {"from_position": -1}},
      "m[0].when.from_position"),
     ({"layer": 1, "feature": 2, "strength": 1, "when": {"someday": 1}}, "m[0].when.someday"),
-    ({"layer": 1, "feature": 2, "strength": 1, "when": {"probe": "p"}}, "m[0].when.probe"),
+    ({"layer": 1, "feature": 2, "strength": 1, "when": {"feature": 3}}, "m[0].when.above"),
+    ({"layer": 1, "feature": 2, "strength": 1, "when": {"probe": "p", "above": 1}},
+     "m[0].when.above"),
+    ({"control_vector": "cv_a", "scale": 1, "when": {"feature": 3, "above": 1}},
+     "m[0].when.layer"),
+    ({"abort_when": {"from_position": 3}}, "m[0].abort_when"),
     ({"layer": 1, "feature": 2, "strength": 1, "when": {}}, "m[0].when"),
     ({"control_vector": "cv_a", "mode": "clamp", "value": math.inf}, "m[0].value"),
 ])
@@ -158,6 +163,10 @@ def test_bad_entries_are_refused_naming_the_field(entry, param):
 def test_entries_round_trip_through_their_json():
     raw = [{"layer": 1, "feature": 2, "mode": "clamp", "value": 3.5,
             "when": {"after_text": "sea"}},
+           {"layer": 1, "feature": 5, "strength": 1.0, "when": {"probe": "p"}},
+           {"layer": 2, "feature": 6, "strength": 1.0,
+            "when": {"feature": 7, "above": 0.5, "layer": 2}},
+           {"abort_when": {"feature": 8, "above": 1.0, "layer": 1}},
            {"layer": 1, "feature": 3, "mode": "ablate", "when": {"from_position": 9}},
            {"layer": 1, "feature": 4, "strength": 2.0},
            {"control_vector": "cv_a", "mode": "clamp", "value": -1.0}]
@@ -256,9 +265,8 @@ def test_bad_steering_entries_are_400_naming_the_field(clean):
         {"layer": 1, "feature": 3, "mode": "clamp", "value": -2}]})
     assert reply.status_code == 400 and error(reply)["param"] == "entries[0].value"
     reply = clean.api("POST", "/api/profiles", {"name": "bad", "entries": [
-        {"layer": 1, "feature": 3, "strength": 1, "when": {"probe": "x"}}]})
-    # Not served yet: the contract has no such condition, so the body is refused.
-    assert reply.status_code == 400 and "probe" in error(reply)["message"]
+        {"layer": 1, "feature": 3, "strength": 1, "when": {"feature": 999, "above": 1}}]})
+    assert reply.status_code == 400 and error(reply)["param"] == "entries[0].when.feature"
     reply = clean.api("PUT", "/api/steering", {"values": [
         {"layer": 1, "feature": 3, "mode": "fade", "strength": 1}]})
     assert reply.status_code == 400 and error(reply)["param"] == "values[0].mode"
@@ -267,3 +275,94 @@ def test_bad_steering_entries_are_400_naming_the_field(clean):
              "when": {"after_text": "sea"}}
     clean.ok("PUT", "/api/steering", {"values": [entry]})
     assert clean.ok("GET", "/api/steering")["steering"]["values"] == [{**entry, "sae_id": ""}]
+
+
+def _plain_reading(stack, model: str) -> tuple[dict, list[dict]]:
+    body = _chat(stack, model, max_tokens=24, return_sae_activations={
+        "sae_id": L1, "positions": "all", "top_k": 64})
+    return body, body["millm"]["sae_activations"]["positions"]
+
+
+def _busiest(positions: list[dict], first: int) -> int:
+    """The feature active at the most positions from `first` on, but not all."""
+    counts: dict[int, int] = {}
+    for p in positions[first:]:
+        for f in p["features"]:
+            counts[f["index"]] = counts.get(f["index"], 0) + 1
+    some = [f for f, n in counts.items() if n < len(positions) - first] or list(counts)
+    return max(some, key=lambda f: counts[f])
+
+
+@pytest.mark.parametrize("model", [TINY, F32])
+def test_feature_and_probe_conditions_read_the_previous_position(clean, model):
+    stack = clean
+    plain, positions = _plain_reading(stack, model)
+    prompt_len = plain["usage"]["prompt_tokens"]
+    watched = _busiest(positions, prompt_len - 1)
+    values = sorted(_values(positions[prompt_len - 1:], watched))
+    middle = values[len(values) // 2]  # it is above this at some generated positions only
+    after_prompt = {"from_position": prompt_len}
+    steer = {"layer": 1, "feature": feature_changing(stack, model, after_prompt),
+             "strength": 12.0}
+
+    def text(*entries) -> str:
+        _profile(stack, "cond", *entries)
+        return _text(_chat(stack, model, max_tokens=24, profile="cond"))
+
+    # Above -1 always holds, from the first generated position: as from_position does.
+    always = text({**steer, "when": after_prompt})
+    assert always != _text(plain)
+    assert text({**steer, "when": {"feature": watched, "above": -1}}) == always
+    # Never above: exactly unsteered.
+    assert text({**steer, "when": {"feature": watched, "above": 9999}}) == _text(plain)
+    # A probe on that feature alone fires where the feature condition holds.
+    stack.api("DELETE", "/api/probes/watch")
+    stack.ok("POST", "/api/probes", {"name": "watch", "sae_id": L1, "feature": watched,
+                                     "threshold": middle + 1e-4})
+    try:
+        by_probe = text({**steer, "when": {"probe": "watch"}})
+        assert by_probe == text({**steer, "when": {"feature": watched, "above": middle + 1e-4,
+                                                   "layer": 1}})
+    finally:
+        stack.ok("DELETE", "/api/probes/watch")
+    # A probe that does not exist is refused when written.
+    reply = stack.api("POST", "/api/profiles", {"name": "ghost", "entries": [
+        {**steer, "when": {"probe": "ghost"}}]})
+    assert reply.status_code == 400 and error(reply)["code"] == "invalid_steering_condition"
+
+
+def feature_changing(stack, model: str, when: dict) -> int:
+    """A layer-1 feature whose direction at strength 12 under `when` changes
+    the greedy text."""
+    plain = _text(_chat(stack, model, max_tokens=24))
+    for feature in range(0, 256, 5):
+        _profile(stack, "probe-change", {"layer": 1, "feature": feature, "strength": 12.0,
+                                         "when": when})
+        if _text(_chat(stack, model, max_tokens=24, profile="probe-change")) != plain:
+            return feature
+    raise AssertionError("no feature changes the text")
+
+
+@pytest.mark.parametrize("model", [TINY, F32])
+def test_abort_when_ends_the_row_where_the_feature_fires(clean, model):
+    stack = clean
+    plain, positions = _plain_reading(stack, model)
+    prompt_len = plain["usage"]["prompt_tokens"]
+    watched = _busiest(positions, prompt_len - 1)
+    # The first position the answer is sampled from at which it fires.
+    fires = next(p for p in range(prompt_len - 1, len(positions))
+                 if _values(positions[p:p + 1], watched)[0] > 0)
+    _profile(stack, "abort", {"abort_when": {"feature": watched, "above": 0, "layer": 1}})
+    body = _chat(stack, model, max_tokens=24, profile="abort")
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "content_filter"
+    # Everything sampled before that position is kept, nothing after.
+    kept = fires - (prompt_len - 1)
+    assert body["usage"]["completion_tokens"] == kept + 1  # the one it ended before counts
+    assert _text(plain).startswith(choice["message"]["content"])
+    assert stack.ok("GET", "/api/profiles/abort")["profile"]["entries"] == [
+        {"abort_when": {"feature": watched, "above": 0.0, "layer": 1}}]
+    # Only a stream condition ends a row.
+    reply = stack.api("POST", "/api/profiles", {"name": "bad", "entries": [
+        {"abort_when": {"after_text": "sea"}}]})
+    assert reply.status_code == 400 and error(reply)["param"] == "entries[0].abort_when"

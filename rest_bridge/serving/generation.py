@@ -39,6 +39,7 @@ FINISH_REASONS = {
     generation_pb2.FINISH_REASON_STOP: "stop",
     generation_pb2.FINISH_REASON_LENGTH: "length",
     generation_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
+    generation_pb2.FINISH_REASON_CONTENT_FILTER: "content_filter",
 }
 SEED_SCOPES = {
     generation_pb2.SEED_SCOPE_REQUEST: "request",

@@ -25,6 +25,7 @@ STOP_REASONS = {
     generation_pb2.FINISH_REASON_STOP: "end_turn",
     generation_pb2.FINISH_REASON_LENGTH: "max_tokens",
     generation_pb2.FINISH_REASON_TOOL_CALLS: "tool_use",
+    generation_pb2.FINISH_REASON_CONTENT_FILTER: "refusal",
 }
 Event = tuple[str, dict]  # (SSE event name, its data)
 

@@ -208,7 +208,8 @@ class OutputBuilder:
     def finish(self) -> list[Event]:
         """The last item's closing events; sets the response's status. A
         response that generated nothing still has its (empty) message."""
-        cut = self.finish_reason == generation_pb2.FINISH_REASON_LENGTH
+        cut = self.finish_reason in (generation_pb2.FINISH_REASON_LENGTH,
+                                     generation_pb2.FINISH_REASON_CONTENT_FILTER)
         events = []
         if not any(item.HasField("message") or item.HasField("function_call")
                    or item.HasField("custom_tool_call") for item in self.response.output):
@@ -217,7 +218,10 @@ class OutputBuilder:
         self._flush_all()
         if cut:
             self.response.status = rpb.RESPONSE_STATUS_INCOMPLETE
-            self.response.incomplete_reason = rpb.INCOMPLETE_REASON_MAX_OUTPUT_TOKENS
+            self.response.incomplete_reason = (
+                rpb.INCOMPLETE_REASON_CONTENT_FILTER
+                if self.finish_reason == generation_pb2.FINISH_REASON_CONTENT_FILTER
+                else rpb.INCOMPLETE_REASON_MAX_OUTPUT_TOKENS)
         else:
             self.response.status = rpb.RESPONSE_STATUS_COMPLETED
         return events

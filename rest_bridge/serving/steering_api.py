@@ -44,11 +44,13 @@ def to_json(message: Message) -> dict:
     if message.DESCRIPTOR.full_name == "millm.v1.SteeringEntry":
         # An entry is of one kind: the other kind's fields would read as values,
         # and a mode's unused fields are left out.
-        kind = _VECTOR_FIELDS if message.control_vector else _SAE_FIELDS
+        kind = (("abort_when",) if message.HasField("abort_when") else
+                _VECTOR_FIELDS if message.control_vector else _SAE_FIELDS)
         out = {k: v for k, v in out.items() if k in kind and _entry_field_set(message, k, v)}
     elif message.DESCRIPTOR.full_name == "millm.v1.SteeringCondition":
         kind = message.WhichOneof("kind")
-        out = {kind: out[kind]} if kind else {}
+        out = {k: v for k, v in out.items() if k == kind or (
+            k in ("above", "layer") and message.HasField(k))}
     return out
 
 
@@ -58,7 +60,7 @@ _MODE_FIELDS = ("mode", "value", "when")
 def _entry_field_set(entry: Message, name: str, value) -> bool:
     if name == "mode":
         return bool(entry.mode)
-    if name in ("value", "when"):
+    if name in ("value", "when", "abort_when"):
         return entry.HasField(name)
     return value is not None  # strength and scale are unset outside mode add
 _VECTOR_FIELDS = ("control_vector", "scale", *_MODE_FIELDS)

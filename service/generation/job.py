@@ -40,6 +40,7 @@ class FinishReason:
     STOP = "stop"
     LENGTH = "length"
     TOOL_CALLS = "tool_calls"
+    CONTENT_FILTER = "content_filter"  # a steering abort_when held
 
 
 @dataclass(frozen=True)

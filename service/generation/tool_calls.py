@@ -269,7 +269,8 @@ class ToolCalls:
         deltas = []
         for d in step.deltas:
             parser = self.choices.setdefault(d.index, ChoiceCalls(self.plan))
-            content, fragments = parser.feed(d.text, d.finish_reason == FinishReason.LENGTH)
+            content, fragments = parser.feed(d.text, d.finish_reason in (
+                FinishReason.LENGTH, FinishReason.CONTENT_FILTER))
             reason = d.finish_reason
             if reason is not None:
                 held, reason = parser.finish(reason)

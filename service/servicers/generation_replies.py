@@ -39,6 +39,7 @@ _FINISH = {
     None: generation_pb2.FINISH_REASON_UNSPECIFIED,
     FinishReason.STOP: generation_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: generation_pb2.FINISH_REASON_LENGTH,
+    FinishReason.CONTENT_FILTER: generation_pb2.FINISH_REASON_CONTENT_FILTER,
     FinishReason.TOOL_CALLS: generation_pb2.FINISH_REASON_TOOL_CALLS,
 }
 _READ_POINTS_PB = {

@@ -38,6 +38,11 @@ _MODES = {
 def _entry_dict(e: steering_pb2.SteeringEntry) -> dict:
     """An entry as the document parser reads it: a control-vector entry's
     unset SAE fields stay out, so one that sets them is refused by name."""
+    if e.HasField("abort_when"):
+        return {"abort_when": _condition_dict(e.abort_when),
+                **({"layer": e.layer} if e.layer else {}),
+                **({"feature": e.feature} if e.feature else {}),
+                **({"control_vector": e.control_vector} if e.control_vector else {})}
     common = {**({"mode": e.mode} if e.mode else {}),
               **({"value": e.value} if e.HasField("value") else {}),
               **({"when": _condition_dict(e.when)} if e.HasField("when") else {})}
@@ -56,7 +61,11 @@ def _entry_dict(e: steering_pb2.SteeringEntry) -> dict:
 
 def _condition_dict(c: steering_pb2.SteeringCondition) -> dict:
     kind = c.WhichOneof("kind")
-    return {kind: getattr(c, kind)} if kind else {}
+    out = {kind: getattr(c, kind)} if kind else {}
+    for name in ("above", "layer"):
+        if c.HasField(name):
+            out[name] = getattr(c, name)
+    return out
 
 
 def _condition_pb(c) -> steering_pb2.SteeringCondition:
@@ -68,6 +77,8 @@ def entries_from_pb(entries, where: str) -> tuple[documents.SteeringEntry, ...]:
 
 
 def entry_to_pb(e: documents.SteeringEntry) -> steering_pb2.SteeringEntry:
+    if e.mode == documents.ABORT:
+        return steering_pb2.SteeringEntry(abort_when=_condition_pb(e.when))
     if e.control_vector:
         out = steering_pb2.SteeringEntry(control_vector=e.control_vector)
         if e.mode == documents.ADD:

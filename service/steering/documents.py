@@ -69,10 +69,14 @@ class SteeringEntry:
     @property
     def key(self) -> tuple:
         """What two entries of one list must not share."""
+        if self.mode == ABORT:
+            return ("abort", self.when)
         return ("vector", self.control_vector) if self.control_vector else (
             self.layer, self.feature)
 
     def to_json(self) -> dict:
+        if self.mode == ABORT:
+            return {"abort_when": self.when.to_json()}
         if self.control_vector:
             out = {"control_vector": self.control_vector}
             if self.mode == ADD:
@@ -163,11 +167,25 @@ def _mode(raw: dict, where: str, amount: str, vector: bool) -> tuple[str, float,
     return mode, 0.0, value
 
 
-def _when(raw: dict, where: str) -> Condition | None:
-    return conditions.parse(raw["when"], f"{where}.when") if "when" in raw else None
+def _when(raw: dict, where: str, layer: int = -1) -> Condition | None:
+    return conditions.parse(raw["when"], f"{where}.when", layer) if "when" in raw else None
+
+
+def _abort_entry(raw: dict, where: str) -> SteeringEntry:
+    """`{"abort_when": condition}`: the row ends (finish reason
+    content_filter) where the condition holds. Only conditions read from the
+    stream end a row: a text is what `stop` is for, a position `max_tokens`."""
+    _only(raw, where, ("abort_when", "label"), ("abort_when",))
+    when = conditions.parse(raw["abort_when"], f"{where}.abort_when")
+    if when.kind not in conditions.SCORED:
+        raise invalid_document(f"{where}.abort_when", f"'{where}.abort_when' takes a probe or "
+                               "feature condition (end on a text with 'stop', at a length "
+                               "with 'max_tokens').")
+    return SteeringEntry(-1, -1, 0.0, mode=ABORT, when=when)
 
 
 _COMMON = ("mode", "value", "when", "label")
+ABORT = "abort"  # an abort_when entry's mode (it steers nothing)
 
 
 def _vector_entry(raw: dict, where: str) -> SteeringEntry:
@@ -186,6 +204,8 @@ def parse_entry(raw, where: str) -> SteeringEntry:
         raise invalid_document(where, f"'{where}' must be an object.")
     if "control_vector" in raw:
         return _vector_entry(raw, where)
+    if "abort_when" in raw:
+        return _abort_entry(raw, where)
     _only(raw, where, ("layer", "feature", "strength", "sae_id", *_COMMON),
           ("layer", "feature"))
     layer, feature = _int(raw["layer"], f"{where}.layer"), _int(raw["feature"],
@@ -195,7 +215,7 @@ def parse_entry(raw, where: str) -> SteeringEntry:
         raise invalid_document(f"{where}.sae_id", f"'{where}.sae_id' must be a string.")
     mode, strength, value = _mode(raw, where, "strength", vector=False)
     return SteeringEntry(layer, feature, strength, sae_id, mode=mode, value=value,
-                         when=_when(raw, where))
+                         when=_when(raw, where, layer))
 
 
 def parse_entries(raw, where: str, allow_empty: bool = True) -> tuple[SteeringEntry, ...]:
@@ -214,6 +234,7 @@ def parse_entries(raw, where: str, allow_empty: bool = True) -> tuple[SteeringEn
     for i, e in enumerate(entries):
         if e.key in seen:
             what = (f"control vector {e.control_vector}" if e.control_vector
+                    else "abort_when" if e.mode == ABORT
                     else f"layer {e.layer} feature {e.feature}")
             raise invalid_document(f"{where}[{i}]", f"'{where}[{i}]' repeats {what} of "
                                    f"{where}[{seen[e.key]}].")

@@ -89,6 +89,8 @@ class MonitoringManager:
         self.steering = steering
         self.store = steering.store
         self._take(self.store.probes(), self.store.settings())
+        # Steering conditions on a probe (steering/conditions.py) read its rule here.
+        steering.find_probe = lambda name: self.probes.get(name)
         # Another replica's change arrives as a new snapshot (replication.py).
         steering.followers.append(lambda snapshot: self._take(snapshot.probes,
                                                               snapshot.settings))

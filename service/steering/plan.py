@@ -74,6 +74,56 @@ class LayerSteering:
 
 
 @dataclass(frozen=True)
+class ScoreRule:
+    """A scored condition bound to the SAE attached now: Σ weight · activation
+    over `features` of `sae`, read at `layer` before its steering; it holds
+    where the score is above `threshold` (a feature condition) or reaches it
+    (`inclusive`: a probe, as monitoring fires)."""
+
+    layer: int
+    sae: SaeWeights = field(compare=False, repr=False)
+    features: tuple[tuple[int, float], ...]
+    threshold: float
+    inclusive: bool
+    sae_id: str
+
+    def holds(self, hidden) -> list[bool]:
+        """Per row of residual vectors hidden [rows, d] (a torch tensor)."""
+        acts = self.sae.encode(hidden)
+        index = [f for f, _ in self.features]
+        weights = acts.new_tensor([w for _, w in self.features])
+        score = acts[:, index] @ weights
+        hit = score >= self.threshold if self.inclusive else score > self.threshold
+        return hit.tolist()
+
+
+@dataclass(frozen=True)
+class _ReadAt:
+    layer: int
+    read_point: str = PRE_STEERING
+
+
+class ConditionReader:
+    """Reads a scored condition at the last position an engine hands it (its
+    capture interface: `spec.layer`, `spec.read_point`, `record`), and tells
+    `sink(index, holds)`: a row's RowConditions.read, or a prompt group's."""
+
+    def __init__(self, rule: ScoreRule, index: int, sink):
+        self.rule, self.index, self.sink = rule, index, sink
+        self.spec = _ReadAt(rule.layer)
+
+    def record(self, hidden, positions, token_ids) -> None:
+        self.sink(self.index, self.rule.holds(hidden[-1:])[0])
+
+
+def condition_readers(plan: SteeringPlan | None, sink) -> tuple[ConditionReader, ...]:
+    if plan is None:
+        return ()
+    return tuple(ConditionReader(rule, i, sink) for i, rule in enumerate(plan.rules)
+                 if rule is not None)
+
+
+@dataclass(frozen=True)
 class LayerOps:
     """One layer's steering at one position, conditions resolved."""
 
@@ -88,7 +138,16 @@ class SteeringPlan:
 
     layers: tuple[LayerSteering, ...]
     conditional: tuple[tuple[Condition, tuple[LayerSteering, ...]], ...] = ()
+    # Per conditional block: its ScoreRule (feature and probe conditions) or None.
+    rules: tuple[ScoreRule | None, ...] = ()
+    # Per conditional block: whether its condition ends the row (abort_when).
+    aborts: tuple[bool, ...] = ()
     _ops: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def scored(self) -> bool:
+        """Some condition is read from the residual stream as the row runs."""
+        return any(r is not None for r in self.rules)
 
     @property
     def conditions(self) -> tuple[Condition, ...]:
@@ -146,7 +205,8 @@ class SteeringPlan:
         mixes a steered prefix into another plan's request (nor into an
         unsteered one, keyed None)."""
         return (tuple(s.key for s in self.layers),
-                tuple((c, tuple(s.key for s in layers)) for c, layers in self.conditional))
+                tuple((c, tuple(s.key for s in layers)) for c, layers in self.conditional),
+                self.rules, self.aborts)
 
 
 def plan_key(plan: SteeringPlan | None) -> tuple | None:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from service.errors import EngineError
 from service.steering import control_vectors, documents, intensity
-from service.steering.documents import SteeringEntry
-from service.steering.plan import ABLATE, ADD, LayerSteering, SteeringPlan
+from service.steering.conditions import PROBE, SCORED, Condition
+from service.steering.documents import ABORT, SteeringEntry
+from service.steering.plan import ABLATE, ADD, LayerSteering, ScoreRule, SteeringPlan
 from service.steering.records import CIRCUIT, CLUSTER, FEATURES, UNSTEERED, Live, Profile, Resolved
 from service.steering.sae import SaeWeights
 
@@ -37,6 +38,13 @@ class _Base:
 class SteeringResolution:
     """Resolving steering: SteeringManager's read side."""
 
+    # Set while checking entries being written (which may name SAEs not attached yet).
+    _writing = False
+
+    def find_probe(self, name: str):
+        """A monitoring probe by name (monitoring.py sets the lookup); None: none."""
+        return None
+
     def _by_layer(self) -> dict[int, SaeWeights]:
         return {w.info.layer: w for w in self.attached.values()}
 
@@ -48,19 +56,61 @@ class SteeringResolution:
         Control-vector entries steer on top (control_vectors.py), with or
         without an SAE. Entries with a condition form one block per distinct
         condition, in the order they first appear."""
-        groups: dict = {}
+        groups: dict = {}  # condition (None: always) -> its steering entries
+        aborts: dict = {}  # abort_when condition -> its entry
         for i, e in enumerate(entries):
-            groups.setdefault(e.when, []).append(i)
-        always, conditional = (), []
+            if e.mode == ABORT:
+                aborts[e.when] = i
+                groups.setdefault(e.when, [])
+            else:
+                groups.setdefault(e.when, []).append(i)
+        always, conditional, rules = (), [], []
         for when, indices in groups.items():
             layers = self._layers(entries, indices, level, where)
             if when is None:
                 always = layers
-            elif layers:
-                conditional.append((when, layers))
+                continue
+            if not layers and when not in aborts:
+                continue
+            first = aborts.get(when, indices[0] if indices else 0)
+            rule = self._rule(when, f"{where}[{first}]", when in aborts)
+            if rule is False:
+                continue  # unreadable now: its entries do not steer, as at a layer with no SAE
+            conditional.append((when, layers))
+            rules.append(rule)
         if not always and not conditional:
             return None
-        return SteeringPlan(always, tuple(conditional))
+        return SteeringPlan(always, tuple(conditional), tuple(rules),
+                            tuple(c in aborts for c, _ in conditional))
+
+    def _rule(self, when: Condition, where: str, aborts: bool) -> ScoreRule | None | bool:
+        """A feature or probe condition bound to the SAE attached now (None for
+        the other kinds). An unknown probe, or a feature past the SAE's width,
+        is refused; one whose SAE is not attached is False (its entries do not
+        steer) unless it ends rows, which must not silently stop."""
+        if when.kind not in SCORED:
+            return None
+        if when.kind == PROBE:
+            probe = self.find_probe(when.text)
+            if probe is None:
+                raise EngineError("invalid_steering_condition", f"{where} names probe "
+                                  f"'{when.text}', which does not exist.", f"{where}.when")
+            sae = self.attached.get(probe.sae_id)
+            layer, features, threshold = probe.layer, probe.features, probe.threshold
+        else:
+            sae = self._by_layer().get(when.layer)
+            layer, features, threshold = when.layer, ((when.feature, 1.0),), when.above
+            if sae is not None and when.feature >= sae.info.d_sae:
+                raise EngineError("invalid_feature_index", f"{where}'s condition names feature "
+                                  f"{when.feature}, past the width of {sae.info.id} "
+                                  f"({sae.info.d_sae} features).", f"{where}.when.feature")
+        if sae is None:
+            if aborts and not self._writing:
+                raise EngineError("invalid_steering_condition", f"{where}'s condition reads "
+                                  f"layer {layer}, where its SAE is not attached now; attach it "
+                                  "or remove the entry.", where)
+            return False
+        return ScoreRule(layer, sae, features, threshold, when.kind == PROBE, sae.info.id)
 
     def _layers(self, entries: tuple[SteeringEntry, ...], indices: list[int], level: float,
                 where: str) -> tuple[LayerSteering, ...]:
@@ -203,7 +253,11 @@ class SteeringResolution:
         """Entries the attached SAEs refuse now are refused when written, and
         so are control vectors that are not on disk or do not fit the model."""
         control_vectors.check_entries(entries, where, self.vectors, self._model)
-        self._plan(entries, 1.0, where)
+        self._writing = True
+        try:
+            self._plan(entries, 1.0, where)
+        finally:
+            self._writing = False
         if self._model is not None:
             for i, e in enumerate(entries):
                 if e.layer >= self._model[1]:

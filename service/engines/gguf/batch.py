@@ -167,8 +167,9 @@ class Runner:
         key = plan_key(job.spec.steering)
         if job.monitor is not None:  # its prefix must come with its probes' scores
             key = (key, monitor_key(job.monitor))
-        # A row that reads its prompt's activations evaluates the prompt itself.
-        leader = (None if seeded or (steer is not None and steer.reads_prompt)
+        # A row that reads its prompt (activations, scored steering conditions)
+        # evaluates it itself.
+        leader = (None if seeded or (steer is not None and (steer.reads_prompt or steer.scored))
                   else self.forks.leader_for(job, group, self.slots.rows))
         if not seeded:
             picked = self.slots.pick(group.prompt_ids, key,

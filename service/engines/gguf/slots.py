@@ -178,14 +178,21 @@ def take_token(row: Row, token: int, eog: frozenset[int], ignore_eos: bool
     """The sampled token's delta, and whether the row is done."""
     row.generated += 1
     index = row.group.first_index
+    conditions = row.steer.conditions if row.steer is not None else None
+    if conditions is not None and conditions.aborted():
+        # A steering abort_when held where this token was sampled: the row
+        # ends before it, as at an end-of-generation token.
+        text, hit = row.stopper.push(row.detokenizer.flush())
+        text = text if hit else text + row.stopper.flush()
+        return ChoiceDelta(index, text, (token,), FinishReason.CONTENT_FILTER), True
     if token in eog and not ignore_eos:
         text, hit = row.stopper.push(row.detokenizer.flush())
         text = text if hit else text + row.stopper.flush()
         return ChoiceDelta(index, text, (token,), FinishReason.STOP,
                            stop_sequence=row.stopper.matched), True
     piece = row.detokenizer.push(token)
-    if row.steer is not None and row.steer.conditions is not None:
-        row.steer.conditions.generated(piece)
+    if conditions is not None:
+        conditions.generated(piece)
     text, hit = row.stopper.push(piece)
     if hit:
         return ChoiceDelta(index, text, (token,), FinishReason.STOP,

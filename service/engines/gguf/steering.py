@@ -34,7 +34,13 @@ import numpy as np
 import torch
 
 from service.steering.conditions import RowConditions
-from service.steering.plan import PRE_STEERING, ActivationSpec, SteeringPlan
+from service.steering.plan import (
+    PRE_STEERING,
+    ActivationSpec,
+    ConditionReader,
+    SteeringPlan,
+    condition_readers,
+)
 from service.steering.probes import LayerProbes, ProbeReader
 from service.steering.recording import ActivationRecorder
 
@@ -90,10 +96,15 @@ class RowSteering:
             return None
         recorder = (ActivationRecorder(activations, prompt_len)
                     if activations is not None else None)
-        conditions = (RowConditions(plan.conditions)
+        conditions = (RowConditions(plan.conditions, plan.aborts)
                       if plan is not None and plan.conditional else None)
         return RowSteering(plan, recorder, monitor, prompt_len, last_layer,
                            conditions=conditions)
+
+    @property
+    def scored(self) -> bool:
+        """Reads conditions from the stream: it must evaluate its own prompt."""
+        return self.plan is not None and self.plan.scored
 
     def runs(self, first: int, count: int) -> list:
         """What the plan does at positions first..first+count-1: (offset,
@@ -112,6 +123,9 @@ class RowSteering:
                         self.recorder))
         if self.monitor is not None:
             out.extend(("pre", layer.layer, layer) for layer in self.monitor.spec.layers)
+        if self.conditions is not None:
+            out.extend(("pre", r.spec.layer, r)
+                       for r in condition_readers(self.plan, self.conditions.read))
         self.layer_reads: tuple = tuple(out)
         self.pre_reads = sum(1 for kind, _, _ in out if kind == "pre")
         self.post_reads = len(out) - self.pre_reads
@@ -123,7 +137,7 @@ class RowSteering:
                              and self.recorder.spec.reads_prompt(self.prompt_len))
         # Whether it reads every token of its chunk at the last block.
         self.all_outputs = any(layer == self.last_layer for _, layer, reader in out
-                               if reader is not self.recorder) or (
+                               if isinstance(reader, LayerProbes)) or (
             self.recorder is not None and self.recorder.spec.layer == self.last_layer
             and self.reads_prompt)
 
@@ -285,7 +299,7 @@ class ContextSteer:
             for kind, reader, first in part.steer.reads:
                 buffer = self.pre_buf if kind == "pre" else self.post_buf
                 rows = buffer[first:first + part.count]
-                if isinstance(reader, ActivationRecorder):
+                if isinstance(reader, ActivationRecorder | ConditionReader):
                     reader.record(torch.from_numpy(rows), positions, part.token_ids)
                 else:  # scored later, many steps' rows in one encode (flush)
                     self._probe_rows.append((reader, rows.copy(), part.steer.monitor, positions,

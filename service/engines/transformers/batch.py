@@ -41,7 +41,7 @@ from service.sampling import (
     choose_tokens,
 )
 from service.steering.conditions import RowConditions
-from service.steering.plan import SteeringPlan
+from service.steering.plan import SteeringPlan, condition_readers
 from service.steering.probes import ProbeReader
 from service.text_output import ByteLevelDetokenizer, IncrementalDetokenizer, StopMatcher
 
@@ -96,6 +96,10 @@ class GroupProgress:
     # This request's own steering (steering/plan.py; steering.build makes
     # the hooks' tensors of it).
     plan: SteeringPlan | None = None
+    # Its scored conditions as read at the prompt's last position (index ->
+    # holds), which its rows start from; and the readers that fill it.
+    prompt_reads: dict = field(default_factory=dict)
+    prompt_readers: tuple = ()
     recorder: ActivationRecorder | None = None
     # Monitoring's probes, when the request's model is monitored (one per job).
     monitor: ProbeReader | None = None
@@ -106,6 +110,7 @@ class GroupProgress:
     def __post_init__(self):
         spec = self.job.spec
         self.plan = spec.steering
+        self.prompt_readers = condition_readers(self.plan, self.prompt_reads.__setitem__)
         if spec.activations is not None:
             self.recorder = ActivationRecorder(spec.activations, len(self.group.prompt_ids))
         self.monitor = self.job.monitor
@@ -163,8 +168,13 @@ class Row:
         self.last_token = -1
         # Its steering's conditions, evaluated on what it generates.
         plan = progress.plan
-        self.conditions = (RowConditions(plan.conditions)
+        self.conditions = (RowConditions(plan.conditions, plan.aborts)
                            if plan is not None and plan.conditional else None)
+        self.condition_readers = ()
+        if self.conditions is not None:
+            self.condition_readers = condition_readers(plan, self.conditions.read)
+            for index, holds in progress.prompt_reads.items():
+                self.conditions.read(index, holds)
         self.failed = False  # its bookkeeping raised: it left, and its request fails
 
     def _final_text(self) -> str:
@@ -177,7 +187,10 @@ class Row:
         completion_tokens, so it has a log-probability entry too, with empty
         text (it adds none): the entries and the count always agree."""
         self.generated += 1
-        if score is not None and token in eos:
+        # A steering abort_when that held where this token was sampled ends
+        # the row before it, as an end-of-sequence token would.
+        aborted = self.conditions is not None and self.conditions.aborted()
+        if score is not None and (token in eos or aborted):
             score = dataclasses.replace(score, token=dataclasses.replace(
                 score.token, text="", bytes=b""))
         scores = (score,) if score is not None else ()
@@ -186,6 +199,9 @@ class Row:
             # The mask allowed only tokens the grammar accepts; this is a bug,
             # and the document check after the row ends will refuse the output.
             log.error("grammar refused a token its own mask allowed")
+        if aborted:
+            return (ChoiceDelta(self.index, self._final_text(), (token,),
+                                FinishReason.CONTENT_FILTER, scores), True)
         if token in eos:
             # The end's flush can still complete a held-back stop sequence.
             text = self._final_text()

@@ -119,6 +119,10 @@ class Lane:
             self._stacked_for = key
         captures: dict[int, list[Capture]] = {}
         monitors: dict[int, list] = {}
+        for i, row in enumerate(self.rows):
+            for reader in row.condition_readers:
+                captures.setdefault(reader.spec.layer, []).append(
+                    Capture(i, 0, [positions[i]], [row.last_token], reader))
         if recording:
             for i in recording:
                 progress = self.rows[i].progress

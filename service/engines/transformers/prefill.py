@@ -212,6 +212,10 @@ class Prefill:
                     p.recorder))
             if not p.continuation:  # a request's later parts share the prompt already read
                 add_reads(monitors, p.monitor, i, first - start, positions)
+            if end == self.width:  # scored conditions read the prompt's last position
+                for reader in p.prompt_readers:
+                    captures.setdefault(reader.spec.layer, []).append(Capture(
+                        i, end - 1 - start, [len(prompt) - 1], [prompt[-1]], reader))
         deltas, edits = self._deltas[1]
         return ForwardSteering(deltas, captures, monitors, edits)
 

@@ -19,6 +19,7 @@ class IncompleteReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     INCOMPLETE_REASON_UNSPECIFIED: _ClassVar[IncompleteReason]
     INCOMPLETE_REASON_MAX_OUTPUT_TOKENS: _ClassVar[IncompleteReason]
+    INCOMPLETE_REASON_CONTENT_FILTER: _ClassVar[IncompleteReason]
 
 class ItemStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +44,7 @@ RESPONSE_STATUS_INCOMPLETE: ResponseStatus
 RESPONSE_STATUS_FAILED: ResponseStatus
 INCOMPLETE_REASON_UNSPECIFIED: IncompleteReason
 INCOMPLETE_REASON_MAX_OUTPUT_TOKENS: IncompleteReason
+INCOMPLETE_REASON_CONTENT_FILTER: IncompleteReason
 ITEM_STATUS_UNSPECIFIED: ItemStatus
 ITEM_STATUS_COMPLETED: ItemStatus
 ITEM_STATUS_INCOMPLETE: ItemStatus

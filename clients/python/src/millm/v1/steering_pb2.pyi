@@ -112,7 +112,7 @@ class CircuitRung(_message.Message):
     def __init__(self, rung: _Optional[int] = ..., language: _Optional[str] = ...) -> None: ...
 
 class SteeringEntry(_message.Message):
-    __slots__ = ("layer", "feature", "strength", "sae_id", "control_vector", "scale", "mode", "value", "when")
+    __slots__ = ("layer", "feature", "strength", "sae_id", "control_vector", "scale", "mode", "value", "when", "abort_when")
     LAYER_FIELD_NUMBER: _ClassVar[int]
     FEATURE_FIELD_NUMBER: _ClassVar[int]
     STRENGTH_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class SteeringEntry(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     WHEN_FIELD_NUMBER: _ClassVar[int]
+    ABORT_WHEN_FIELD_NUMBER: _ClassVar[int]
     layer: int
     feature: int
     strength: float
@@ -131,12 +132,21 @@ class SteeringEntry(_message.Message):
     mode: str
     value: float
     when: SteeringCondition
-    def __init__(self, layer: _Optional[int] = ..., feature: _Optional[int] = ..., strength: _Optional[float] = ..., sae_id: _Optional[str] = ..., control_vector: _Optional[str] = ..., scale: _Optional[float] = ..., mode: _Optional[str] = ..., value: _Optional[float] = ..., when: _Optional[_Union[SteeringCondition, _Mapping]] = ...) -> None: ...
+    abort_when: SteeringCondition
+    def __init__(self, layer: _Optional[int] = ..., feature: _Optional[int] = ..., strength: _Optional[float] = ..., sae_id: _Optional[str] = ..., control_vector: _Optional[str] = ..., scale: _Optional[float] = ..., mode: _Optional[str] = ..., value: _Optional[float] = ..., when: _Optional[_Union[SteeringCondition, _Mapping]] = ..., abort_when: _Optional[_Union[SteeringCondition, _Mapping]] = ...) -> None: ...
 
 class SteeringCondition(_message.Message):
-    __slots__ = ("after_text", "from_position")
+    __slots__ = ("after_text", "from_position", "probe", "feature", "above", "layer")
     AFTER_TEXT_FIELD_NUMBER: _ClassVar[int]
     FROM_POSITION_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_FIELD_NUMBER: _ClassVar[int]
+    ABOVE_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
     after_text: str
     from_position: int
-    def __init__(self, after_text: _Optional[str] = ..., from_position: _Optional[int] = ...) -> None: ...
+    probe: str
+    feature: int
+    above: float
+    layer: int
+    def __init__(self, after_text: _Optional[str] = ..., from_position: _Optional[int] = ..., probe: _Optional[str] = ..., feature: _Optional[int] = ..., above: _Optional[float] = ..., layer: _Optional[int] = ...) -> None: ...
