@@ -148,7 +148,8 @@ class SteeringServicer(FeatureRpcs, VectorRpcs, steering_service_pb2_grpc.Steeri
         return steering_service_pb2.Sae(
             id=info.id, d_in=info.d_in, d_sae=info.d_sae, architecture=info.architecture,
             hook_name=info.hook_name, layer=info.layer, model_name=info.model_name,
-            attached=info.id in self._m.attached)
+            attached=info.id in self._m.attached, layout=info.layout,
+            transcoder=info.transcoder)
 
     def _state(self) -> steering_service_pb2.SteeringState:
         return steering_service_pb2.SteeringState(

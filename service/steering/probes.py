@@ -67,6 +67,9 @@ def check_probe(name: str, description: str, info: SaeInfo, layer: int | None,
     """A probe as sent, checked against the SAE it names; 400 naming the field."""
     documents.parse_name(name)
     check_storable(description, "description")
+    if info.transcoder:
+        raise invalid_parameter("sae_id", f"{info.id} is a transcoder: its features are read "
+                                "from its MLP's input, which is not read here.")
     if len(description) > MAX_DESCRIPTION:
         raise invalid_parameter("description", f"'description' is at most {MAX_DESCRIPTION} "
                                 "characters.")

@@ -69,6 +69,10 @@ def check_request(request: ActivationRequest, attached: dict[str, SaeWeights]
                                 f"'sae_id': {', '.join(sorted(attached))}.")
     else:
         sae = next(iter(attached.values()))
+    if sae.info.transcoder:
+        raise invalid_parameter(f"{PARAM}.sae_id", f"{sae.info.id} is a transcoder: its "
+                                "features are read from its MLP's input, which is not read "
+                                "here; it steers only.")
     features = None
     if request.features is not None:
         if not request.features:

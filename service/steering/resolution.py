@@ -104,6 +104,10 @@ class SteeringResolution:
                 raise EngineError("invalid_feature_index", f"{where}'s condition names feature "
                                   f"{when.feature}, past the width of {sae.info.id} "
                                   f"({sae.info.d_sae} features).", f"{where}.when.feature")
+        if sae is not None and sae.info.transcoder:
+            raise EngineError("invalid_steering_condition", f"{where}'s condition reads "
+                              f"{sae.info.id}, a transcoder, whose features are not read here.",
+                              f"{where}.when")
         if sae is None:
             if aborts and not self._writing:
                 raise EngineError("invalid_steering_condition", f"{where}'s condition reads "

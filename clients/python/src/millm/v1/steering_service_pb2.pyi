@@ -29,7 +29,7 @@ CIRCUIT_MODE_FULL: CircuitMode
 CIRCUIT_MODE_SLICE_FALLBACK: CircuitMode
 
 class Sae(_message.Message):
-    __slots__ = ("id", "d_in", "d_sae", "architecture", "hook_name", "layer", "model_name", "attached")
+    __slots__ = ("id", "d_in", "d_sae", "architecture", "hook_name", "layer", "model_name", "attached", "layout", "transcoder")
     ID_FIELD_NUMBER: _ClassVar[int]
     D_IN_FIELD_NUMBER: _ClassVar[int]
     D_SAE_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,8 @@ class Sae(_message.Message):
     LAYER_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    TRANSCODER_FIELD_NUMBER: _ClassVar[int]
     id: str
     d_in: int
     d_sae: int
@@ -46,7 +48,9 @@ class Sae(_message.Message):
     layer: int
     model_name: str
     attached: bool
-    def __init__(self, id: _Optional[str] = ..., d_in: _Optional[int] = ..., d_sae: _Optional[int] = ..., architecture: _Optional[str] = ..., hook_name: _Optional[str] = ..., layer: _Optional[int] = ..., model_name: _Optional[str] = ..., attached: _Optional[bool] = ...) -> None: ...
+    layout: str
+    transcoder: bool
+    def __init__(self, id: _Optional[str] = ..., d_in: _Optional[int] = ..., d_sae: _Optional[int] = ..., architecture: _Optional[str] = ..., hook_name: _Optional[str] = ..., layer: _Optional[int] = ..., model_name: _Optional[str] = ..., attached: _Optional[bool] = ..., layout: _Optional[str] = ..., transcoder: _Optional[bool] = ...) -> None: ...
 
 class BrokenSae(_message.Message):
     __slots__ = ("id", "problem")
