@@ -25,7 +25,15 @@ requests (every other one of each client) name their client's profile, for
 per decode step: one client's streamed ms per step, steered against not, and
 at 8 clients the step time the throughput implies (clients / tok/s).
 
-Usage: python bench/steering.py [--clients 16] [--tokens 48] [--requests 4]
+Steering modes (--modes, default all three): `add` is the profile above;
+`clamp` clamps one feature per SAE layer to 3 and ablates another; `conditional`
+is the add profile with one entry applying only after the text " the" and the
+other only while a third feature read above 0.5 at the previous position (a
+condition read from the stream at every step). Each mode's profile steers half
+the rows (every other client; GGUF: every other request of each client), and
+its throughput is printed against the unsteered runs, goal >= 0.90.
+
+Usage: python bench/steering.py [--clients 16] [--tokens 48] [--requests 4] [--modes add,clamp]
        python bench/steering.py --engine gguf [--rounds 3] [--requests 4] [--no-100m]
 """
 
@@ -57,24 +65,57 @@ PROMPTS = ["Tell me about the sea.", "What is a library?", "Describe a garden.",
            "How do trains work?"]
 
 
-async def setup(target: str, clients: int) -> None:
+MODES = ("add", "clamp", "conditional")
+
+
+def entries(layers, d_sae: int, c: int, mode: str) -> list:
+    """Client c's profile in steering mode `mode` (module docstring)."""
+    out = []
+    for layer in layers:
+        a, b, watch = (7 * c) % d_sae, (7 * c + 3) % d_sae, (7 * c + 5) % d_sae
+        if mode == "clamp":
+            out += [steering_pb2.SteeringEntry(layer=layer, feature=a, mode="clamp", value=3.0),
+                    steering_pb2.SteeringEntry(layer=layer, feature=b, mode="ablate")]
+        elif mode == "conditional":
+            out += [steering_pb2.SteeringEntry(
+                        layer=layer, feature=a, strength=4.0,
+                        when=steering_pb2.SteeringCondition(after_text=" the")),
+                    steering_pb2.SteeringEntry(
+                        layer=layer, feature=b, strength=-2.0,
+                        when=steering_pb2.SteeringCondition(feature=watch, above=0.5))]
+        else:
+            out += [steering_pb2.SteeringEntry(layer=layer, feature=a, strength=4.0),
+                    steering_pb2.SteeringEntry(layer=layer, feature=b, strength=-2.0)]
+    return out
+
+
+def profile_name(c: int, mode: str) -> str:
+    return f"client-{c}" if mode == "add" else f"client-{c}-{mode}"
+
+
+async def create_profiles(stub, layers, d_sae: int, clients: int, modes) -> None:
+    for mode in modes:
+        for c in range(clients):
+            await stub.CreateProfile(steering_service_pb2.CreateProfileRequest(
+                name=profile_name(c, mode), entries=entries(layers, d_sae, c, mode)))
+
+
+async def setup(target: str, clients: int, modes=("add",)) -> None:
     async with grpc.aio.insecure_channel(target) as channel:
         stub = steering_service_pb2_grpc.SteeringServiceStub(channel)
         await stub.AttachSae(steering_service_pb2.AttachSaeRequest(sae_id=SAE))
-        for c in range(clients):
-            await stub.CreateProfile(steering_service_pb2.CreateProfileRequest(
-                name=f"client-{c}", entries=[
-                    steering_pb2.SteeringEntry(layer=1, feature=(7 * c) % 256, strength=4.0),
-                    steering_pb2.SteeringEntry(layer=1, feature=(7 * c + 3) % 256,
-                                               strength=-2.0)]))
+        await create_profiles(stub, (1,), 256, clients, {"add", *modes})
 
 
 async def load(target: str, mix: str, clients: int, requests: int, tokens: int) -> dict:
+    """`mix`: unsteered, steered, mixed (add), or half-<mode>: every other client."""
     def request(c: int, r: int):
         pb = chat_request(PROMPTS[(c + r) % len(PROMPTS)], max_tokens=tokens,
                           temperature=1.0, ignore_eos=True)
         if mix == "steered" or (mix == "mixed" and c % 2 == 0):
             pb.profile = f"client-{c}"
+        elif mix.startswith("half-") and c % 2 == 0:
+            pb.profile = profile_name(c, mix.removeprefix("half-"))
         return pb
 
     return await closed_loop(target, clients, requests, request)
@@ -86,10 +127,16 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16, help="transformers mode")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--requests", type=int, default=4, help="per client")
-    parser.add_argument("--rounds", type=int, default=3, help="GGUF mode: runs per figure")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs per figure (GGUF mode; transformers mode: the modes' runs)")
     parser.add_argument("--no-100m", dest="big", action="store_false",
                         help="GGUF mode: the demo model only")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="steering modes, comma-separated (add, clamp, conditional)")
     args = parser.parse_args()
+    args.modes = tuple(m for m in args.modes.split(",") if m)
+    if not set(args.modes) <= set(MODES):
+        parser.error(f"--modes takes {', '.join(MODES)}")
     return gguf_main(args) if args.engine == "gguf" else transformers_main(args)
 
 
@@ -104,13 +151,19 @@ def transformers_main(args) -> int:
                 engines[kind] = harness.start_engine(data, MILLM_LOG_LEVEL="WARNING", **env)
             for process, port in engines.values():
                 harness.wait_serving(process, port)
-                asyncio.run(setup(f"127.0.0.1:{port}", args.clients))
+                asyncio.run(setup(f"127.0.0.1:{port}", args.clients, args.modes))
             results = {}
             # Alternate the engines and mixes so drift in machine speed hits all alike.
             for mix in ("unsteered", "steered", "mixed"):
                 for kind, (_, port) in engines.items():
                     results[(kind, mix)] = asyncio.run(load(
                         f"127.0.0.1:{port}", mix, args.clients, args.requests, args.tokens))
+            # Each mode against unsteered runs, alternating, --rounds times (batched engine).
+            _, port = engines["batched"]
+            for _ in range(args.rounds):
+                for mix in ("unsteered", *(f"half-{m}" for m in args.modes)):
+                    results.setdefault(("modes", mix), []).append(asyncio.run(load(
+                        f"127.0.0.1:{port}", mix, args.clients, args.requests, args.tokens)))
         finally:
             for process, _ in engines.values():
                 process.stop()
@@ -126,37 +179,35 @@ def transformers_main(args) -> int:
     gain = results[("batched", "steered")]["tok_s"] / results[("serial", "steered")]["tok_s"]
     print(f"steered / unsteered (batched): {cost:.2f}  (target >= 0.80)")
     print(f"batched / serial (steered):    {gain:.2f}x")
+    plain = gguf_models.median(results[("modes", "unsteered")], "tok_s")
+    for mode in args.modes:
+        runs = results[("modes", f"half-{mode}")]
+        half = gguf_models.median(runs, "tok_s")
+        print(f"half {mode:<11} / unsteered (batched): {half / plain:.2f}  ({half:.0f} vs "
+              f"{plain:.0f} tok/s, medians of {len(runs)} alternating rounds; goal >= 0.90)")
     return 0
 
 
 # -- GGUF mode ---------------------------------------------------------------------------------
 
 GGUF_CLIENTS = (1, 8)
-GGUF_MIXES = ("unsteered", "half")
 
 
-async def gguf_setup(target: str, model: gguf_models.BenchModel, clients: int) -> None:
-    """Every SAE of the model attached; one profile per client over all of them."""
+async def gguf_setup(target: str, model: gguf_models.BenchModel, clients: int,
+                     modes) -> None:
+    """Every SAE of the model attached; one profile per client and mode over all of them."""
     async with grpc.aio.insecure_channel(target) as channel:
         stub = steering_service_pb2_grpc.SteeringServiceStub(channel)
         for sae in model.saes.values():
             await stub.AttachSae(steering_service_pb2.AttachSaeRequest(sae_id=sae))
-        for c in range(clients):
-            await stub.CreateProfile(steering_service_pb2.CreateProfileRequest(
-                name=f"client-{c}", entries=[
-                    entry for layer in model.saes for entry in (
-                        steering_pb2.SteeringEntry(layer=layer, feature=(7 * c) % model.d_sae,
-                                                   strength=4.0),
-                        steering_pb2.SteeringEntry(layer=layer,
-                                                   feature=(7 * c + 3) % model.d_sae,
-                                                   strength=-2.0))]))
+        await create_profiles(stub, tuple(model.saes), model.d_sae, clients, {"add", *modes})
 
 
-def gguf_request(model_id: str, c: int, r: int, tokens: int, steered: bool):
+def gguf_request(model_id: str, c: int, r: int, tokens: int, steered: bool, mode: str = "add"):
     request = chat_request(PROMPTS[(c + r) % len(PROMPTS)], model=model_id, max_tokens=tokens,
                            temperature=1.0, ignore_eos=True)
     if steered:
-        request.profile = f"client-{c}"
+        request.profile = profile_name(c, mode)
     return request
 
 
@@ -174,11 +225,12 @@ async def gguf_steps(target: str, model_id: str, tokens: int, repeats: int) -> d
 
 def gguf_round(target: str, model: gguf_models.BenchModel, args, runs: dict) -> None:
     for clients in GGUF_CLIENTS:
-        for mix in GGUF_MIXES:
+        for mix in ("unsteered", *(f"half-{m}" for m in args.modes)):
             runs.setdefault((clients, mix), []).append(asyncio.run(closed_loop(
                 target, clients, args.requests,
-                lambda c, r, half=(mix == "half"): gguf_request(
-                    model.model_id, c, r, args.tokens, half and (c + r) % 2 == 0),
+                lambda c, r, mix=mix: gguf_request(
+                    model.model_id, c, r, args.tokens,
+                    mix != "unsteered" and (c + r) % 2 == 0, mix.removeprefix("half-")),
                 warmup=gguf_models.warmup(model.model_id))))
     steps = asyncio.run(gguf_steps(target, model.model_id, args.tokens, 3))
     for steered, figures in steps.items():
@@ -195,15 +247,19 @@ def gguf_report(model: gguf_models.BenchModel, runs: dict, args) -> None:
     print(f"{'clients':>7} {'unsteered tok/s':>16} {'half steered tok/s':>19} {'ratio':>6} "
           f"{'p50 TTFT ms (un/half)':>22} {'step ms (un/half)':>18}")
     for clients in GGUF_CLIENTS:
-        plain, half = runs[(clients, "unsteered")], runs[(clients, "half")]
-        a, b = gguf_models.median(plain, "tok_s"), gguf_models.median(half, "tok_s")
-        print(f"{clients:>7} {a:>16.1f} {b:>19.1f} {b / a:>6.2f} "
-              f"{gguf_models.median(plain, 'p50'):>10.1f} / "
-              f"{gguf_models.median(half, 'p50'):<9.1f} "
-              f"{clients * 1000 / a:>8.2f} / {clients * 1000 / b:<7.2f}")
-        print(f"{'':>7} half steered / unsteered at {clients} client(s): {b / a:.2f}  "
-              f"(goal >= 0.90)  runs: " + ", ".join(
-                  f"{p['tok_s']:.0f}/{h['tok_s']:.0f}" for p, h in zip(plain, half, strict=True)))
+        plain = runs[(clients, "unsteered")]
+        a = gguf_models.median(plain, "tok_s")
+        for mode in args.modes:
+            half = runs[(clients, f"half-{mode}")]
+            b = gguf_models.median(half, "tok_s")
+            print(f"{clients:>7} {a:>16.1f} {b:>19.1f} {b / a:>6.2f} "
+                  f"{gguf_models.median(plain, 'p50'):>10.1f} / "
+                  f"{gguf_models.median(half, 'p50'):<9.1f} "
+                  f"{clients * 1000 / a:>8.2f} / {clients * 1000 / b:<7.2f}")
+            print(f"{'':>7} half {mode} / unsteered at {clients} client(s): {b / a:.2f}  "
+                  f"(goal >= 0.90)  runs: " + ", ".join(
+                      f"{p['tok_s']:.0f}/{h['tok_s']:.0f}"
+                      for p, h in zip(plain, half, strict=True)))
     off, on = (statistics.median(runs[("step", s)]) for s in (False, True))
     print(f"{'':>7} one client, ms per decode step: unsteered {off:.3f}, steered {on:.3f} "
           f"(+{on - off:.3f} ms, {on / off - 1:+.1%}; median of {len(runs[('step', True)])})")
@@ -215,7 +271,7 @@ def gguf_model(tmp: pathlib.Path, index: int, model, args, cpus) -> None:
     target, runs = f"127.0.0.1:{port}", {}
     try:
         harness.wait_serving(process, port, timeout=600)
-        asyncio.run(gguf_setup(target, model, max(GGUF_CLIENTS)))
+        asyncio.run(gguf_setup(target, model, max(GGUF_CLIENTS), args.modes))
         for _ in range(args.rounds):
             gguf_round(target, model, args, runs)
     finally:

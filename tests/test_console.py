@@ -236,6 +236,45 @@ def test_a_profile_made_on_the_page_steers_an_sdk_request(stack, browser, shots)
         "profile"]["active"])
 
 
+def test_the_profile_editor_writes_modes_and_conditions(stack, browser, shots):
+    from selenium.webdriver.support.ui import Select
+
+    stack.api("POST", f"/api/saes/{L0}/attach")
+    tab(browser, "profiles")
+    fill(browser, "#profile-name", "guarded")
+    browser.find_element(By.ID, "add-entry").click()
+    browser.find_element(By.ID, "add-entry").click()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#entry-table tbody tr")
+
+    def row_fill(row, cls: str, value) -> None:
+        field = row.find_element(By.CSS_SELECTOR, cls)
+        field.clear()
+        field.send_keys(str(value))
+
+    row_fill(rows[0], ".e-feature", 5)
+    Select(rows[0].find_element(By.CSS_SELECTOR, ".e-mode")).select_by_value("clamp")
+    row_fill(rows[0], ".e-strength", 2)
+    Select(rows[0].find_element(By.CSS_SELECTOR, ".e-when")).select_by_value("after_text")
+    row_fill(rows[0], ".e-when-arg", "sea")
+    Select(rows[1].find_element(By.CSS_SELECTOR, ".e-mode")).select_by_value("abort_when")
+    Select(rows[1].find_element(By.CSS_SELECTOR, ".e-when")).select_by_value("feature")
+    row_fill(rows[1], ".e-when-arg", 7)
+    row_fill(rows[1], ".e-when-above", 3)
+    if browser.find_element(By.ID, "activate-new").is_selected():
+        browser.find_element(By.ID, "activate-new").click()  # it ends rows: keep it off
+    browser.find_element(By.ID, "create-profile").click()
+    wait(browser, lambda: "end the row" in text(browser, '#profile-table tr[data-profile="guarded"]'))
+    shown = text(browser, '#profile-table tr[data-profile="guarded"]')
+    assert 'L0 #5 = 2 after "sea"' in shown and "while L0 #7 > 3" in shown
+    snap(browser, shots, "03b-profile-modes")
+    profile = json.loads(stack.api("GET", "/api/profiles/guarded").text)["profile"]
+    assert profile["entries"] == [
+        {"layer": 0, "feature": 5, "sae_id": "", "mode": "clamp", "value": 2.0,
+         "when": {"after_text": "sea"}},
+        {"abort_when": {"feature": 7, "above": 3.0, "layer": 0}}]
+    stack.api("DELETE", "/api/profiles/guarded")
+
+
 def test_playground_shows_two_different_texts_and_a_heat_map(stack, browser, shots):
     feature = densest_feature(stack)
     tab(browser, "playground")

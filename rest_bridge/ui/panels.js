@@ -6,8 +6,16 @@
 (() => {
   const C = window.Console;
   const { $, el, act, get, send } = C;
-  const entryText = (e) => (e.control_vector ? `${e.control_vector} × ${e.scale}`
-    : `L${e.layer} #${e.feature} × ${e.strength}`);
+  const whenText = (w) => (w.after_text !== undefined ? `after "${w.after_text}"`
+    : w.from_position !== undefined ? `from position ${w.from_position}`
+      : w.probe !== undefined ? `while probe ${w.probe} fires`
+        : `while L${w.layer} #${w.feature} > ${w.above}`);
+  const amountText = (e, amount) => (e.mode === "clamp" ? ` = ${e.value}`
+    : e.mode === "ablate" ? " ablated" : ` × ${amount}`);
+  const entryText = (e) => (e.abort_when ? `end the row ${whenText(e.abort_when)}`
+    : (e.control_vector ? `${e.control_vector}${amountText(e, e.scale)}`
+      : `L${e.layer} #${e.feature}${amountText(e, e.strength)}`)
+      + (e.when ? ` ${whenText(e.when)}` : ""));
 
   // -- profiles ---------------------------------------------------------------------------
   async function loadProfiles() {
@@ -22,22 +30,47 @@
         p.kind === "features" ? el("button", { onclick: act(async () => { await send("DELETE", `/api/profiles/${encodeURIComponent(p.name)}`); await loadProfiles(); }) }, "Delete") : null))));
   }
 
+  const options = (values) => values.map((v) => el("option", { value: v }, v || "always"));
+
   function entryRow(layer, feature, strength) {
     const row = el("tr", {},
       el("td", {}, el("input", { type: "number", class: "e-layer", value: layer ?? 0 })),
       el("td", {}, el("input", { type: "number", class: "e-feature", value: feature ?? 0 })),
-      el("td", {}, el("input", { type: "number", step: "any", class: "e-strength", value: strength ?? 3 })),
+      el("td", {}, el("select", { class: "e-mode" }, ...options(["add", "clamp", "ablate", "abort_when"]))),
+      el("td", {}, el("input", { type: "number", step: "any", class: "e-strength", value: strength ?? 3,
+        title: "add: strength; clamp: value" })),
+      el("td", {}, el("select", { class: "e-when" }, ...options(["", "after_text", "from_position", "feature", "probe"]))),
+      el("td", {}, el("input", { class: "e-when-arg", size: 12, title: "the text, position, feature index or probe name" })),
+      el("td", {}, el("input", { type: "number", step: "any", class: "e-when-above", size: 5, title: "feature: the activation it must exceed" })),
       el("td", {}));
     row.lastChild.append(el("button", { type: "button", onclick: () => row.remove() }, "Remove"));
     $("#entry-table tbody").append(row);
   }
 
+  // A row as the API takes it; the engine checks every field and names the bad one.
+  function entryOf(r) {
+    const value = (cls) => r.querySelector(cls).value;
+    const kind = value(".e-when"), arg = value(".e-when-arg");
+    let when = null;
+    if (kind === "after_text" || kind === "probe") when = { [kind]: arg };
+    else if (kind === "from_position") when = { from_position: Number(arg) };
+    else if (kind === "feature") {
+      when = { feature: Number(arg), above: Number(value(".e-when-above")), layer: Number(value(".e-layer")) };
+    }
+    const mode = value(".e-mode");
+    if (mode === "abort_when") return { abort_when: when };
+    const entry = { layer: Number(value(".e-layer")), feature: Number(value(".e-feature")) };
+    if (mode === "add") entry.strength = Number(value(".e-strength"));
+    else entry.mode = mode;
+    if (mode === "clamp") entry.value = Number(value(".e-strength"));
+    if (when) entry.when = when;
+    return entry;
+  }
+
   $("#add-entry").addEventListener("click", () => entryRow());
   $("#deactivate-profile").addEventListener("click", act(async () => { await send("DELETE", "/api/profiles/active"); await loadProfiles(); }));
   $("#profile-form").addEventListener("submit", act(async () => {
-    const entries = [...document.querySelectorAll("#entry-table tbody tr")].map((r) => ({
-      layer: Number(r.querySelector(".e-layer").value), feature: Number(r.querySelector(".e-feature").value),
-      strength: Number(r.querySelector(".e-strength").value) }));
+    const entries = [...document.querySelectorAll("#entry-table tbody tr")].map(entryOf);
     const name = $("#profile-name").value.trim();
     await send("POST", "/api/profiles", { name, description: $("#profile-description").value, entries });
     if ($("#activate-new").checked) await send("POST", `/api/profiles/${encodeURIComponent(name)}/activate`);
