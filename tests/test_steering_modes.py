@@ -366,3 +366,21 @@ def test_abort_when_ends_the_row_where_the_feature_fires(clean, model):
     reply = stack.api("POST", "/api/profiles", {"name": "bad", "entries": [
         {"abort_when": {"after_text": "sea"}}]})
     assert reply.status_code == 400 and error(reply)["param"] == "entries[0].abort_when"
+
+
+def test_a_profile_wide_condition_goes_to_each_entry_without_one(clean):
+    clean.ok("POST", "/api/profiles", {"name": "wide", "when": {"after_text": "sea"}, "entries": [
+        {"layer": 1, "feature": 3, "strength": 2.0},
+        {"layer": 1, "feature": 4, "strength": 1.0, "when": {"from_position": 9}},
+        {"abort_when": {"feature": 5, "above": 4.0, "layer": 1}}]})
+    entries = clean.ok("GET", "/api/profiles/wide")["profile"]["entries"]
+    assert [e.get("when") for e in entries] == [{"after_text": "sea"}, {"from_position": 9},
+                                                None]
+    reply = clean.api("POST", "/api/profiles", {"name": "bad", "when": {"after_text": ""},
+                                                "entries": [{"layer": 1, "feature": 3,
+                                                             "strength": 2.0}]})
+    assert reply.status_code == 400 and error(reply)["param"] == "when.after_text"
+    clean.ok("PATCH", "/api/profiles/wide", {"replace_entries": True, "when": {
+        "from_position": 2}, "entries": [{"layer": 1, "feature": 6, "strength": 1.0}]})
+    assert clean.ok("GET", "/api/profiles/wide")["profile"]["entries"][0]["when"] == {
+        "from_position": 2}

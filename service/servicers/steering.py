@@ -72,8 +72,12 @@ def _condition_pb(c) -> steering_pb2.SteeringCondition:
     return steering_pb2.SteeringCondition(**c.to_json())
 
 
-def entries_from_pb(entries, where: str) -> tuple[documents.SteeringEntry, ...]:
-    return documents.parse_entries([_entry_dict(e) for e in entries], where)
+def entries_from_pb(entries, where: str, when=None) -> tuple[documents.SteeringEntry, ...]:
+    """`when`: a SteeringCondition for every entry without its own (a profile's)."""
+    raw = [_entry_dict(e) for e in entries]
+    if when is not None:
+        raw = documents.under_condition(raw, _condition_dict(when), "when")
+    return documents.parse_entries(raw, where)
 
 
 def entry_to_pb(e: documents.SteeringEntry) -> steering_pb2.SteeringEntry:
@@ -254,7 +258,9 @@ class SteeringServicer(FeatureRpcs, VectorRpcs, steering_service_pb2_grpc.Steeri
     @unary_errors
     async def CreateProfile(self, request, context):
         profile, live = await self._m.create_profile(
-            request.name, request.description, entries_from_pb(request.entries, "entries"))
+            request.name, request.description, entries_from_pb(
+                request.entries, "entries",
+                request.when if request.HasField("when") else None))
         return steering_service_pb2.CreateProfileResponse(profile=self._profile(profile),
                                                           liveness=await self._liveness(live))
 
@@ -263,10 +269,15 @@ class SteeringServicer(FeatureRpcs, VectorRpcs, steering_service_pb2_grpc.Steeri
         if request.entries and not request.replace_entries:
             raise EngineError("invalid_parameter", "'entries' needs 'replace_entries': true.",
                               "entries")
+        if request.HasField("when") and not request.replace_entries:
+            raise EngineError("invalid_parameter", "'when' applies to new entries: send them "
+                              "with 'replace_entries': true.", "when")
         profile, live = await self._m.update_profile(
             request.name,
             request.description if request.HasField("description") else None,
-            entries_from_pb(request.entries, "entries") if request.replace_entries else None)
+            entries_from_pb(request.entries, "entries",
+                            request.when if request.HasField("when") else None)
+            if request.replace_entries else None)
         return steering_service_pb2.UpdateProfileResponse(profile=self._profile(profile),
                                                           liveness=await self._liveness(live))
 

@@ -218,6 +218,15 @@ def parse_entry(raw, where: str) -> SteeringEntry:
                          when=_when(raw, where, layer))
 
 
+def under_condition(raw: list, when, where: str) -> list:
+    """A profile's condition (`when` beside its entries) given to every entry
+    without one of its own; abort_when entries are conditions themselves.
+    Checked here first, so a bad one is named where it was written."""
+    conditions.parse(when, where, layer=0)
+    return [{**e, "when": when} if isinstance(e, dict) and "when" not in e
+            and "abort_when" not in e else e for e in raw]
+
+
 def parse_entries(raw, where: str, allow_empty: bool = True) -> tuple[SteeringEntry, ...]:
     if not isinstance(raw, list):
         raise invalid_document(where, f"'{where}' must be a list.")

@@ -461,14 +461,16 @@ class GetProfileResponse(_message.Message):
     def __init__(self, profile: _Optional[_Union[Profile, _Mapping]] = ...) -> None: ...
 
 class CreateProfileRequest(_message.Message):
-    __slots__ = ("name", "description", "entries")
+    __slots__ = ("name", "description", "entries", "when")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    WHEN_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     entries: _containers.RepeatedCompositeFieldContainer[_steering_pb2.SteeringEntry]
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ...) -> None: ...
+    when: _steering_pb2.SteeringCondition
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ..., when: _Optional[_Union[_steering_pb2.SteeringCondition, _Mapping]] = ...) -> None: ...
 
 class CreateProfileResponse(_message.Message):
     __slots__ = ("profile", "liveness")
@@ -479,16 +481,18 @@ class CreateProfileResponse(_message.Message):
     def __init__(self, profile: _Optional[_Union[Profile, _Mapping]] = ..., liveness: _Optional[_Union[Liveness, _Mapping]] = ...) -> None: ...
 
 class UpdateProfileRequest(_message.Message):
-    __slots__ = ("name", "description", "replace_entries", "entries")
+    __slots__ = ("name", "description", "replace_entries", "entries", "when")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     REPLACE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    WHEN_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     replace_entries: bool
     entries: _containers.RepeatedCompositeFieldContainer[_steering_pb2.SteeringEntry]
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., replace_entries: _Optional[bool] = ..., entries: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ...) -> None: ...
+    when: _steering_pb2.SteeringCondition
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., replace_entries: _Optional[bool] = ..., entries: _Optional[_Iterable[_Union[_steering_pb2.SteeringEntry, _Mapping]]] = ..., when: _Optional[_Union[_steering_pb2.SteeringCondition, _Mapping]] = ...) -> None: ...
 
 class UpdateProfileResponse(_message.Message):
     __slots__ = ("profile", "liveness")
