@@ -263,8 +263,9 @@ def test_the_profile_editor_writes_modes_and_conditions(stack, browser, shots):
     if browser.find_element(By.ID, "activate-new").is_selected():
         browser.find_element(By.ID, "activate-new").click()  # it ends rows: keep it off
     browser.find_element(By.ID, "create-profile").click()
-    wait(browser, lambda: "end the row" in text(browser, '#profile-table tr[data-profile="guarded"]'))
-    shown = text(browser, '#profile-table tr[data-profile="guarded"]')
+    row = '#profile-table tr[data-profile="guarded"]'
+    wait(browser, lambda: "end the row" in text(browser, row))
+    shown = text(browser, row)
     assert 'L0 #5 = 2 after "sea"' in shown and "while L0 #7 > 3" in shown
     snap(browser, shots, "03b-profile-modes")
     profile = json.loads(stack.api("GET", "/api/profiles/guarded").text)["profile"]

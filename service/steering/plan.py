@@ -86,15 +86,40 @@ class ScoreRule:
     threshold: float
     inclusive: bool
     sae_id: str
+    _reduced: list = field(default_factory=list, compare=False, repr=False)
 
-    def holds(self, hidden) -> list[bool]:
-        """Per row of residual vectors hidden [rows, d] (a torch tensor)."""
-        acts = self.sae.encode(hidden)
+    def holds(self, x: np.ndarray) -> bool:
+        """Whether it holds on one residual vector x [d] (float32). A row is
+        read at every step, so only its own features are encoded (a topk
+        SAE's k-th largest decides, so there the whole encoder runs)."""
+        if not self._reduced:
+            self._reduced.append(self._reduce())
+        reduced = self._reduced[0]
+        if reduced is None:
+            import torch
+
+            acts = self.sae.encode(torch.from_numpy(x[None]))[0]
+            score = float(sum(float(acts[f]) * w for f, w in self.features))
+        else:
+            read, bias, fires, weights = reduced
+            pre = x @ read + bias
+            score = float(np.where(pre > fires, np.maximum(pre, 0), 0) @ weights)
+        return score >= self.threshold if self.inclusive else score > self.threshold
+
+    def _reduce(self):
+        """(encoder columns, biases, where each fires, weights) of its features."""
+        sae = self.sae
+        if sae.info.k:
+            return None
         index = [f for f, _ in self.features]
-        weights = acts.new_tensor([w for _, w in self.features])
-        score = acts[:, index] @ weights
-        hit = score >= self.threshold if self.inclusive else score > self.threshold
-        return hit.tolist()
+        read = sae.W_enc[:, index].double().cpu()
+        bias = sae.b_enc[index].double().cpu()
+        if sae.info.apply_b_dec_to_input:
+            bias = bias - sae.b_dec.double().cpu() @ read
+        fires = (sae.threshold[index].double().cpu() if sae.threshold is not None
+                 else bias.new_zeros(len(index)))
+        return (read.float().numpy(), bias.float().numpy(), fires.float().numpy(),
+                np.array([w for _, w in self.features], dtype=np.float32))
 
 
 @dataclass(frozen=True)
@@ -113,7 +138,10 @@ class ConditionReader:
         self.spec = _ReadAt(rule.layer)
 
     def record(self, hidden, positions, token_ids) -> None:
-        self.sink(self.index, self.rule.holds(hidden[-1:])[0])
+        last = hidden[-1]
+        if not isinstance(last, np.ndarray):  # a torch tensor, maybe on a device
+            last = last.float().cpu().numpy()
+        self.sink(self.index, self.rule.holds(last))
 
 
 def condition_readers(plan: SteeringPlan | None, sink) -> tuple[ConditionReader, ...]:
@@ -125,10 +153,23 @@ def condition_readers(plan: SteeringPlan | None, sink) -> tuple[ConditionReader,
 
 @dataclass(frozen=True)
 class LayerOps:
-    """One layer's steering at one position, conditions resolved."""
+    """One layer's steering at one position, conditions resolved; the edits
+    also stacked (reads, moves [m, d]; args [m, 3]: bias, target, above) for
+    an engine that copies them whole."""
 
     add: np.ndarray | None
     edits: tuple[Edit, ...]
+    reads: np.ndarray | None = field(default=None, compare=False, repr=False)
+    moves: np.ndarray | None = field(default=None, compare=False, repr=False)
+    args: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    @staticmethod
+    def of(add: np.ndarray | None, edits: tuple[Edit, ...]) -> LayerOps:
+        if not edits:
+            return LayerOps(add, edits)
+        return LayerOps(add, edits, np.stack([e.read for e in edits]),
+                        np.stack([e.move for e in edits]),
+                        np.array([(e.bias, e.target, e.above) for e in edits], dtype=np.float32))
 
 
 @dataclass(frozen=True)
@@ -186,7 +227,7 @@ class SteeringPlan:
                     add += v
             edits = tuple(e for s in parts[layer] for e in s.edits)
             if add is not None or edits:
-                out[layer] = LayerOps(add, edits)
+                out[layer] = LayerOps.of(add, edits)
         self._ops[active] = out
         return out
 

@@ -247,12 +247,12 @@ class ContextSteer:
                         token_vector[layer, first:last] = v
                         v += 1
                     if op.edits:
+                        m = len(op.edits)
                         self.token_edit[layer, first:last] = e
-                        self.token_edits[layer, first:last] = len(op.edits)
-                        for edit in op.edits:
-                            self.edit_read[e], self.edit_move[e] = edit.read, edit.move
-                            self.edit_args[e] = (edit.bias, edit.target, edit.above)
-                            e += 1
+                        self.token_edits[layer, first:last] = m
+                        self.edit_read[e:e + m], self.edit_move[e:e + m] = op.reads, op.moves
+                        self.edit_args[e:e + m] = op.args
+                        e += m
             reads = part.steer.reads = []
             for kind, layer, reader in part.steer.layer_reads:
                 table = self.token_pre if kind == "pre" else self.token_post
