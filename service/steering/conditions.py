@@ -165,6 +165,8 @@ class RowConditions:
         """Positions first..first+count-1 as runs (offset, length, active)
         that share one set of holding conditions: only a from_position
         condition changes within one forward pass."""
+        if count == 1:
+            return [(0, 1, self.active(first))]
         cuts = sorted({c.position - first for c in self.conditions
                        if c.kind == FROM_POSITION and 0 < c.position - first < count})
         bounds = [0, *cuts, count]

@@ -95,7 +95,11 @@ class ScoreRule:
         if not self._reduced:
             self._reduced.append(self._reduce())
         reduced = self._reduced[0]
-        if reduced is None:
+        if isinstance(reduced, tuple) and len(reduced) == 5:  # one feature: plain floats
+            read, bias, fires, weight, _ = reduced
+            pre = float(x @ read) + bias
+            score = weight * pre if pre > fires and pre > 0 else 0.0
+        elif reduced is None:
             import torch
 
             acts = self.sae.encode(torch.from_numpy(x[None]))[0]
@@ -118,6 +122,9 @@ class ScoreRule:
             bias = bias - sae.b_dec.double().cpu() @ read
         fires = (sae.threshold[index].double().cpu() if sae.threshold is not None
                  else bias.new_zeros(len(index)))
+        if len(index) == 1:
+            return (read[:, 0].float().numpy(), float(bias[0]), float(fires[0]),
+                    self.features[0][1], 1)
         return (read.float().numpy(), bias.float().numpy(), fires.float().numpy(),
                 np.array([w for _, w in self.features], dtype=np.float32))
 

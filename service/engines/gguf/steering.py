@@ -299,7 +299,9 @@ class ContextSteer:
             for kind, reader, first in part.steer.reads:
                 buffer = self.pre_buf if kind == "pre" else self.post_buf
                 rows = buffer[first:first + part.count]
-                if isinstance(reader, ActivationRecorder | ConditionReader):
+                if isinstance(reader, ConditionReader):
+                    reader.record(rows, positions, part.token_ids)
+                elif isinstance(reader, ActivationRecorder):
                     reader.record(torch.from_numpy(rows), positions, part.token_ids)
                 else:  # scored later, many steps' rows in one encode (flush)
                     self._probe_rows.append((reader, rows.copy(), part.steer.monitor, positions,
