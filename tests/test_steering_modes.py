@@ -384,3 +384,74 @@ def test_a_profile_wide_condition_goes_to_each_entry_without_one(clean):
         "from_position": 2}, "entries": [{"layer": 1, "feature": 6, "strength": 1.0}]})
     assert clean.ok("GET", "/api/profiles/wide")["profile"]["entries"][0]["when"] == {
         "from_position": 2}
+
+
+def test_modes_conditions_and_abort_over_grpc(clean):
+    import grpc
+
+    from millm.v1 import (
+        generation_pb2,
+        generation_service_pb2,
+        generation_service_pb2_grpc,
+        steering_pb2,
+        steering_service_pb2,
+        steering_service_pb2_grpc,
+    )
+
+    with grpc.insecure_channel(clean.grpc_target) as channel:
+        steering = steering_service_pb2_grpc.SteeringServiceStub(channel)
+        generation = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        entries = [
+            steering_pb2.SteeringEntry(layer=1, feature=3, mode="clamp", value=2.5,
+                                       when=steering_pb2.SteeringCondition(after_text="sea")),
+            steering_pb2.SteeringEntry(abort_when=steering_pb2.SteeringCondition(
+                feature=4, above=-1, layer=1))]
+        steering.CreateProfile(steering_service_pb2.CreateProfileRequest(
+            name="grpc-modes", entries=entries))
+        stored = steering.GetProfile(steering_service_pb2.GetProfileRequest(name="grpc-modes"))
+        assert list(stored.profile.entries) == entries[:1] + [steering_pb2.SteeringEntry(
+            abort_when=steering_pb2.SteeringCondition(feature=4, above=-1.0, layer=1))]
+
+        def generate(profile: str, **extra):
+            return list(generation.Generate(generation_service_pb2.GenerateRequest(
+                model=TINY, chat=generation_pb2.ChatInput(messages=[generation_pb2.ChatMessage(
+                    role=generation_pb2.ROLE_USER, content=MESSAGES[0]["content"])]),
+                sampling=generation_pb2.SamplingParams(temperature=0, max_tokens=12),
+                profile=profile, **extra)))
+
+        # Above -1 always holds: the row ends before its first token.
+        messages = generate("grpc-modes")
+        finishes = [d.finish_reason for m in messages for d in m.choices if d.finish_reason]
+        assert finishes == [generation_pb2.FINISH_REASON_CONTENT_FILTER]
+        assert "".join(d.text for m in messages for d in m.choices) == ""
+        assert messages[-1].usage.completion_tokens == 1
+        # steering_compare replays a text condition, and cannot replay a scored one.
+        _profile(clean, "after", {"layer": 1, "feature": 3, "strength": 12.0,
+                                  "when": {"after_text": "the"}})
+        compared = generate("after", steering_compare=True)
+        assert any(m.HasField("comparison") for m in compared)
+        with pytest.raises(grpc.RpcError) as caught:
+            generate("grpc-modes", steering_compare=True)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_an_abort_reads_as_each_api_says_a_filtered_answer(clean):
+    _profile(clean, "stop-now", {"abort_when": {"feature": 4, "above": -1, "layer": 1}})
+    chat = clean.ok("POST", "/v1/chat/completions", {
+        "model": TINY, "messages": MESSAGES, "max_tokens": 8, "profile": "stop-now"})
+    assert chat["choices"][0]["finish_reason"] == "content_filter"
+    stream = clean.api("POST", "/v1/chat/completions", {
+        "model": TINY, "messages": MESSAGES, "max_tokens": 8, "profile": "stop-now",
+        "stream": True})
+    finishes = [json.loads(line[6:])["choices"][0]["finish_reason"]
+                for line in stream.text.splitlines()
+                if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+    assert finishes[-1] == "content_filter"
+    messages = clean.ok("POST", "/v1/messages", {
+        "model": TINY, "messages": MESSAGES, "max_tokens": 8, "profile": "stop-now"})
+    assert messages["stop_reason"] == "refusal"
+    response = clean.ok("POST", "/v1/responses", {
+        "model": TINY, "input": MESSAGES[0]["content"], "max_output_tokens": 16,
+        "profile": "stop-now"})
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "content_filter"}

@@ -64,7 +64,8 @@ def main() -> int:
 
     api.ok("POST", f"/api/saes/{L1}/attach")
     plain = chat()["choices"][0]["message"]["content"]
-    body = chat(return_sae_activations={"sae_id": L1, "positions": "all", "top_k": 64})
+    body = chat(return_sae_activations={"sae_id": L1, "positions": "all",
+                                        "features": list(range(256))})
     positions = body["millm"]["sae_activations"]["positions"]
     fired = {f["index"] for p in positions for f in p["features"] if f["value"] > 0}
     silent = min(set(range(256)) - fired)
@@ -117,6 +118,7 @@ def main() -> int:
         listed = {s["id"]: s for s in api.ok("GET", "/api/saes")["saes"]}
         check(listed.get("sae_walkthrough-topk", {}).get("architecture") == "topk",
               "a TopK SAE in SAELens's format is listed as topk")
+        api.ok("POST", f"/api/saes/{L1}/detach")  # one SAE per layer
         api.ok("POST", "/api/saes/sae_walkthrough-topk/attach")
         name = profile("walkthrough-topk", {"layer": 1, "feature": busiest, "strength": 12,
                                             "sae_id": "sae_walkthrough-topk"})

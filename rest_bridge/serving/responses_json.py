@@ -178,7 +178,9 @@ def response_json(r: rpb.StoredResponse, *, store: bool, status: str | None = No
         error = {"code": r.error.code, "message": r.error.message}
     incomplete = None
     if r.status == rpb.RESPONSE_STATUS_INCOMPLETE and finished:
-        incomplete = {"reason": "max_output_tokens"}
+        incomplete = {"reason": "content_filter"
+                      if r.incomplete_reason == rpb.INCOMPLETE_REASON_CONTENT_FILTER
+                      else "max_output_tokens"}
     return {
         "id": r.id, "object": "response", "created_at": r.created_at, "status": status,
         "background": False, "error": error, "incomplete_details": incomplete,
