@@ -455,3 +455,49 @@ def test_an_abort_reads_as_each_api_says_a_filtered_answer(clean):
         "profile": "stop-now"})
     assert response["status"] == "incomplete"
     assert response["incomplete_details"] == {"reason": "content_filter"}
+
+
+@pytest.mark.parametrize("model", [TINY, F32])
+def test_a_control_vectors_clamp_and_ablate_set_the_streams_component(clean, model):
+    """A vector along feature f's encoder column: projecting it out leaves f's
+    pre-activation at its bias, and clamping the component to v puts it at
+    v·|e_f| + bias, at every position (what the layer-1 readout shows)."""
+    from safetensors.numpy import load_file
+
+    from tests.harness import models_dir
+    from tests.test_control_vectors import write_control_vector
+
+    weights = load_file(str(models_dir() / "saes" / "millm-tiny-res-l1" /
+                            "sae_weights.safetensors"))
+    plain = _readout(clean, model, list(range(256)))
+    feature = max(range(256), key=lambda f: sum(_values(plain, f)))
+    column = weights["W_enc"][:, feature].astype(np.float64)
+    bias = float(weights["b_enc"][feature]) - float(weights["b_dec"] @ column)
+    write_control_vector(clean.vectors_dir / "enc.gguf", {1: column.astype(np.float32)})
+    try:
+        for mode, value, want in (("ablate", None, max(bias, 0.0)),
+                                  ("clamp", 0.5, max(0.5 * np.linalg.norm(column) + bias, 0))):
+            entry = {"control_vector": "enc", "mode": mode}
+            if value is not None:
+                entry["value"] = value
+            _profile(clean, "enc", entry)
+            got = _values(_readout(clean, model, [feature], profile="enc"), feature)
+            assert got == pytest.approx([want] * len(got), rel=1e-3, abs=1e-4), mode
+    finally:
+        (clean.vectors_dir / "enc.gguf").unlink()
+
+
+def test_a_conditional_plan_never_reuses_an_unsteered_prefix_on_gguf(clean):
+    """Slots are keyed by plan: an unsteered prompt's cells serve the next
+    unsteered request, never one under a conditional entry (whose own cells
+    then serve the next request under the same plan)."""
+    def cached(**extra) -> int:
+        body = _chat(clean, F32, max_tokens=4, **extra)
+        return body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    _profile(clean, "later", {"layer": 1, "feature": 3, "strength": 9.0,
+                              "when": {"after_text": "zebra crossing"}})
+    cached()
+    assert cached() > 0
+    assert cached(profile="later") == 0
+    assert cached(profile="later") > 0
