@@ -44,7 +44,7 @@ def test_sae_registry_lists_attaches_and_refuses_what_does_not_fit(clean):
     assert by_id[L1] | {"attached": True} == {
         "id": L1, "d_in": 64, "d_sae": 256, "architecture": "standard",
         "hook_name": "blocks.1.hook_resid_post", "layer": 1, "model_name": "millm-tiny",
-        "attached": True}
+        "attached": True, "layout": "saelens", "transcoder": False}
     assert by_id[L0]["architecture"] == "jumprelu" and by_id[L0]["layer"] == 0
     assert [b["id"] for b in listed["broken"]] == ["sae_broken"]
     assert "d_sae" in listed["broken"][0]["problem"]
