@@ -145,6 +145,8 @@ class GenerationFields(SharedFields):
     options, token limits, choices and scoring."""
 
     stream_options: StreamOptions | None = None
+    # SGLang's stream_interval: tokens per streamed chunk after the first.
+    stream_interval: Int64 | None = None
     max_tokens: Int64 | None = None
     max_completion_tokens: Int64 | None = None
     n: Int64 | None = None

@@ -114,6 +114,9 @@ def common_fields(request, pb: generation_service_pb2.GenerateRequest,
     pb.stream = "stream" in type(request).model_fields and bool(request.stream)
     # A reply given whole needs the engine's output in one message, not a step's each.
     pb.coalesce = not pb.stream
+    interval = getattr(request, "stream_interval", None)
+    if interval is not None and "stream_interval" in type(request).model_fields:
+        pb.stream_interval = interval
     pb.request_id = request_id.get()
     steering_fields.add_to_request(request, pb)
     structured_outputs.add_to_request(request, pb)

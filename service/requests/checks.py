@@ -35,6 +35,7 @@ MAX_PROMPTS = 2048
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_BYTES = 256
 MAX_LOGPROBS = 20
+MAX_STREAM_INTERVAL = 256
 MIN_SCORING_TEMPERATURE = 0.001
 SEED_MAX = 2**32 - 1
 
@@ -253,6 +254,10 @@ def check_params(params: GenerateParams) -> CheckedParams:
                                       "while the log-probabilities left it out. Restrict the "
                                       "answer with 'allowed_token_ids' instead.")
     check_readout_shape(params)
+    interval = params.stream_interval
+    if interval is not None and not 1 <= interval <= MAX_STREAM_INTERVAL:
+        raise invalid_parameter("stream_interval", f"'stream_interval' must be between 1 and "
+                                f"{MAX_STREAM_INTERVAL} tokens; got {interval}.")
     if params.steering_compare and (scoring or params.echo):
         raise invalid_parameter("steering_compare", "'steering_compare' compares generated "
                                 "completions; it cannot go with echo or scoring mode "

@@ -134,6 +134,7 @@ RULES: dict[str, FieldRule] = {
     # GGUF: measured byte-identical over 20 runs per seed (docs/gguf.md).
     "seed": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
     "max_completion_tokens": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
+    "stream_interval": FieldRule(GENERATING, frozenset({EMBEDDINGS}), (1,)),
     # GGUF serves scoring and echo log-probabilities, not those of generated
     # text: validation.check_generation_logprobs, which reads the same capability.
     "logprobs": FieldRule({CHAT: "scoring", COMPLETIONS: "scoring"}, no_change=(False,),

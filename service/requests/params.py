@@ -99,6 +99,8 @@ class GenerateParams:
     sae_activations: ActivationRequest | None = None
     # The unsteered completion beside the steered one (generation/compare.py).
     steering_compare: bool = False
+    # Streamed: tokens per message after the first (servicers/generation_replies.py).
+    stream_interval: int | None = None
     # Chat only: functions the model may call, and how.
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: ToolChoice | None = None
@@ -157,6 +159,7 @@ class GenerateParams:
             "steering_intensity": self.steering_intensity,
             "return_sae_activations": self.sae_activations,
             "steering_compare": self.steering_compare or None,
+            "stream_interval": self.stream_interval,
             "add_special_tokens": self.add_special_tokens,
             "tools": self.tools or None, "tool_choice": self.tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls,

@@ -18,7 +18,7 @@ from service.inference import InferenceService
 from service.requests import custom_tools, tools
 from service.requests.params import ChatTurn, GenerateParams, ResponseFormat, StructuredOutputs
 from service.servicers.error_handling import stream_errors
-from service.servicers.generation_replies import coalesced, event_to_pb
+from service.servicers.generation_replies import coalesced, event_to_pb, spaced
 from service.steering import plan as runtime
 from service.steering import readout
 from service.structured_output import (
@@ -222,6 +222,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         steering_intensity=_dial(request),
         sae_activations=readout_from_pb(request),
         steering_compare=request.steering_compare,
+        stream_interval=_opt(request, "stream_interval"),
         reasoning_effort=_opt(request, "reasoning_effort"),
         thinking_token_budget=_opt(request, "thinking_token_budget"),
         chat_template_kwargs=_template_kwargs(request),
@@ -239,6 +240,11 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
             # aclosing: a cancelled call closes the generator at once, which
             # cancels the job in the model thread.
             async with contextlib.aclosing(events):
+                interval = request.stream_interval if request.HasField("stream_interval") else 1
+                if request.stream and interval > 1:
+                    async for message in spaced(events, interval):
+                        yield message
+                    return
                 if not request.coalesce or request.stream:
                     # A message an event, the metadata alone first (the
                     # contract's order), with no generator between: this

@@ -164,6 +164,46 @@ def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
     raise TypeError(f"unknown generation event {event!r}")
 
 
+async def spaced(events, interval: int) -> AsyncIterator[generation_service_pb2.GenerateResponse]:
+    """A stream of fewer, larger messages (GenerateRequest.stream_interval):
+    the first step's tokens at once, then one message each time some choice
+    has `interval` tokens held (and whatever is held before any other
+    message, and at the end). Steering_compare's unsteered steps are held
+    and joined the same way, each side counted on its own."""
+    held: dict[str, list] = {"steps": [], "twin": []}
+    counts: dict[str, dict[int, int]] = {"steps": {}, "twin": {}}
+    first = True
+
+    def flush(side: str):
+        steps, held[side], counts[side] = held[side], [], {}
+        joined = join_steps(steps)
+        return event_to_pb(joined if side == "steps" else UnsteeredStep(joined))
+
+    async for event in events:
+        side = ("steps" if isinstance(event, StepOutput)
+                else "twin" if isinstance(event, UnsteeredStep) else None)
+        if side is None:
+            for name in ("steps", "twin"):
+                if held[name]:
+                    yield flush(name)
+            yield event_to_pb(event)
+            continue
+        step = event if side == "steps" else event.step
+        if first and side == "steps":
+            first = False
+            yield event_to_pb(event)
+            continue
+        held[side].append(step)
+        tally = counts[side]
+        for d in step.deltas:
+            tally[d.index] = tally.get(d.index, 0) + max(1, len(d.token_ids))
+        if max(tally.values(), default=0) >= interval:
+            yield flush(side)
+    for name in ("steps", "twin"):
+        if held[name]:
+            yield flush(name)
+
+
 async def coalesced(events) -> AsyncIterator[generation_service_pb2.GenerateResponse]:
     """For a caller that reads the answer whole: every step's output in one
     message (no per-token encoding, writes or reads on either side); the

@@ -270,12 +270,15 @@ def read_layer(hidden: torch.Tensor, reads: list[MonitorRead]) -> None:
         if len(r.positions) == 1 and hidden.shape[1] - r.column == 1:
             batched.setdefault(id(r.layer), []).append(r)
         else:
-            r.reader.read(r.layer, r.positions, r.layer.read(
-                hidden[r.row, r.column:], [(r.reader, p) for p in r.positions]))
+            owners = ([(r.reader, p) for p in r.positions] if r.layer.contexts is not None
+                      else None)
+            r.reader.read(r.layer, r.positions, r.layer.read(hidden[r.row, r.column:], owners))
     for group in batched.values():
         rows = torch.tensor([r.row for r in group], dtype=torch.long, device=hidden.device)
-        scores = group[0].layer.read(hidden[rows, -1],
-                                     [(r.reader, r.positions[0]) for r in group])
+        layer = group[0].layer
+        owners = ([(r.reader, r.positions[0]) for r in group] if layer.contexts is not None
+                  else None)
+        scores = layer.read(hidden[rows, -1], owners)
         for k, r in enumerate(group):
             r.reader.read(r.layer, r.positions, scores[k:k + 1])
 

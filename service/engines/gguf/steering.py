@@ -324,8 +324,9 @@ class ContextSteer:
         for group in by_layer.values():
             layer: LayerProbes = group[0][0]
             hidden = np.concatenate([read[1] for read in group])
-            scores = layer.read(torch.from_numpy(hidden), [
-                (monitor, p) for _, _, monitor, positions, _ in group for p in positions])
+            owners = ([(monitor, p) for _, _, monitor, positions, _ in group for p in positions]
+                      if layer.contexts is not None else None)
+            scores = layer.read(torch.from_numpy(hidden), owners)
             at = 0
             for _, rows, monitor, positions, kept in group:
                 mine = scores[at:at + len(rows)]
