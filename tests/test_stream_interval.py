@@ -30,11 +30,12 @@ def test_grpc_messages_hold_that_many_tokens_after_the_first(generation_stub, in
     plain, _ = _token_messages(generation_stub, None)
     spaced, everything = _token_messages(generation_stub, interval)
     tokens = [sum(len(d.token_ids) for d in m.choices) for m in spaced]
-    assert tokens[0] == 1  # the first token goes at once
-    assert all(t == interval for t in tokens[1:-1])
-    assert 1 <= tokens[-1] <= interval
+    # The first message is never held for more (it holds what the engine had:
+    # steps a slow reader let pile up come merged, as without an interval);
+    # later ones are held until they have the interval's tokens, but the last.
+    assert all(t >= interval for t in tokens[1:-1])
     assert sum(tokens) == TOKENS
-    assert len(spaced) == 1 + -(-(TOKENS - 1) // interval)
+    assert len(spaced) <= 1 + -(-(TOKENS - 1) // interval)
 
     def joined(messages):
         return ("".join(d.text for m in messages for d in m.choices),
@@ -76,7 +77,8 @@ def test_gguf_streams_carry_the_interval_too(gguf_stack):
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
         spaced, _ = _token_messages(stub, 5, model="millm-tiny-gguf:Q8_0")
     tokens = [sum(len(d.token_ids) for d in m.choices) for m in spaced]
-    assert tokens[0] == 1 and sum(tokens) == TOKENS and max(tokens) == 5
+    assert sum(tokens) == TOKENS and all(t >= 5 for t in tokens[1:-1])
+    assert len(spaced) <= 1 + -(-(TOKENS - 1) // 5)
 
 
 @pytest.mark.parametrize("value", [0, 257, -3])
