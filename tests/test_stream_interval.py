@@ -70,8 +70,9 @@ def test_bridge_streams_carry_the_interval(stack, path, body, text_of):
 
 
 def test_gguf_streams_carry_the_interval_too(gguf_stack):
-    from millm.v1 import generation_service_pb2_grpc
     import grpc
+
+    from millm.v1 import generation_service_pb2_grpc
 
     with grpc.insecure_channel(f"127.0.0.1:{gguf_stack.grpc_port}") as channel:
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
