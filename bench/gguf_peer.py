@@ -157,6 +157,7 @@ class Stacks:
             tmp, stack, MILLM_MODELS_DIR=str(models), MILLM_MODEL=model_id,
             MILLM_LOCK_MODEL=model_id, **millm_settings(threads, flash_attn))
         self.processes.append(engine)
+        self.grpc_port = grpc_port  # bench/ceiling.py's gRPC side
         port = harness.free_port()
         self.flags = llama_server_flags(threads, flash_attn)
         native = harness.Process([str(harness.llama_server_binary()), "--model", str(self.path),
