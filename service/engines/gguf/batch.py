@@ -39,8 +39,9 @@ from service.engines import faults
 from service.engines.admission import FairTurns, SchedulerLimits, Waiting
 from service.engines.gguf import forks
 from service.engines.gguf.lanes import Lanes
+from service.engines.gguf.slot_scores import monitor_key, replay_scores
 from service.engines.gguf.slots import Row, Slot, Slots, step_batch, take_token
-from service.engines.gguf.steering import BatchPart, monitor_key, replay_scores
+from service.engines.gguf.steering import BatchPart
 from service.engines.model_thread import out_of_memory
 from service.errors import batch_reset, internal_error
 from service.generation.job import ChoiceDelta, GenerationJob, GroupDone

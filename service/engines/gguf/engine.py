@@ -36,7 +36,7 @@ from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.gguf.slots import Slots
-from service.engines.gguf.steering import new_steerer, reachable
+from service.engines.gguf.steer_load import new_steerer, reachable
 from service.engines.gguf.vocab import GgufVocab
 from service.engines.model_thread import Inbox, own_torch_threads, report_death, run_one_chunk
 from service.engines.scores import score_logits

@@ -20,19 +20,20 @@ row that reads prompt positions at the last block keeps logits for its whole
 chunk (`needs_all_outputs`), so those positions exist.
 
 Whether a model's graph names its residual stream so is found at load
-(`discover`): an architecture whose blocks are not all reachable is served
-unsteerable, and steering fields are refused on it.
+(`discover`, run by steer_load.py): an architecture whose blocks are not all
+reachable is served unsteerable, and steering fields are refused on it. A
+slot's kept probe scores are slot_scores.py's.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from service.engines.gguf.slot_scores import keep_scores
 from service.steering.conditions import RowConditions
 from service.steering.plan import (
     PRE_STEERING,
@@ -43,8 +44,6 @@ from service.steering.plan import (
 )
 from service.steering.probes import LayerProbes, ProbeReader
 from service.steering.recording import ActivationRecorder
-
-log = logging.getLogger(__name__)
 
 IDLE, APPLY, DISCOVER = 0, 1, 2
 # Probe reads kept before one encode scores them all: an encode per step
@@ -344,101 +343,3 @@ class ContextSteer:
     def reachable(self) -> bool:
         self.state.mode = IDLE
         return bool(self.seen.all())
-
-
-class Steerer:
-    """The model's steering facts (engines/base.py ModelSteering) and the
-    callback every generating context of the engine is opened with."""
-
-    def __init__(self, n_embd: int, n_layer: int):
-        from llama_cpp import llama_cpp as lib
-
-        from service.engines.gguf import native
-
-        self.hidden_size, self.num_layers = n_embd, n_layer
-        self.device, self.dtype = torch.device("cpu"), torch.float32
-        self.callback = lib.ggml_backend_sched_eval_callback(("millm_steer_eval", native.load()))
-
-    def hook(self, params, capacity: int) -> ContextSteer:
-        """Give context parameters `params` the callback over a new set of tables."""
-        steer = ContextSteer(self.hidden_size, self.num_layers, capacity)
-        params.cb_eval = self.callback
-        params.cb_eval_user_data = steer.user_data
-        return steer
-
-    def row(self, spec, monitor, prompt_len: int) -> RowSteering | None:
-        return RowSteering.of(spec.steering, spec.activations, monitor, prompt_len,
-                              self.num_layers - 1)
-
-
-def new_steerer(model, model_id: str) -> Steerer | None:
-    """The Steerer of a loaded llama_model, or None where the callback cannot
-    be built (no C compiler, no ggml headers)."""
-    from llama_cpp import llama_cpp as lib
-
-    from service.engines.gguf.native import NativeUnavailable
-
-    try:
-        return Steerer(lib.llama_model_n_embd(model), lib.llama_model_n_layer(model))
-    except NativeUnavailable as exc:
-        log.warning("steering unavailable for %s: %s", model_id, exc)
-        return None
-
-
-def reachable(ctx, batch, steer: ContextSteer, bos: int, model_id: str) -> bool:
-    """Decode one token in sequence 0 of `ctx` with the callback listening:
-    does the graph hand over every block's residual stream, laid out as the
-    callback reads it? The token's cells are dropped again."""
-    from llama_cpp import llama_cpp as lib
-
-    raw = batch.batch
-    raw.n_tokens = 1
-    raw.token[0] = max(0, bos)
-    raw.pos[0], raw.n_seq_id[0], raw.seq_id[0][0], raw.logits[0] = 0, 1, 0, True
-    steer.discover()
-    try:
-        ctx.decode(batch)
-    finally:
-        found = steer.reachable()
-        lib.llama_memory_seq_rm(ctx.memory, 0, 0, -1)
-        raw.n_tokens = 0
-    if found:
-        log.info("%s: steering on llama.cpp's residual stream (%d layers)", model_id,
-                 steer.n_layer)
-    else:
-        log.warning("steering unavailable for %s: its graph does not name every block's "
-                    "residual stream (l_out-<layer>)", model_id)
-    return found
-
-
-def monitor_key(monitor: ProbeReader | None) -> tuple | None:
-    """What a slot's kept probe scores were computed for: every probe of the
-    spec, in order, and whether contexts were sampled from them (a prompt
-    read without keep_contexts is read again with it, so its positions are
-    sampled; None: not monitored)."""
-    if monitor is None:
-        return None
-    return (monitor.spec.contexts, *((layer.layer, p.sae_id, p.features, p.threshold)
-                                     for layer in monitor.spec.layers for p in layer.probes))
-
-
-def keep_scores(kept: dict, layer: int, positions: list[int], scores: list) -> None:
-    """Record a slot's scores at spec layer `layer` for `positions` (its
-    positions arrive in order; a gap makes the table unusable past it)."""
-    table = kept.setdefault(layer, [])
-    for position, row in zip(positions, scores, strict=True):
-        if position < len(table):
-            table[position] = row
-        elif position == len(table):
-            table.append(row)
-
-
-def replay_scores(kept: dict, monitor: ProbeReader, same: int) -> bool:
-    """Hand `monitor` the kept scores of positions below `same`; False (and
-    nothing read) when the slot does not hold them all."""
-    tables = [kept.get(i, []) for i in range(len(monitor.spec.layers))]
-    if any(len(t) < same for t in tables):
-        return False
-    for layer, table in zip(monitor.spec.layers, tables, strict=True):
-        monitor.read(layer, list(range(same)), table[:same])
-    return True
