@@ -224,6 +224,7 @@ bench: setup proto model llama-server
 	$(PY) bench/monitoring.py
 	$(PY) bench/monitoring.py --engine gguf
 	$(PY) bench/gguf_peer.py
+	$(PY) bench/ceiling.py
 	$(PY) bench/hardware_limit.py
 	$(PY) bench/admission.py
 	$(PY) bench/soak.py
