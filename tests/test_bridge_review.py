@@ -62,6 +62,29 @@ def test_a_replica_dropped_from_dns_finishes_its_running_calls(stack):
     assert finish == generation_pb2.FINISH_REASON_LENGTH
 
 
+def test_a_replica_dropped_before_its_load_stream_started_closes_at_once(stack):
+    """The load stream's task cancelled before grpc's own send task ran
+    leaves no call holding the channel open for the grace period."""
+    async def run() -> list[bool]:
+        closed = []
+        for delay in (0, 0, 0.01):
+            router = Router((stack.grpc_target,))
+            router.start()
+            try:
+                await asyncio.sleep(delay)
+                router._drop(stack.grpc_target)
+                for _ in range(40):
+                    if not router._draining:
+                        break
+                    await asyncio.sleep(0.05)
+                closed.append(not router._draining)
+            finally:
+                await router.close()
+        return closed
+
+    assert asyncio.run(run()) == [True, True, True]
+
+
 def test_router_close_ends_a_draining_replica_at_once(stack):
     async def run() -> grpc.StatusCode:
         router = Router((stack.grpc_target,))

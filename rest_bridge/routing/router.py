@@ -167,8 +167,9 @@ class Router:
     async def _watch(self, replica: Replica) -> None:
         request = server_service_pb2.WatchLoadRequest(interval_ms=REPORT_INTERVAL_MS)
         while True:
+            call = replica.client.server.WatchLoad(request)
             try:
-                async for report in replica.client.server.WatchLoad(request):
+                async for report in call:
                     if replica.report is not None and \
                             report.replica_id != replica.report.replica_id:
                         self.index.forget(replica.target)  # restarted: cold cache
@@ -179,6 +180,9 @@ class Router:
                     log.warning("load stream from %s ended: %s", replica.target,
                                 exc.code().name)
             finally:
+                # Cancelled before grpc's own send task first ran, the call
+                # would stay open and hold the channel's close for its grace.
+                call.cancel()
                 replica.streaming = False
             await asyncio.sleep(RECONNECT_S)
 
