@@ -39,6 +39,9 @@ class BridgeConfig:
     engine_deadline_max_s: float = 600.0
     # How calls carrying a prompt pick one of several engines (engine_client.py).
     routing: str = "load_prefix"
+    # Generations ride one GenerateMany stream per engine (engine_mux.py);
+    # "off": one Generate call each, for an L7 proxy that balances per call.
+    engine_mux: str = "on"
     # Host names served besides loopback and the listening address, and web
     # origins granted CORS (browser_guard.py): comma-separated, "*" for any.
     allowed_hosts: str = ""
@@ -110,6 +113,11 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
                         choices=("load_prefix", "round_robin"),
                         help="MILLM_ROUTING: with several engines, pick one per request by "
                         "state, model, load and prompt prefix (load_prefix), or round_robin")
+    parser.add_argument("--engine-mux", default=_env("MILLM_ENGINE_MUX", "on"),
+                        choices=("on", "off"),
+                        help="MILLM_ENGINE_MUX: carry generations over one stream per engine "
+                        "(on), or one gRPC call each (off: behind an L7 proxy that balances "
+                        "per call)")
     parser.add_argument("--allowed-hosts", default=_env("MILLM_ALLOWED_HOSTS", ""),
                         help="MILLM_ALLOWED_HOSTS: Host names served besides loopback and the "
                         "listening address (comma-separated; '.example.com' for subdomains; "
@@ -143,6 +151,7 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
         engine_deadline_per_token_s=args.engine_deadline_per_token_s,
         engine_deadline_max_s=args.engine_deadline_max_s,
         routing=args.routing,
+        engine_mux=args.engine_mux,
         allowed_hosts=args.allowed_hosts,
         cors_origins=args.cors_origins,
     )

@@ -55,6 +55,7 @@ from millm.v1 import (
     steering_service_pb2,
     tokenization_service_pb2,
 )
+from rest_bridge.engine_mux import Mux
 from rest_bridge.routing.prefix import prompt_text
 from rest_bridge.routing.router import Router, dns_name
 
@@ -137,6 +138,20 @@ def service_config(health: str, retries: bool = True) -> str:
     })
 
 
+def _generate(mux: Mux | None, stub, request, *, metadata=None, timeout=None):
+    """A Generate call on `mux`'s stream, else (no stream, or an engine
+    without one) on `stub`."""
+    if mux is None or mux.unsupported:
+        return stub.Generate(request, metadata=metadata, timeout=timeout)
+    deadline = time.monotonic() + timeout if timeout else None
+
+    def fallback():
+        left = max(0.001, deadline - time.monotonic()) if deadline is not None else None
+        return stub.Generate(request, metadata=metadata, timeout=left)
+
+    return mux.start(request, metadata, timeout, fallback)
+
+
 def _read(path: str | None) -> bytes | None:
     return pathlib.Path(path).read_bytes() if path else None
 
@@ -149,7 +164,8 @@ class EngineClient(AsyncClient):
 
     def __init__(self, targets: tuple[str, ...], tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
-                 routing: str = "load_prefix", drain_grace_s: float = 600.0):
+                 routing: str = "load_prefix", drain_grace_s: float = 600.0,
+                 mux: bool = True):
         self.target = channel_target(targets)
         credentials = None
         if tls_ca is not None:
@@ -166,12 +182,17 @@ class EngineClient(AsyncClient):
         if routing == "load_prefix" and are_replicas(targets):
             self.router = Router(targets, credentials, options=[
                 ("grpc.enable_retries", 0), *grpc_limits.channel_options()],
-                drain_grace_s=drain_grace_s)
+                drain_grace_s=drain_grace_s, mux=mux)
             self.router.start()
+        # A lone engine's generations ride one stream; over replicas balanced
+        # per call (round_robin, or no replica routable) each is a call.
+        self.mux = Mux(self.channel) if mux and not are_replicas(targets) else None
 
     async def close(self) -> None:
         if self.router is not None:
             await self.router.close()
+        if self.mux is not None:
+            await self.mux.close()
         await super().close()
 
     def generate(self, request, exclude: frozenset[str] = frozenset(), **kwargs):
@@ -181,8 +202,8 @@ class EngineClient(AsyncClient):
         if self.router is not None:
             replica = self.router.pick(request.model, prompt_text(request), exclude)
         if replica is None:
-            return self.generation.Generate(request, **kwargs), None
-        call = replica.client.generation.Generate(request, **kwargs)
+            return _generate(self.mux, self.generation, request, **kwargs), None
+        call = _generate(replica.mux, replica.client.generation, request, **kwargs)
         self.router.track(replica, call)
         return call, replica.target
 

@@ -41,7 +41,7 @@ from service.models.lifecycle import Phase
 from service.models.lifecycle_config import LifecycleConfig
 from service.models.registry import ModelRegistry
 from service.responses.store import ResponseStore, Retention
-from service.servicers.access import AccessInterceptor, DrainState
+from service.servicers.access import Access, AccessInterceptor, DrainState
 from service.servicers.embeddings import EmbeddingServicer
 from service.servicers.generation import GenerationServicer
 from service.servicers.models import ModelServicer
@@ -137,11 +137,11 @@ class EngineServer:
                                  on_availability=self._set_state_store)
         self.drain = DrainState()
         self.metrics = EngineMetrics(self.inference, self.follower, self.monitoring)
-        self.server = grpc.aio.server(
-            interceptors=[AccessInterceptor(keys, self.drain, self.metrics)],
-            options=grpc_limits.server_options())
+        access = Access(keys, self.drain, self.metrics)
+        self.server = grpc.aio.server(interceptors=[AccessInterceptor(access)],
+                                      options=grpc_limits.server_options())
         generation_service_pb2_grpc.add_GenerationServiceServicer_to_server(
-            GenerationServicer(self.inference), self.server
+            GenerationServicer(self.inference, access), self.server
         )
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
             ModelServicer(self.inference), self.server

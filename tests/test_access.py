@@ -3,6 +3,7 @@ and a bridge started with keys configured."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -25,6 +26,7 @@ from millm.v1 import (
     tokenization_service_pb2,
     tokenization_service_pb2_grpc,
 )
+from rest_bridge.engine_mux import Mux
 from service.rate_limit import TokenBucket
 from tests import harness
 from tests.conftest import MODEL
@@ -329,6 +331,40 @@ def test_request_ids_reach_both_logs_and_keys_never_do(keyed):
     for log in (keyed.bridge.log(), keyed.engine.log()):
         for key in (INFERENCE_KEY, ADMIN_KEY, LIMITED_KEY, WRONG_KEY):
             assert key not in log
+
+
+def test_each_call_on_one_generate_many_stream_is_checked_with_its_own_key(keyed):
+    """The stream needs no key; every call started on it meets the rules a
+    Generate call with that metadata meets, and is logged as one."""
+    async def run():
+        async with grpc.aio.insecure_channel(keyed.grpc_target) as channel:
+            mux = Mux(channel)
+            try:
+                outcomes = []
+                for key in (None, WRONG_KEY, INFERENCE_KEY):
+                    metadata = (("x-request-id", f"mux-{key is not None}"),)
+                    if key is not None:
+                        metadata = (("authorization", f"Bearer {key}"), *metadata)
+                    call = mux.start(chat_request(max_tokens=2), metadata, 60, None)
+                    try:
+                        while await call.read() is not grpc.aio.EOF:
+                            pass
+                        outcomes.append("OK")
+                    except grpc.aio.AioRpcError as exc:
+                        outcomes.append((exc.code().name, error_info(exc).reason))
+                return outcomes
+            finally:
+                await mux.close()
+
+    assert asyncio.run(run()) == [("UNAUTHENTICATED", "invalid_api_key"),
+                                  ("UNAUTHENTICATED", "invalid_api_key"), "OK"]
+    time.sleep(0.3)
+    engine_lines = [json.loads(line.split("millm.access: ", 1)[1])
+                    for line in keyed.engine.log().splitlines() if "millm.access: " in line]
+    ok = [e for e in engine_lines if e["request_id"] == "mux-True"]
+    assert [e["code"] for e in ok] == ["UNAUTHENTICATED", "OK"]
+    assert all(e["method"] == "/millm.v1.GenerationService/Generate" for e in ok)
+    assert ok[1]["client"] == api_keys.fingerprint(api_keys.digest(INFERENCE_KEY))
 
 
 # -- startup refusals ------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ class Replica:
     routed: dict = field(default_factory=dict)  # reason -> calls the router sent here
     seen_at: float = 0.0  # time.monotonic() of the last report
     done_at: float = 0.0  # time.monotonic() when this bridge's last call there ended
+    mux: object = None  # engine_mux.Mux: the GenerateMany stream there, unless turned off
 
     def routable(self, now: float) -> bool:
         return (self.streaming and self.report is not None and self.report.state == _SERVING

@@ -35,6 +35,7 @@ import grpc
 
 from millm.client import AsyncClient
 from millm.v1 import server_service_pb2
+from rest_bridge.engine_mux import Mux
 from rest_bridge.routing.picker import Replica, choose
 from rest_bridge.routing.prefix import PrefixIndex, block_hashes, cache_key
 
@@ -67,8 +68,9 @@ def dns_name(target: str) -> tuple[str, int] | None:
 
 class Router:
     def __init__(self, targets: tuple[str, ...], credentials=None, options=(),
-                 drain_grace_s: float = DRAIN_GRACE_S):
+                 drain_grace_s: float = DRAIN_GRACE_S, mux: bool = True):
         self.targets, self.credentials, self.options = targets, credentials, list(options)
+        self.mux = mux  # each replica's generations on one GenerateMany stream
         self.drain_grace_s = drain_grace_s
         self.replicas: dict[str, Replica] = {}
         self.index = PrefixIndex()
@@ -133,7 +135,7 @@ class Router:
             # An address found through DNS: its certificate names the host, not the IP.
             options = [*options, ("grpc.ssl_target_name_override", host)]
         client = AsyncClient(target, credentials=self.credentials, options=options)
-        replica = Replica(target, client)
+        replica = Replica(target, client, mux=Mux(client.channel) if self.mux else None)
         self.replicas[target] = replica
         self._tasks[target] = asyncio.create_task(self._watch(replica))
 
@@ -143,6 +145,8 @@ class Router:
         self._tasks.pop(target).cancel()
         self.index.forget(target)
         with contextlib.suppress(Exception):
+            if replica.mux is not None:
+                await replica.mux.close()
             await replica.client.close()
 
     def _drop(self, target: str) -> None:
@@ -158,6 +162,8 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError):
                 await watch  # its load stream ends first: it is no call to wait for
             with contextlib.suppress(Exception):
+                if replica.mux is not None:  # its calls end, then its stream
+                    await replica.mux.close(grace=self.drain_grace_s)
                 await replica.client.channel.close(grace=self.drain_grace_s)
 
         task = asyncio.create_task(drain())

@@ -1,6 +1,8 @@
-"""Who may call what: the engine's one server interceptor.
+"""Who may call what: the engine's one server interceptor, and the rules it
+applies (`Access`), which GenerateMany applies again to each call it starts.
 
-For every RPC except health checks, reflection and load reports it (1) refuses new work
+For every RPC except health checks, reflection, load reports and the
+GenerateMany carrier stream it (1) refuses new work
 while the engine drains, (2) checks the API key in `authorization: Bearer`
 metadata when keys are configured, and its scope (`admin` for the mutating
 RPCs), (3) applies the key's rate limit, and (4) counts the call in flight,
@@ -30,7 +32,9 @@ log = logging.getLogger("millm.access")
 # Health checks, reflection and load reports need no key, are served while
 # draining (they report it) and are not calls the drain waits for.
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.",
-                   "/millm.v1.ServerService/WatchLoad")
+                   "/millm.v1.ServerService/WatchLoad",
+                   # The stream is a carrier: each call it starts is checked.
+                   "/millm.v1.GenerationService/GenerateMany")
 # RPCs that change the server's state need an admin key.
 ADMIN_METHODS = frozenset({"/millm.v1.ServerService/ClearPrefixCache",
                            "/millm.v1.ModelService/LoadModel",
@@ -59,14 +63,18 @@ def _refuse(error: EngineError):
     return abort
 
 
-class AccessInterceptor(grpc.aio.ServerInterceptor):
+class Access:
+    """The per-call rules, in one place: the interceptor applies them to every
+    call, and GenerateMany (servicers/generation_mux.py) to each call it
+    starts, with the metadata that call would carry."""
+
     def __init__(self, keys: api_keys.KeyRing | None, drain: DrainState, metrics=None,
                  limiter: RateLimiter | None = None):
         self.keys, self.drain, self.metrics = keys, drain, metrics
         self.limiter = limiter or RateLimiter()
 
-    def _check(self, method: str,
-               metadata: dict) -> tuple[EngineError | None, api_keys.ApiKey | None]:
+    def check(self, method: str,
+              metadata: dict) -> tuple[EngineError | None, api_keys.ApiKey | None]:
         """(refusal or None, the caller's key or None)."""
         if self.drain.draining:
             return EngineError("draining", "The engine is shutting down; retry against another "
@@ -90,31 +98,45 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
                          "reset_s": round(decision.reset_s, 3)}), key
         return None, key
 
+    def begin(self, key: api_keys.ApiKey | None) -> float:
+        """A call starts: counted in flight (the drain waits for it), its key
+        set for the task that serves it. Returns its start time."""
+        self.drain.in_flight += 1
+        caller.set(key)
+        return time.perf_counter()
+
+    def end(self, method: str, started: float, code: str, request_id: str,
+            key: api_keys.ApiKey | None) -> None:
+        """A call ended with `code`: metrics and one access-log line."""
+        self.drain.in_flight -= 1
+        seconds = time.perf_counter() - started
+        if self.metrics is not None:
+            self.metrics.rpc_done(method, code, seconds)
+        log.info(json.dumps({"message": "rpc", "method": method, "code": code,
+                             "duration_us": int(seconds * 1e6),
+                             "request_id": clipped(request_id),
+                             "client": key.fingerprint if key is not None else "-"}))
+
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, access: Access):
+        self.access = access
+
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         method = details.method
         if handler is None or method.startswith(EXEMPT_PREFIXES):
             return handler
         metadata = {k: v for k, v in (details.invocation_metadata or ())}
-        refusal, key = self._check(method, metadata)
-        who = key.fingerprint if key is not None else "-"
+        refusal, key = self.access.check(method, metadata)
         request_id = metadata.get("x-request-id", "-")
-        access = self
+        access = self.access
 
         def begin():
-            access.drain.in_flight += 1
-            caller.set(key)  # the handler runs in this task, so it reads this key
-            return time.perf_counter()
+            return access.begin(key)  # the handler runs in this task, so it reads this key
 
         def end(started: float, context) -> None:
-            access.drain.in_flight -= 1
-            code = _code_name(context, refusal)
-            seconds = time.perf_counter() - started
-            if access.metrics is not None:
-                access.metrics.rpc_done(method, code, seconds)
-            log.info(json.dumps({"message": "rpc", "method": method, "code": code,
-                                 "duration_us": int(seconds * 1e6),
-                                 "request_id": clipped(request_id), "client": who}))
+            access.end(method, started, _code_name(context, refusal), request_id, key)
 
         if handler.unary_unary is not None:
             inner = handler.unary_unary
@@ -150,7 +172,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_stream_rpc_method_handler(
                 stream, request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer)
-        return handler  # no client-streaming RPCs in the contract
+        return handler  # the one client-streaming RPC, GenerateMany, is exempt
 
 
 def _code_name(context, refusal: EngineError | None) -> str:

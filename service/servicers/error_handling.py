@@ -23,7 +23,7 @@ async def _abort(context: grpc.aio.ServicerContext, error: EngineError) -> None:
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
-def _as_engine_error(exc: Exception, method: str) -> EngineError:
+def as_engine_error(exc: Exception, method: str) -> EngineError:
     if isinstance(exc, EngineError):
         return exc
     log.exception("unhandled error in %s", method)
@@ -38,7 +38,7 @@ def unary_errors(handler):
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:  # noqa: BLE001 - every error must become a status
-            await _abort(context, _as_engine_error(exc, handler.__qualname__))
+            await _abort(context, as_engine_error(exc, handler.__qualname__))
 
     return wrapper
 
@@ -52,6 +52,6 @@ def stream_errors(handler):
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:  # noqa: BLE001
-            await _abort(context, _as_engine_error(exc, handler.__qualname__))
+            await _abort(context, as_engine_error(exc, handler.__qualname__))
 
     return wrapper

@@ -18,6 +18,7 @@ from service.inference import InferenceService
 from service.requests import custom_tools, tools
 from service.requests.params import ChatTurn, GenerateParams, ResponseFormat, StructuredOutputs
 from service.servicers.error_handling import stream_errors
+from service.servicers.generation_mux import MuxStream
 from service.servicers.generation_replies import coalesced, event_to_pb, spaced
 from service.steering import plan as runtime
 from service.steering import readout
@@ -230,11 +231,16 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
 
 
 class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
-    def __init__(self, inference: InferenceService):
+    def __init__(self, inference: InferenceService, access=None):
         self._inference = inference
+        self._access = access  # servicers/access.Access, for GenerateMany's calls
 
-    @stream_errors
-    async def Generate(self, request, context):
+    async def GenerateMany(self, request_iterator, context):
+        async for frame in MuxStream(self, self._access).frames(request_iterator):
+            yield frame
+
+    async def replies(self, request, context=None):
+        """A Generate call's messages: Generate's and each GenerateMany call's."""
         async with self._inference.generation(params_from_pb(request)) as generation:
             events = generation.events()
             # aclosing: a cancelled call closes the generator at once, which
@@ -254,3 +260,6 @@ class GenerationServicer(generation_service_pb2_grpc.GenerationServiceServicer):
                     return
                 async for message in coalesced(events):
                     yield message
+
+    # The same code, its errors as the call's status (no generator between).
+    Generate = stream_errors(replies)

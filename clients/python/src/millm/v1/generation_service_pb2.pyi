@@ -10,6 +10,54 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GenerateManyRequest(_message.Message):
+    __slots__ = ("starts", "cancels")
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    CANCELS_FIELD_NUMBER: _ClassVar[int]
+    starts: _containers.RepeatedCompositeFieldContainer[GenerateStart]
+    cancels: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, starts: _Optional[_Iterable[_Union[GenerateStart, _Mapping]]] = ..., cancels: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GenerateStart(_message.Message):
+    __slots__ = ("id", "request", "authorization", "request_id", "timeout_s")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: GenerateRequest
+    authorization: str
+    request_id: str
+    timeout_s: float
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., authorization: _Optional[str] = ..., request_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class GenerateManyResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[GenerateEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[GenerateEvent, _Mapping]]] = ...) -> None: ...
+
+class GenerateEvent(_message.Message):
+    __slots__ = ("id", "response", "end")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: GenerateResponse
+    end: GenerateEnd
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[GenerateResponse, _Mapping]] = ..., end: _Optional[_Union[GenerateEnd, _Mapping]] = ...) -> None: ...
+
+class GenerateEnd(_message.Message):
+    __slots__ = ("code", "message", "status_details")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_DETAILS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    status_details: bytes
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., status_details: _Optional[bytes] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
     __slots__ = ("model", "chat", "prompt", "sampling", "request_id", "strict", "extra_fields", "unused_fields", "user", "response_format", "extra_chats", "profile", "steering_intensity", "return_sae_activations", "tools", "tool_choice", "parallel_tool_calls", "stream", "coalesce", "reasoning_effort", "thinking_token_budget", "chat_template_kwargs", "structured_outputs", "steering_compare", "stream_interval")
     MODEL_FIELD_NUMBER: _ClassVar[int]

@@ -40,6 +40,11 @@ class GenerationServiceStub:
                 request_serializer=millm_dot_v1_dot_generation__service__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_generation__service__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/millm.v1.GenerationService/GenerateMany',
+                request_serializer=millm_dot_v1_dot_generation__service__pb2.GenerateManyRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_generation__service__pb2.GenerateManyResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServiceServicer:
@@ -59,6 +64,21 @@ class GenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateMany(self, request_iterator, context):
+        """Many Generate calls over one long-lived stream: the REST bridge's path
+        to an engine. Each start is admitted (API key, scope, rate limit,
+        drain), bounded by its own timeout, logged and counted exactly as a
+        Generate call carrying the same metadata, and runs the same code; its
+        replies are the messages that call would stream, in order, and its end
+        is the status that call would end with. Replies travel in frames: one
+        frame holds what every running call produced since the last frame
+        (about one decode step). The stream itself needs no key; closing the
+        request side lets running calls finish, then the stream ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -66,6 +86,11 @@ def add_GenerationServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=millm_dot_v1_dot_generation__service__pb2.GenerateRequest.FromString,
                     response_serializer=millm_dot_v1_dot_generation__service__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=millm_dot_v1_dot_generation__service__pb2.GenerateManyRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_generation__service__pb2.GenerateManyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -96,6 +121,33 @@ class GenerationService:
             '/millm.v1.GenerationService/Generate',
             millm_dot_v1_dot_generation__service__pb2.GenerateRequest.SerializeToString,
             millm_dot_v1_dot_generation__service__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/millm.v1.GenerationService/GenerateMany',
+            millm_dot_v1_dot_generation__service__pb2.GenerateManyRequest.SerializeToString,
+            millm_dot_v1_dot_generation__service__pb2.GenerateManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

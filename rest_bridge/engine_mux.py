@@ -1,0 +1,286 @@
+"""Generations over one GenerateMany stream per engine (proto GenerationService).
+
+A Generate call per request costs a gRPC message per token per stream on both
+sides; over one long-lived stream the engine sends a frame a decode step
+holding every running request's replies, and this side reads one message a
+step and hands each request its own. `MuxCall` behaves as the grpc.aio call
+it replaces (read() until EOF, AioRpcError with the same code, details and
+ErrorInfo trailer, cancel, add_done_callback), so serving/failover.py and the
+router treat both alike.
+
+- The request's key and id go in its start, as the call's metadata would;
+  its deadline is kept here (the call fails DEADLINE_EXCEEDED and the engine
+  is told to stop) and in the engine.
+- A stream that breaks fails the calls in flight on it with the stream's own
+  error (UNAVAILABLE when the engine is lost: what a lost call gives, so
+  failover sends an uncommitted request on); the next request opens a new one.
+- An engine without GenerateMany (UNIMPLEMENTED: an older version during a
+  rolling upgrade) gets per-request calls from then on; the requests the
+  failed stream carried are sent again as calls.
+- Behind an L7 proxy that balances per call, MILLM_ENGINE_MUX=off keeps one
+  call a request (a stream would pin every request to one engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+import grpc
+
+from millm.v1 import generation_service_pb2 as gen_pb
+
+log = logging.getLogger("millm.bridge")
+
+METHOD = "/millm.v1.GenerationService/GenerateMany"
+
+
+def _copy(error: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(error.code(), error.initial_metadata(),
+                                error.trailing_metadata(), error.details(),
+                                error.debug_error_string())
+
+
+def _error(code: grpc.StatusCode, details: str,
+           status_details: bytes = b"") -> grpc.aio.AioRpcError:
+    trailing = grpc.aio.Metadata()
+    if status_details:
+        trailing.add("grpc-status-details-bin", status_details)
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details, None)
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class MuxCall:
+    """One request on a Mux: what a Generate call's grpc.aio object offers."""
+
+    def __init__(self, mux: Mux, call_id: int, fallback):
+        self.mux, self.id = mux, call_id
+        self._fallback = fallback  # () -> a Generate call, should the stream be unimplemented
+        self._replies: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
+        self._error: grpc.aio.AioRpcError | None = None
+        self._code: grpc.StatusCode | None = None
+        self._callbacks: list = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._delegate = None  # the Generate call carrying on after a fallback
+        self._started = False  # a reply arrived
+
+    # -- what grpc.aio's call offers ---------------------------------------------
+
+    async def read(self):
+        while not self._replies:
+            if self._delegate is not None:
+                return await self._delegate.read()
+            if self._code is not None:
+                if self._code == grpc.StatusCode.CANCELLED and self._error is None:
+                    raise asyncio.CancelledError()
+                if self._error is not None:
+                    raise self._error
+                return grpc.aio.EOF
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._replies.popleft()
+
+    def cancel(self) -> bool:
+        if self._delegate is not None:
+            return self._delegate.cancel()
+        if self._code is not None:
+            return False
+        self.mux._cancel(self.id)
+        self._finish(grpc.StatusCode.CANCELLED, None)
+        return True
+
+    def done(self) -> bool:
+        return self._delegate.done() if self._delegate is not None else self._code is not None
+
+    def cancelled(self) -> bool:
+        return self._code == grpc.StatusCode.CANCELLED and self._error is None
+
+    def add_done_callback(self, callback) -> None:
+        if self._delegate is not None:
+            self._delegate.add_done_callback(lambda _call: callback(self))
+        elif self._code is not None:
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+    async def code(self) -> grpc.StatusCode:
+        while not self.done():
+            await asyncio.sleep(0.01)
+        if self._delegate is not None:
+            return await self._delegate.code()
+        return self._code
+
+    # -- what the Mux tells it ---------------------------------------------------------
+
+    def _reply(self, response: gen_pb.GenerateResponse) -> None:
+        self._started = True
+        self._replies.append(response)
+        self._wake()
+
+    def _end(self, end: gen_pb.GenerateEnd) -> None:
+        code = _CODES.get(end.code, grpc.StatusCode.UNKNOWN)
+        error = None if code == grpc.StatusCode.OK else _error(code, end.message,
+                                                               end.status_details)
+        self._finish(code, error)
+
+    def _fail(self, error: grpc.aio.AioRpcError) -> None:
+        """The stream broke: end with its error, or go on as a Generate call."""
+        if (error.code() == grpc.StatusCode.UNIMPLEMENTED and not self._started
+                and self._fallback is not None):
+            self._delegate = self._fallback()
+            for callback in self._callbacks:
+                self._delegate.add_done_callback(lambda _call, cb=callback: cb(self))
+            self._callbacks.clear()
+            self._cancel_timer()
+            self._wake()
+            return
+        self._finish(error.code(), _copy(error))
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._code is None:
+            self.mux._cancel(self.id)
+            self._finish(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         _error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+
+    def _finish(self, code: grpc.StatusCode, error: grpc.aio.AioRpcError | None) -> None:
+        if self._code is not None:
+            return
+        self._code, self._error = code, error
+        self.mux._forget(self.id)
+        self._cancel_timer()
+        self._wake()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class Mux:
+    """The GenerateMany stream to one engine (one channel), opened on first use."""
+
+    def __init__(self, channel: grpc.aio.Channel):
+        self._open = channel.stream_stream(
+            METHOD, request_serializer=gen_pb.GenerateManyRequest.SerializeToString,
+            response_deserializer=gen_pb.GenerateManyResponse.FromString)
+        self._calls: dict[int, MuxCall] = {}
+        self._next_id = 0
+        self._starts: list[gen_pb.GenerateStart] = []
+        self._cancels: list[int] = []
+        self._outbox: asyncio.Event | None = None
+        self._stream = None
+        self._reader: asyncio.Task | None = None
+        self.unsupported = False  # the engine answered UNIMPLEMENTED
+        self._idle: asyncio.Event | None = None
+        self.frames = self.events = 0  # read so far: events / frames is the coalescing
+
+    def start(self, request: gen_pb.GenerateRequest, metadata, timeout: float | None,
+              fallback) -> MuxCall:
+        """A call for `request` with the call metadata a Generate call would
+        carry (authorization, x-request-id) and its timeout in seconds."""
+        if self._stream is None:
+            self._open_stream()
+        self._next_id += 1
+        call = MuxCall(self, self._next_id, fallback)
+        self._calls[call.id] = call
+        start = gen_pb.GenerateStart(id=call.id, request=request,
+                                     timeout_s=timeout if timeout else 0.0)
+        for key, value in metadata or ():
+            if key == "authorization":
+                start.authorization = value
+            elif key == "x-request-id":
+                start.request_id = value
+        if timeout:
+            call._timer = asyncio.get_running_loop().call_later(timeout, call._expire)
+        self._starts.append(start)
+        self._outbox.set()
+        return call
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._calls)
+
+    async def close(self, grace: float | None = None) -> None:
+        """Let the running calls end (up to `grace` seconds), then end the stream."""
+        if grace and self._calls:
+            self._idle = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._idle.wait(), grace)
+            except TimeoutError:
+                pass
+        if self._stream is not None:
+            self._stream.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+
+    # -- the stream --------------------------------------------------------------------
+
+    def _open_stream(self) -> None:
+        self._outbox = asyncio.Event()
+        self._stream = stream = self._open(self._requests(self._outbox))
+        self._reader = asyncio.get_running_loop().create_task(self._read(stream))
+
+    async def _requests(self, outbox: asyncio.Event):
+        """What the stream sends: the starts and cancels gathered since the last message."""
+        while True:
+            await outbox.wait()
+            outbox.clear()
+            if self._starts or self._cancels:
+                starts, self._starts = self._starts, []
+                cancels, self._cancels = self._cancels, []
+                yield gen_pb.GenerateManyRequest(starts=starts, cancels=cancels)
+
+    async def _read(self, stream) -> None:
+        error = None
+        try:
+            async for frame in stream:
+                calls = self._calls
+                self.frames += 1
+                self.events += len(frame.events)
+                for event in frame.events:
+                    call = calls.get(event.id)
+                    if call is None:
+                        continue  # cancelled or expired here
+                    if event.WhichOneof("kind") == "response":
+                        call._reply(event.response)
+                    else:
+                        call._end(event.end)
+            error = _error(grpc.StatusCode.UNAVAILABLE, "The engine ended the stream.")
+        except grpc.aio.AioRpcError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            error = _error(grpc.StatusCode.CANCELLED, "The bridge closed the stream.")
+        finally:
+            if self._stream is stream:
+                self._stream = None
+            if error is not None and error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.unsupported = True
+                log.warning("engine has no GenerateMany: one Generate call a request from now on")
+            for call in list(self._calls.values()):
+                call._fail(error)
+            self._calls.clear()
+
+    def _cancel(self, call_id: int) -> None:
+        if self._calls.pop(call_id, None) is not None and self._stream is not None:
+            self._cancels.append(call_id)
+            self._outbox.set()
+
+    def _forget(self, call_id: int) -> None:
+        self._calls.pop(call_id, None)
+        if self._idle is not None and not self._calls:
+            self._idle.set()
