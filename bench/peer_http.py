@@ -65,6 +65,8 @@ async def _exchange(port: int, body: dict, stream: bool) -> tuple[bytes, float |
         elif _complete(raw):
             break
     writer.close()
+    if stream and first is None:  # no text at all (a random-weight model's bytes): its end
+        first = time.perf_counter() - started
     return raw, first
 
 
