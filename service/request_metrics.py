@@ -17,7 +17,8 @@ Definitions (docs/operations.md has the table):
   generated token leaving the model thread;
 - inter-token latency: between two steps of one request, divided by the
   tokens one row gained in that step (a slow reader's merged steps count as
-  several tokens);
+  several tokens); a request read whole (not streamed) is posted once, so its
+  tokens are spread evenly between its first and its last (`held`);
 - queue time: from the job's submission to its first part being admitted
   into the running batch (engines that report admission; others omit it);
 - prefix-cache queries and hits: prompt tokens looked up and tokens served
@@ -92,6 +93,22 @@ class RequestTimer:
             for _ in range(tokens_per_row):
                 self._itl.observe(gap)
         self._last = now
+
+    def held(self, tokens_per_row: int, first_at: float, last_at: float) -> None:
+        """Steps the model thread held for a caller that reads the answer whole,
+        posted at once: the first token left the model at `first_at`, the
+        rest are spread evenly up to `last_at`."""
+        if tokens_per_row <= 0:
+            return
+        if self._last is None:
+            self._m.ttft.labels(self._model).observe(max(0.0, first_at - self._started))
+            self._last = first_at
+            tokens_per_row -= 1
+        if tokens_per_row > 0:
+            gap = max(0.0, last_at - self._last) / tokens_per_row
+            for _ in range(tokens_per_row):
+                self._itl.observe(gap)
+        self._last = max(self._last, last_at)
 
     def queued(self, seconds: float) -> None:
         self._m.queue.labels(self._model).observe(max(0.0, seconds))

@@ -21,8 +21,8 @@ def loop():
     loop.close()
 
 
-def job(loop) -> GenerationJob:
-    return GenerationJob(types.SimpleNamespace(monitoring=None, request_id="r"), loop)
+def job(loop, whole: bool = False) -> GenerationJob:
+    return GenerationJob(types.SimpleNamespace(monitoring=None, request_id="r", whole=whole), loop)
 
 
 def received(loop, j: GenerationJob) -> list:
@@ -61,3 +61,21 @@ def test_a_failed_request_gets_nothing_of_the_step_and_counts_no_tokens(loop):
     assert posts.post(stall_s=60.0) == [b]
     assert received(loop, a) == []
     assert [type(e) for e in received(loop, b)] == [StepOutput]
+
+
+def test_a_request_read_whole_gets_its_steps_joined_once_its_group_ends(loop):
+    whole, streamed = job(loop, whole=True), job(loop)
+    for step, text in enumerate(("Once", " upon", " a")):
+        posts = StepPosts()
+        posts.delta(whole, ChoiceDelta(0, text, (step,)))
+        posts.delta(streamed, ChoiceDelta(0, text, (step,)))
+        if step == 2:
+            posts.group_done(whole, GroupDone(3, 0))
+        posts.post(stall_s=60.0)
+        if step < 2:
+            assert received(loop, whole) == []  # no wake of its caller a step
+    assert len(received(loop, streamed)) == 3
+    got = received(loop, whole)
+    assert [type(e) for e in got] == [StepOutput, GroupDone]
+    assert [(d.text, d.token_ids) for d in got[0].deltas] == [("Once upon a", (0, 1, 2))]
+    assert 0 < whole.held_first_at <= whole.held_last_at and whole.held == []

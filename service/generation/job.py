@@ -119,12 +119,15 @@ def join_steps(steps: list[StepOutput]) -> StepOutput:
     if len(steps) == 1:
         return steps[0]
     runs: dict[int, list[list[ChoiceDelta]]] = {}
+    last: dict[int, int] = {}  # the latest part the choice's open run holds
     for step in steps:
         for d in step.deltas:
             choice = runs.setdefault(d.index, [])
-            if not choice or _first_part(d) < _last_part(choice[-1]):
+            if not choice or _first_part(d) < last[d.index]:
                 choice.append([])
+                last[d.index] = -1
             choice[-1].append(d)
+            last[d.index] = max(last[d.index], _part(d))
     return StepOutput(tuple(_joined(run) for choice in runs.values() for run in choice))
 
 
@@ -133,9 +136,9 @@ def _first_part(d: ChoiceDelta) -> int:
     return 0 if d.reasoning else 1 if d.text else 2 if d.tool_calls else 3
 
 
-def _last_part(run: list[ChoiceDelta]) -> int:
-    return max((2 if d.tool_calls else 1 if d.text else 0 if d.reasoning else -1)
-               for d in run)
+def _part(d: ChoiceDelta) -> int:
+    """The latest of reasoning (0), text (1) and tool calls (2) the delta holds."""
+    return 2 if d.tool_calls else 1 if d.text else 0 if d.reasoning else -1
 
 
 def _joined(ds: list[ChoiceDelta]) -> ChoiceDelta:
@@ -176,6 +179,11 @@ class GenerationJob:
     # Monitoring: the probes' readings, written by the model thread while the
     # job runs and read once every group is done.
     monitor: ProbeReader | None = None
+    # A whole-read job's steps not posted yet, and when the first and last of
+    # them left the model (model thread only; spec.whole).
+    held: list = field(default_factory=list)
+    held_first_at: float = 0.0
+    held_last_at: float = 0.0
 
     def __post_init__(self):
         if self.spec.monitoring is not None:
@@ -195,6 +203,19 @@ class GenerationJob:
             self.first_posted = time.monotonic()
         self.posted += 1
         return self.loop, (self.queue, event)
+
+    def hold(self, step: StepOutput) -> None:
+        """Model thread: keep a whole-read job's step for its group's end."""
+        now = time.monotonic()
+        if not self.held:
+            self.held_first_at = now
+        self.held.append(step)
+        self.held_last_at = now
+
+    def release(self) -> StepOutput:
+        """Model thread: the held steps as one."""
+        steps, self.held = self.held, []
+        return join_steps(steps)
 
     def stalled(self, stall_s: float) -> bool:
         """Model thread: has the caller left events untaken too long, or too many?"""

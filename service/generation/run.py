@@ -122,7 +122,11 @@ class Generation:
                     if not queued and job.admitted_at:
                         timer.queued(job.admitted_at - submitted)
                         queued = True
-                    timer.step(max((len(d.token_ids) for d in step.deltas), default=0))
+                    tokens = max((len(d.token_ids) for d in step.deltas), default=0)
+                    if spec.whole:  # posted once, timed by the model thread
+                        timer.held(tokens, job.held_first_at, job.held_last_at)
+                    else:
+                        timer.step(tokens)
                 if ids is not None:
                     for d in step.deltas:
                         ids.extend(d.token_ids)

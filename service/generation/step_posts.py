@@ -44,11 +44,26 @@ class StepPosts:
                    if key not in self._failed)
 
     def post(self, stall_s: float) -> list[GenerationJob]:
-        """Post every request's events; returns those given a StepOutput."""
-        stepped = [job for key, (job, _) in self._deltas.items() if key not in self._failed]
-        posts: list[tuple[GenerationJob, object]] = [
-            (job, StepOutput(tuple(self._deltas[id(job)][1]))) for job in stepped]
-        posts += [(job, done) for job, done in self._done if id(job) not in self._failed]
+        """Post every request's events; returns those given a StepOutput. A
+        whole-read job's steps are held (GenerationJob.hold) and posted
+        joined before its group's GroupDone."""
+        stepped: list[GenerationJob] = []
+        posts: list[tuple[GenerationJob, object]] = []
+        for key, (job, deltas) in self._deltas.items():
+            if key in self._failed:
+                continue
+            if job.spec.whole:
+                job.hold(StepOutput(tuple(deltas)))
+                continue
+            stepped.append(job)
+            posts.append((job, StepOutput(tuple(deltas))))
+        for job, done in self._done:
+            if id(job) in self._failed:
+                continue
+            if job.held:
+                stepped.append(job)
+                posts.append((job, job.release()))
+            posts.append((job, done))
         post_all(posts)
         for job in stepped:
             if job.stalled(stall_s):

@@ -83,6 +83,10 @@ class ValidatedGeneration:
     reasoning: ReasoningPlan | None = None
     # max_tokens as the request asked it (None: unset).
     max_tokens_asked: int | None = None
+    # Read whole by its caller: the model thread holds its steps and posts
+    # them joined as each group ends (generation/step_posts.py), one wake of
+    # the caller a group instead of one a step.
+    whole: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -205,6 +209,8 @@ def validated(params: GenerateParams, checked: CheckedParams, groups: tuple[Prom
         monitoring=None if checked.scoring else monitoring,
         reasoning=reasoning,
         max_tokens_asked=checked.max_tokens,
+        # steering_compare pairs the two jobs' steps as they come.
+        whole=params.whole and not params.steering_compare,
     )
 
 

@@ -101,6 +101,8 @@ class GenerateParams:
     steering_compare: bool = False
     # Streamed: tokens per message after the first (servicers/generation_replies.py).
     stream_interval: int | None = None
+    # The caller reads the answer whole (GenerateRequest.coalesce, not streamed).
+    whole: bool = False
     # Chat only: functions the model may call, and how.
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: ToolChoice | None = None
