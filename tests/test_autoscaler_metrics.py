@@ -123,3 +123,27 @@ def test_readyz_and_health_on_the_metrics_port(engine):
             body = json.loads(reply.read())
         assert reply.status == 200
         assert body == {"status": "ready", "model": MODEL, "state_store": "available"}
+
+
+def test_many_observations_at_once_equal_as_many_observe_calls():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from service.request_metrics import ITL_BUCKETS, observe_many
+
+    registries = [CollectorRegistry(), CollectorRegistry()]
+    one, many = (Histogram("itl", "t", ["m"], buckets=ITL_BUCKETS, registry=r).labels("x")
+                 for r in registries)
+    for amount, count in ((0.003, 5), (0.2, 31), (0.2, 1), (99.0, 3), (0.0, 2)):
+        for _ in range(count):
+            one.observe(amount)
+        observe_many(many, amount, count)
+    def samples(registry):
+        text = generate_latest(registry).decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples
+                if not s.name.endswith("_created")}
+
+    expected, got = samples(registries[0]), samples(registries[1])
+    assert expected.keys() == got.keys() and len(expected) > 3
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-12), key
