@@ -60,7 +60,7 @@ class StepPosts:
         for job, done in self._done:
             if id(job) in self._failed:
                 continue
-            if job.held:
+            if job.spec.whole and job.held:
                 stepped.append(job)
                 posts.append((job, job.release()))
             posts.append((job, done))

@@ -209,8 +209,9 @@ def validated(params: GenerateParams, checked: CheckedParams, groups: tuple[Prom
         monitoring=None if checked.scoring else monitoring,
         reasoning=reasoning,
         max_tokens_asked=checked.max_tokens,
-        # steering_compare pairs the two jobs' steps as they come.
-        whole=params.whole and not params.steering_compare,
+        # steering_compare pairs the two jobs' steps as they come; a reasoning
+        # split counts each token on its side of the block's end.
+        whole=params.whole and not params.steering_compare and reasoning is None,
     )
 
 

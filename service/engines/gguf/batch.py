@@ -229,9 +229,12 @@ class Runner:
 
     def step(self) -> None:
         """One decode of the shared batch, then one of each lane."""
-        self.forks.orphans()
-        shared = sorted((r for r in self.slots.rows if not self.forks.waiting(r)),
-                        key=lambda r: len(r.pending) > 1)  # decoding first
+        forks = self.forks
+        rows = self.slots.rows
+        if forks.followers:  # n > 1 parts waiting for their leader's prompt
+            forks.orphans()
+            rows = [r for r in rows if not forks.waiting(r)]
+        shared = sorted(rows, key=lambda r: len(r.pending) > 1)  # decoding first
         if shared:
             self._decode(self.ctx, self.batch, self.n_batch, shared, "decode", self.steer)
         for lane in self.lanes.running():
@@ -268,8 +271,10 @@ class Runner:
             try:
                 faults.hit("row")
                 delta, done = self._take(ctx, row)
-                taken = [(row, delta, done), *self.forks.fork(
-                    ctx, row, lambda follower: self._take(ctx, follower))]
+                taken = [(row, delta, done)]
+                if self.forks.followers:
+                    taken += self.forks.fork(ctx, row,
+                                             lambda follower: self._take(ctx, follower))
             except Exception:
                 log.exception("a row failed to take its token; its request fails alone")
                 posts.fail(row.job)
