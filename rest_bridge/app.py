@@ -38,7 +38,8 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
         engine = EngineClient(config.engine_targets, config.engine_tls_ca,
                               config.engine_tls_cert, config.engine_tls_key, config.routing,
                               drain_grace_s=config.engine_deadline_max_s,
-                              mux=config.engine_mux == "on")
+                              mux=config.engine_mux == "on",
+                              stall_s=config.stream_stall_s)
         app.state.engine = engine
         if engine.router is not None:
             app.state.metrics.watch_router(engine.router)

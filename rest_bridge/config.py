@@ -42,6 +42,10 @@ class BridgeConfig:
     # Generations ride one GenerateMany stream per engine (engine_mux.py);
     # "off": one Generate call each, for an L7 proxy that balances per call.
     engine_mux: str = "on"
+    # A generation's replies waiting unread this long (or over 4,096 of them)
+    # end it: the engine's own rule (MILLM_STREAM_STALL_S), kept here for
+    # the generations on the stream, which the engine cannot see stall.
+    stream_stall_s: float = 30.0
     # Host names served besides loopback and the listening address, and web
     # origins granted CORS (browser_guard.py): comma-separated, "*" for any.
     allowed_hosts: str = ""
@@ -118,6 +122,8 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
                         help="MILLM_ENGINE_MUX: carry generations over one stream per engine "
                         "(on), or one gRPC call each (off: behind an L7 proxy that balances "
                         "per call)")
+    _number(parser, "--stream-stall-s", "MILLM_STREAM_STALL_S", 30.0,
+            "a generation whose client takes nothing for this long is cancelled")
     parser.add_argument("--allowed-hosts", default=_env("MILLM_ALLOWED_HOSTS", ""),
                         help="MILLM_ALLOWED_HOSTS: Host names served besides loopback and the "
                         "listening address (comma-separated; '.example.com' for subdomains; "
@@ -152,6 +158,7 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
         engine_deadline_max_s=args.engine_deadline_max_s,
         routing=args.routing,
         engine_mux=args.engine_mux,
+        stream_stall_s=args.stream_stall_s,
         allowed_hosts=args.allowed_hosts,
         cors_origins=args.cors_origins,
     )

@@ -165,7 +165,7 @@ class EngineClient(AsyncClient):
     def __init__(self, targets: tuple[str, ...], tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
                  routing: str = "load_prefix", drain_grace_s: float = 600.0,
-                 mux: bool = True):
+                 mux: bool = True, stall_s: float = 30.0):
         self.target = channel_target(targets)
         credentials = None
         if tls_ca is not None:
@@ -182,11 +182,11 @@ class EngineClient(AsyncClient):
         if routing == "load_prefix" and are_replicas(targets):
             self.router = Router(targets, credentials, options=[
                 ("grpc.enable_retries", 0), *grpc_limits.channel_options()],
-                drain_grace_s=drain_grace_s, mux=mux)
+                drain_grace_s=drain_grace_s, mux=mux, stall_s=stall_s)
             self.router.start()
         # A lone engine's generations ride one stream; over replicas balanced
         # per call (round_robin, or no replica routable) each is a call.
-        self.mux = Mux(self.channel) if mux and not are_replicas(targets) else None
+        self.mux = Mux(self.channel, stall_s) if mux and not are_replicas(targets) else None
 
     async def close(self) -> None:
         if self.router is not None:

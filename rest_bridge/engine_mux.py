@@ -17,6 +17,9 @@ router treat both alike.
 - An engine without GenerateMany (UNIMPLEMENTED: an older version during a
   rolling upgrade) gets per-request calls from then on; the requests the
   failed stream carried are sent again as calls.
+- The engine sees no reader stop on a stream that carries many, so this side
+  applies its rule (MILLM_STREAM_STALL_S, or 4,096 replies unread): the call
+  ends CANCELLED and the engine stops its rows.
 - Behind an L7 proxy that balances per call, MILLM_ENGINE_MUX=off keeps one
   call a request (a stream would pin every request to one engine).
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 
 import grpc
 
@@ -34,6 +38,9 @@ from millm.v1 import generation_service_pb2 as gen_pb
 log = logging.getLogger("millm.bridge")
 
 METHOD = "/millm.v1.GenerationService/GenerateMany"
+# Replies a call may hold unread before it is ended (the engine's own bound).
+MAX_UNREAD = 4096
+STALLED = "The client took nothing of this generation for too long; it was cancelled."
 
 
 def _copy(error: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
@@ -67,6 +74,7 @@ class MuxCall:
         self._timer: asyncio.TimerHandle | None = None
         self._delegate = None  # the Generate call carrying on after a fallback
         self._started = False  # a reply arrived
+        self._since = 0.0  # the last read, or the first reply since it
 
     # -- what grpc.aio's call offers ---------------------------------------------
 
@@ -85,6 +93,7 @@ class MuxCall:
                 await self._waiter
             finally:
                 self._waiter = None
+        self._since = time.monotonic()
         return self._replies.popleft()
 
     def cancel(self) -> bool:
@@ -120,8 +129,21 @@ class MuxCall:
     # -- what the Mux tells it ---------------------------------------------------------
 
     def _reply(self, response: gen_pb.GenerateResponse) -> None:
+        """A reply for the reader; a reader that stopped reading (its client
+        stopped taking the stream) ends the call, as the engine ends a stalled
+        Generate call: the row stops and its lease is freed."""
         self._started = True
-        self._replies.append(response)
+        replies = self._replies
+        if not replies:
+            self._since = time.monotonic()
+        elif (len(replies) >= MAX_UNREAD
+              or time.monotonic() - self._since > self.mux.stall_s):
+            log.warning("stream_stalled call %d: its reader took nothing for too long; "
+                        "cancelled", self.id)
+            self.mux._cancel(self.id)
+            self._finish(grpc.StatusCode.CANCELLED, _error(grpc.StatusCode.CANCELLED, STALLED))
+            return
+        replies.append(response)
         self._wake()
 
     def _end(self, end: gen_pb.GenerateEnd) -> None:
@@ -174,7 +196,8 @@ class MuxCall:
 class Mux:
     """The GenerateMany stream to one engine (one channel), opened on first use."""
 
-    def __init__(self, channel: grpc.aio.Channel):
+    def __init__(self, channel: grpc.aio.Channel, stall_s: float = 30.0):
+        self.stall_s = stall_s
         self._open = channel.stream_stream(
             METHOD, request_serializer=gen_pb.GenerateManyRequest.SerializeToString,
             response_deserializer=gen_pb.GenerateManyResponse.FromString)

@@ -196,3 +196,28 @@ def test_an_engine_without_the_stream_gets_a_call_a_request(stack):
     assert unsupported and later != "MuxCall"
     texts = [_comparable(replies)[1:] for replies, _ in results]
     assert texts[0] == texts[1] == texts[2] and len(texts[0]) >= 2
+
+
+def test_a_reader_that_stops_reading_is_cancelled_and_its_rows_freed(stack):
+    async def run():
+        async with grpc.aio.insecure_channel(stack.grpc_target) as channel:
+            mux = Mux(channel, stall_s=0.5)
+            try:
+                long = chat_request("Tell me a story.", max_tokens=900, ignore_eos=True)
+                long.stream = True
+                call = mux.start(long, (), 60, None)
+                await call.read()  # the metadata; then nothing is read for a while
+                for _ in range(100):
+                    if call.done():
+                        break
+                    await asyncio.sleep(0.05)
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    while True:
+                        await call.read()
+                return caught.value, await _idle(channel)
+            finally:
+                await mux.close()
+
+    error, idle = asyncio.run(run())
+    assert error.code() == grpc.StatusCode.CANCELLED and "took nothing" in error.details()
+    assert idle

@@ -68,9 +68,11 @@ def dns_name(target: str) -> tuple[str, int] | None:
 
 class Router:
     def __init__(self, targets: tuple[str, ...], credentials=None, options=(),
-                 drain_grace_s: float = DRAIN_GRACE_S, mux: bool = True):
+                 drain_grace_s: float = DRAIN_GRACE_S, mux: bool = True,
+                 stall_s: float = 30.0):
         self.targets, self.credentials, self.options = targets, credentials, list(options)
         self.mux = mux  # each replica's generations on one GenerateMany stream
+        self.stall_s = stall_s
         self.drain_grace_s = drain_grace_s
         self.replicas: dict[str, Replica] = {}
         self.index = PrefixIndex()
@@ -135,7 +137,8 @@ class Router:
             # An address found through DNS: its certificate names the host, not the IP.
             options = [*options, ("grpc.ssl_target_name_override", host)]
         client = AsyncClient(target, credentials=self.credentials, options=options)
-        replica = Replica(target, client, mux=Mux(client.channel) if self.mux else None)
+        replica = Replica(target, client,
+                          mux=Mux(client.channel, self.stall_s) if self.mux else None)
         self.replicas[target] = replica
         self._tasks[target] = asyncio.create_task(self._watch(replica))
 

@@ -16,6 +16,7 @@ which frees the lease.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 import time
@@ -88,6 +89,46 @@ class GroupFailed:
     error: EngineError
 
 
+class Mailbox:
+    """The job's events for its one reader: asyncio.Queue's unbounded
+    put_nowait / get / get_nowait / empty, without the bookkeeping a queue
+    with many getters and a size limit needs (this runs once a step a row)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, item) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def get_nowait(self):
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    async def get(self):
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+
 def post_all(posts: list[tuple[GenerationJob, object]]) -> None:
     """Model thread: GenerationJob.post for many jobs' events (in order), with
     one wake of each event loop instead of one a job: a call_soon_threadsafe
@@ -156,7 +197,7 @@ def _joined(ds: list[ChoiceDelta]) -> ChoiceDelta:
 class GenerationJob:
     spec: ValidatedGeneration
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queue: Mailbox = field(default_factory=Mailbox)
     cancelled: threading.Event = field(default_factory=threading.Event)
     completion_tokens: int = 0
     cached_tokens: int = 0
