@@ -288,6 +288,8 @@ class GenerationHandler(abc.ABC):
                 payload["usage"] = None
             return sse.event(payload)
 
+        text_event = sse.TextEvents(
+            lambda index: chunk([self.delta_choice(reply, index, sse.MARK, None, [])]))
         finished: set[int] = set()
         held = None  # the final finish chunk, waiting for the usage
         twin = Reply(reply.request, reply.echoed)  # steering_compare's unsteered side
@@ -319,9 +321,11 @@ class GenerationHandler(abc.ABC):
                         thought = self.reasoning_choice(reply, delta.index, delta.reasoning)
                         if thought is not None:
                             events.append(chunk([thought]))
-                    if delta.text or scores:
+                    if scores:
                         events.append(chunk([self.delta_choice(reply, delta.index, delta.text,
                                                                None, scores)]))
+                    elif delta.text:
+                        events.append(text_event(delta.index, delta.text))
                     if delta.tool_calls:
                         events.append(chunk([self.tool_call_choice(reply, delta.index,
                                                                    delta.tool_calls)]))
