@@ -106,6 +106,11 @@ class GrammarCache:
         compile ran past `limit_s` on the grammar thread. Time queued behind
         other compiles is not counted against it, up to `max_pending` limits
         (then the engine is busy: 503 `queue_full`)."""
+        key = item.key
+        with self._lock:  # compiled before: no job, no future to wait on
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key]
         job = self._submit(item)
         waiting = asyncio.wrap_future(job.future)
         try:

@@ -14,6 +14,8 @@ import torch
 import xgrammar
 from llama_cpp.llama_cpp import llama_get_logits_ith as _logits_ith
 
+from service.engines import bitmask
+
 
 class GrammarMask:
     """One constrained choice's place in its grammar."""
@@ -28,8 +30,9 @@ class GrammarMask:
         self.bitmask = xgrammar.allocate_token_bitmask(1, n_vocab)
         # Tokens holding a control character never belong in a compact JSON
         # document, though xgrammar's string rules let some through.
-        self.control = torch.tensor(control_ids, dtype=torch.long)
-        self._view: tuple[int, torch.Tensor] | None = None  # (address, logits over it)
+        self.control = np.asarray(control_ids, dtype=np.int64)
+        self._bits = bitmask.bytes_of(self.bitmask)
+        self._view: tuple[int, np.ndarray] | None = None  # (address, logits over it)
 
     def apply(self, ctx, index: int = -1) -> None:
         """-inf on every token that cannot continue the document, in the
@@ -38,13 +41,15 @@ class GrammarMask:
         address = ctypes.addressof(pointer.contents)
         if self._view is None or self._view[0] != address:
             # The context keeps its logits in one buffer: the view is made once.
-            self._view = (address, torch.from_numpy(
-                np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))))
+            self._view = (address, np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)))
         logits = self._view[1]
         self.matcher.fill_next_token_bitmask(self.bitmask)
-        xgrammar.apply_token_bitmask_inplace(logits, self.bitmask)
+        if bitmask.LITTLE:
+            bitmask.apply_row(logits, self._bits)
+        else:
+            bitmask.apply(torch.from_numpy(logits), self.bitmask)
         if len(self.control) and self.watch is None:
-            logits[self.control] = float("-inf")
+            logits[self.control] = -np.inf
 
     def accept(self, token: int) -> bool:
         if self.watch is not None and self.watch.push(

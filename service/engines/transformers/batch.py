@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from service.engines import bitmask as bitmask_rows
 from service.engines import faults
 from service.engines.scores import TokenTable
 from service.engines.transformers import reading
@@ -321,7 +322,7 @@ def _apply_grammar_masks(ctx: ModelContext, rows, logits: torch.Tensor, constrai
     # small model's step time notices.
     ctx.batch_matcher.batch_fill_next_token_bitmask(
         [rows[i].matcher for i in constrained], bitmask, indices=constrained)
-    xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=constrained)
+    bitmask_rows.apply(logits, bitmask, indices=constrained)
     banning = [i for i in constrained if rows[i].bans_controls]
     if banning and ctx.control_ids is not None and len(ctx.control_ids):
         rows_index = torch.tensor(banning, dtype=torch.long, device=logits.device)
