@@ -92,6 +92,11 @@ class MuxStream:
     async def _read(self, requests) -> None:
         try:
             async for request in requests:
+                if len(self.pending) >= MAX_PENDING_EVENTS:
+                    # A caller that sends but does not read: take nothing more
+                    # from it (gRPC's flow control then holds it back).
+                    self.room.clear()
+                    await self.room.wait()
                 for start in request.starts:
                     self._start(start)
                 for call_id in request.cancels:
