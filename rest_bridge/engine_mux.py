@@ -63,8 +63,8 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 class MuxCall:
     """One request on a Mux: what a Generate call's grpc.aio object offers."""
 
-    def __init__(self, mux: Mux, call_id: int, fallback):
-        self.mux, self.id = mux, call_id
+    def __init__(self, mux: Mux, link: _Link, call_id: int, fallback):
+        self.mux, self._link, self.id = mux, link, call_id
         self._fallback = fallback  # () -> a Generate call, should the stream be unimplemented
         self._replies: collections.deque = collections.deque()
         self._waiter: asyncio.Future | None = None
@@ -101,7 +101,7 @@ class MuxCall:
             return self._delegate.cancel()
         if self._code is not None:
             return False
-        self.mux._cancel(self.id)
+        self.mux._cancel(self._link, self.id)
         self._finish(grpc.StatusCode.CANCELLED, None)
         return True
 
@@ -140,7 +140,7 @@ class MuxCall:
               or time.monotonic() - self._since > self.mux.stall_s):
             log.warning("stream_stalled call %d: its reader took nothing for too long; "
                         "cancelled", self.id)
-            self.mux._cancel(self.id)
+            self.mux._cancel(self._link, self.id)
             self._finish(grpc.StatusCode.CANCELLED, _error(grpc.StatusCode.CANCELLED, STALLED))
             return
         replies.append(response)
@@ -168,7 +168,7 @@ class MuxCall:
     def _expire(self) -> None:
         self._timer = None
         if self._code is None:
-            self.mux._cancel(self.id)
+            self.mux._cancel(self._link, self.id)
             self._finish(grpc.StatusCode.DEADLINE_EXCEEDED,
                          _error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
 
@@ -176,7 +176,7 @@ class MuxCall:
         if self._code is not None:
             return
         self._code, self._error = code, error
-        self.mux._forget(self.id)
+        self.mux._forget(self._link, self.id)
         self._cancel_timer()
         self._wake()
         callbacks, self._callbacks = self._callbacks, []
@@ -193,6 +193,31 @@ class MuxCall:
             self._waiter.set_result(None)
 
 
+class _Link:
+    """One opened GenerateMany stream: the calls it carries and what waits to
+    be sent on it. A call belongs to the stream it started on: a broken
+    stream fails its own calls, never those of the one opened after it."""
+
+    def __init__(self):
+        self.calls: dict[int, MuxCall] = {}
+        self.starts: list[gen_pb.GenerateStart] = []
+        self.cancels: list[int] = []
+        self.outbox = asyncio.Event()
+        self.stream = None
+        self.reader: asyncio.Task | None = None
+        self.broken = False
+
+    async def requests(self):
+        """What the stream sends: the starts and cancels gathered since the last message."""
+        while True:
+            await self.outbox.wait()
+            self.outbox.clear()
+            if self.starts or self.cancels:
+                starts, self.starts = self.starts, []
+                cancels, self.cancels = self.cancels, []
+                yield gen_pb.GenerateManyRequest(starts=starts, cancels=cancels)
+
+
 class Mux:
     """The GenerateMany stream to one engine (one channel), opened on first use."""
 
@@ -201,13 +226,8 @@ class Mux:
         self._open = channel.stream_stream(
             METHOD, request_serializer=gen_pb.GenerateManyRequest.SerializeToString,
             response_deserializer=gen_pb.GenerateManyResponse.FromString)
-        self._calls: dict[int, MuxCall] = {}
+        self._link: _Link | None = None
         self._next_id = 0
-        self._starts: list[gen_pb.GenerateStart] = []
-        self._cancels: list[int] = []
-        self._outbox: asyncio.Event | None = None
-        self._stream = None
-        self._reader: asyncio.Task | None = None
         self.unsupported = False  # the engine answered UNIMPLEMENTED
         self._idle: asyncio.Event | None = None
         self.frames = self.events = 0  # read so far: events / frames is the coalescing
@@ -216,11 +236,12 @@ class Mux:
               fallback) -> MuxCall:
         """A call for `request` with the call metadata a Generate call would
         carry (authorization, x-request-id) and its timeout in seconds."""
-        if self._stream is None:
-            self._open_stream()
+        link = self._link
+        if link is None or link.broken:
+            link = self._link = self._connect()
         self._next_id += 1
-        call = MuxCall(self, self._next_id, fallback)
-        self._calls[call.id] = call
+        call = MuxCall(self, link, self._next_id, fallback)
+        link.calls[call.id] = call
         start = gen_pb.GenerateStart(id=call.id, request=request,
                                      timeout_s=timeout if timeout else 0.0)
         for key, value in metadata or ():
@@ -230,49 +251,42 @@ class Mux:
                 start.request_id = value
         if timeout:
             call._timer = asyncio.get_running_loop().call_later(timeout, call._expire)
-        self._starts.append(start)
-        self._outbox.set()
+        link.starts.append(start)
+        link.outbox.set()
         return call
 
     @property
     def in_flight(self) -> int:
-        return len(self._calls)
+        return len(self._link.calls) if self._link is not None else 0
 
     async def close(self, grace: float | None = None) -> None:
         """Let the running calls end (up to `grace` seconds), then end the stream."""
-        if grace and self._calls:
+        link = self._link
+        if link is None:
+            return
+        if grace and link.calls:
             self._idle = asyncio.Event()
             try:
                 await asyncio.wait_for(self._idle.wait(), grace)
             except TimeoutError:
                 pass
-        if self._stream is not None:
-            self._stream.cancel()
-        if self._reader is not None:
-            self._reader.cancel()
+        link.broken = True
+        link.stream.cancel()
+        link.reader.cancel()
 
     # -- the stream --------------------------------------------------------------------
 
-    def _open_stream(self) -> None:
-        self._outbox = asyncio.Event()
-        self._stream = stream = self._open(self._requests(self._outbox))
-        self._reader = asyncio.get_running_loop().create_task(self._read(stream))
+    def _connect(self) -> _Link:
+        link = _Link()
+        link.stream = self._open(link.requests())
+        link.reader = asyncio.get_running_loop().create_task(self._read(link))
+        return link
 
-    async def _requests(self, outbox: asyncio.Event):
-        """What the stream sends: the starts and cancels gathered since the last message."""
-        while True:
-            await outbox.wait()
-            outbox.clear()
-            if self._starts or self._cancels:
-                starts, self._starts = self._starts, []
-                cancels, self._cancels = self._cancels, []
-                yield gen_pb.GenerateManyRequest(starts=starts, cancels=cancels)
-
-    async def _read(self, stream) -> None:
+    async def _read(self, link: _Link) -> None:
         error = None
         try:
-            async for frame in stream:
-                calls = self._calls
+            async for frame in link.stream:
+                calls = link.calls
                 self.frames += 1
                 self.events += len(frame.events)
                 for event in frame.events:
@@ -289,21 +303,20 @@ class Mux:
         except asyncio.CancelledError:
             error = _error(grpc.StatusCode.CANCELLED, "The bridge closed the stream.")
         finally:
-            if self._stream is stream:
-                self._stream = None
+            link.broken = True  # the next call opens a new stream
             if error is not None and error.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self.unsupported = True
                 log.warning("engine has no GenerateMany: one Generate call a request from now on")
-            for call in list(self._calls.values()):
+            for call in list(link.calls.values()):
                 call._fail(error)
-            self._calls.clear()
+            link.calls.clear()
 
-    def _cancel(self, call_id: int) -> None:
-        if self._calls.pop(call_id, None) is not None and self._stream is not None:
-            self._cancels.append(call_id)
-            self._outbox.set()
+    def _cancel(self, link: _Link, call_id: int) -> None:
+        if link.calls.pop(call_id, None) is not None and not link.broken:
+            link.cancels.append(call_id)
+            link.outbox.set()
 
-    def _forget(self, call_id: int) -> None:
-        self._calls.pop(call_id, None)
-        if self._idle is not None and not self._calls:
+    def _forget(self, link: _Link, call_id: int) -> None:
+        link.calls.pop(call_id, None)
+        if self._idle is not None and link is self._link and not link.calls:
             self._idle.set()

@@ -221,3 +221,55 @@ def test_a_reader_that_stops_reading_is_cancelled_and_its_rows_freed(stack):
     error, idle = asyncio.run(run())
     assert error.code() == grpc.StatusCode.CANCELLED and "took nothing" in error.details()
     assert idle
+
+
+def test_a_broken_stream_fails_its_calls_as_lost_calls_and_the_next_opens_anew(tmp_path):
+    """An engine killed mid-generation: every call on its stream ends as a
+    lost Generate call would (UNAVAILABLE, no ErrorInfo: failover may send it
+    on), and a call after the engine is back opens a new stream."""
+    from rest_bridge.errors import engine_lost
+    from tests.harness import start_engine, wait_serving
+
+    engine, port = start_engine(tmp_path)
+    try:
+        wait_serving(engine, port)
+
+        async def run():
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                mux = Mux(channel)
+                try:
+                    long = chat_request("Tell me a story.", max_tokens=900, ignore_eos=True)
+                    long.stream = True
+                    calls = [mux.start(long, (), 120, None) for _ in range(3)]
+                    for call in calls:
+                        await call.read()  # the metadata
+                    engine.proc.kill()
+                    engine.proc.wait()
+                    errors = []
+                    for call in calls:
+                        with pytest.raises(grpc.aio.AioRpcError) as caught:
+                            while True:
+                                await call.read()
+                        errors.append(caught.value)
+                    again, _ = start_engine(tmp_path, MILLM_GRPC_PORT=str(port))
+                    try:
+                        replies = []
+                        for _ in range(600):  # until it serves: each try a new stream
+                            try:
+                                replies, _ = await _drain(mux.start(
+                                    chat_request(max_tokens=3), (), 60, None))
+                                break
+                            except grpc.aio.AioRpcError as exc:
+                                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+                                await asyncio.sleep(0.1)
+                    finally:
+                        again.stop()
+                    return errors, replies
+                finally:
+                    await mux.close()
+
+        errors, replies = asyncio.run(run())
+        assert all(e.code() == grpc.StatusCode.UNAVAILABLE and engine_lost(e) for e in errors)
+        assert replies and replies[0].HasField("metadata")
+    finally:
+        engine.stop()
