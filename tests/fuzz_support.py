@@ -110,7 +110,7 @@ def _scalar(field: FieldDescriptor) -> st.SearchStrategy:
     if kind in _INT_RANGES:
         low, high = _INT_RANGES[kind]
         # Mostly small (the values code branches on), now and then anything.
-        return st.one_of(st.integers(-3, 70), st.integers(low, high))
+        return st.one_of(st.integers(max(low, -3), 70), st.integers(low, high))
     if kind in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
         return st.one_of(st.floats(-3, 3), st.floats(width=32 if kind == FieldDescriptor.TYPE_FLOAT
                                                      else 64))

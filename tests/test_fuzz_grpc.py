@@ -63,6 +63,9 @@ def models_on_disk(fuzz_channel) -> set[str]:
 def tame(request, models_on_disk: set[str]) -> None:
     """Keep a generated request quick and the stack on its model."""
     name = request.DESCRIPTOR.name
+    if name == "GenerateManyRequest":  # each start is a GenerateRequest
+        for start in request.starts:
+            tame(start.request, models_on_disk)
     if name in ("LoadModelRequest", "UnloadModelRequest") and (
             request.id in models_on_disk or not request.id):
         request.id = "not-a-model"
@@ -83,6 +86,10 @@ ENDLESS = frozenset({"WatchLoad"})
 def call(channel, service, method, request):
     path = f"/{service.full_name}/{method.name}"
     serialize = type(request).SerializeToString
+    if method.client_streaming:  # GenerateMany: one message, then the caller's side closes
+        stub = channel.stream_stream(path, request_serializer=serialize,
+                                     response_deserializer=lambda b: b)
+        return list(stub(iter([request]), timeout=60))
     if method.server_streaming:
         stub = channel.unary_stream(path, request_serializer=serialize,
                                     response_deserializer=lambda b: b)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 import grpc
 
@@ -126,7 +127,8 @@ class MuxStream:
                 self._emit(error_event(start.id, refusal))
                 return
             try:
-                async with asyncio.timeout(start.timeout_s if start.timeout_s > 0 else None):
+                timeout = start.timeout_s if 0 < start.timeout_s < math.inf else None
+                async with asyncio.timeout(timeout):
                     async for response in self.servicer.replies(start.request):
                         self._emit(gen_pb.GenerateEvent(id=start.id, response=response))
                         if len(self.pending) >= MAX_PENDING_EVENTS:
