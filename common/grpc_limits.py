@@ -17,6 +17,13 @@ MAX_REQUEST_BYTES = 16 * MIB
 # Replies: 2,048 embeddings of a 16,384-wide model are 128 MiB of floats.
 MAX_REPLY_BYTES = 256 * MIB
 
+# A generation whose reader takes nothing for STREAM_STALL_S (MILLM_STREAM_STALL_S)
+# or leaves this many replies unread is cancelled. The engine sees it on a
+# Generate call (generation/job.py); on the bridge's shared GenerateMany stream
+# only the bridge can (rest_bridge/engine_mux.py). One rule, both sides.
+STREAM_STALL_S = 30.0
+MAX_UNREAD_REPLIES = 4096
+
 # The client pings an idle-looking connection every KEEPALIVE_TIME_MS and
 # drops it when the ping is not answered within KEEPALIVE_TIMEOUT_MS, so a
 # vanished engine (a host that died, a cable pulled) is seen within 15 s.

@@ -6,7 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from common import env_choices
+from common import env_choices, grpc_limits
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
@@ -45,7 +45,7 @@ class BridgeConfig:
     # A generation's replies waiting unread this long (or over 4,096 of them)
     # end it: the engine's own rule (MILLM_STREAM_STALL_S), kept here for
     # the generations on the stream, which the engine cannot see stall.
-    stream_stall_s: float = 30.0
+    stream_stall_s: float = grpc_limits.STREAM_STALL_S
     # Host names served besides loopback and the listening address, and web
     # origins granted CORS (browser_guard.py): comma-separated, "*" for any.
     allowed_hosts: str = ""
@@ -122,7 +122,7 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
                         help="MILLM_ENGINE_MUX: carry generations over one stream per engine "
                         "(on), or one gRPC call each (off: behind an L7 proxy that balances "
                         "per call)")
-    _number(parser, "--stream-stall-s", "MILLM_STREAM_STALL_S", 30.0,
+    _number(parser, "--stream-stall-s", "MILLM_STREAM_STALL_S", grpc_limits.STREAM_STALL_S,
             "a generation whose client takes nothing for this long is cancelled")
     parser.add_argument("--allowed-hosts", default=_env("MILLM_ALLOWED_HOSTS", ""),
                         help="MILLM_ALLOWED_HOSTS: Host names served besides loopback and the "

@@ -165,7 +165,7 @@ class EngineClient(AsyncClient):
     def __init__(self, targets: tuple[str, ...], tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None,
                  routing: str = "load_prefix", drain_grace_s: float = 600.0,
-                 mux: bool = True, stall_s: float = 30.0):
+                 mux: bool = True, stall_s: float = grpc_limits.STREAM_STALL_S):
         self.target = channel_target(targets)
         credentials = None
         if tls_ca is not None:

@@ -33,13 +33,13 @@ import time
 
 import grpc
 
+from common import grpc_limits
 from millm.v1 import generation_service_pb2 as gen_pb
 
 log = logging.getLogger("millm.bridge")
 
 METHOD = "/millm.v1.GenerationService/GenerateMany"
-# Replies a call may hold unread before it is ended (the engine's own bound).
-MAX_UNREAD = 4096
+MAX_UNREAD = grpc_limits.MAX_UNREAD_REPLIES  # the engine's own bound
 STALLED = "The client took nothing of this generation for too long; it was cancelled."
 
 
@@ -221,7 +221,8 @@ class _Link:
 class Mux:
     """The GenerateMany stream to one engine (one channel), opened on first use."""
 
-    def __init__(self, channel: grpc.aio.Channel, stall_s: float = 30.0):
+    def __init__(self, channel: grpc.aio.Channel,
+                 stall_s: float = grpc_limits.STREAM_STALL_S):
         self.stall_s = stall_s
         self._open = channel.stream_stream(
             METHOD, request_serializer=gen_pb.GenerateManyRequest.SerializeToString,

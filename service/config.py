@@ -7,7 +7,7 @@ import os
 import pathlib
 from dataclasses import dataclass
 
-from common import env_choices
+from common import env_choices, grpc_limits
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,8 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
              "fit yet, before it is admitted next",
     )
     parser.add_argument(
-        "--stream-stall-s", type=float, default=float(_env("MILLM_STREAM_STALL_S", "30")),
+        "--stream-stall-s", type=float, default=float(_env("MILLM_STREAM_STALL_S",
+                                                       str(grpc_limits.STREAM_STALL_S))),
         help="MILLM_STREAM_STALL_S: a stream whose reader takes nothing for this long is "
              "cancelled, freeing its row and model lease",
     )

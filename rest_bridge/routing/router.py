@@ -33,6 +33,7 @@ import time
 
 import grpc
 
+from common import grpc_limits
 from millm.client import AsyncClient
 from millm.v1 import server_service_pb2
 from rest_bridge.engine_mux import Mux
@@ -69,7 +70,7 @@ def dns_name(target: str) -> tuple[str, int] | None:
 class Router:
     def __init__(self, targets: tuple[str, ...], credentials=None, options=(),
                  drain_grace_s: float = DRAIN_GRACE_S, mux: bool = True,
-                 stall_s: float = 30.0):
+                 stall_s: float = grpc_limits.STREAM_STALL_S):
         self.targets, self.credentials, self.options = targets, credentials, list(options)
         self.mux = mux  # each replica's generations on one GenerateMany stream
         self.stall_s = stall_s

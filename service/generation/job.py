@@ -1,7 +1,7 @@
 """A validated generation as the engine runs it, and the events it produces.
 
 The asyncio side (the servicer) and the model thread meet here: the model
-thread posts events onto the job's asyncio queue with call_soon_threadsafe,
+thread posts events onto the job's mailbox with call_soon_threadsafe,
 and the asyncio side sets `cancelled` when the caller goes away, which the
 model thread checks before every step.
 
@@ -24,12 +24,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from common import grpc_limits
 from service.errors import EngineError
 
 log = logging.getLogger(__name__)
 
 # Events a job may hold that its caller has not taken (a token's delta is one).
-MAX_PENDING_EVENTS = 4096
+MAX_PENDING_EVENTS = grpc_limits.MAX_UNREAD_REPLIES
 
 if TYPE_CHECKING:
     from service.requests.generation import ValidatedGeneration

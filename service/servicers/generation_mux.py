@@ -25,6 +25,7 @@ import math
 
 import grpc
 
+from common import grpc_limits
 from millm.v1 import generation_service_pb2 as gen_pb
 from service.errors import EngineError, invalid_parameter
 from service.servicers.error_handling import as_engine_error
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 GENERATE = "/millm.v1.GenerationService/Generate"
 # Events waiting for the writer before a call's task waits for room.
-MAX_PENDING_EVENTS = 4096
+MAX_PENDING_EVENTS = grpc_limits.MAX_UNREAD_REPLIES
 # Calls running at once on one stream (the engine's queue bounds them first).
 MAX_CALLS = 4096
 # A frame stops growing past this (a reply may be large: readouts, logprobs).
