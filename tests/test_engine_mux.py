@@ -142,7 +142,7 @@ def test_cancel_and_deadline_end_the_call_and_free_the_row(stack):
                 with pytest.raises(asyncio.CancelledError):
                     await call.read()
                 cancelled_idle = await _idle(channel)
-                late = mux.start(long, (), 0.3, None)
+                late = mux.start(long, (), 0.1, None)  # far less than 900 tokens take
                 with pytest.raises(grpc.aio.AioRpcError) as caught:
                     await _drain(late)
                 late_idle = await _idle(channel)
@@ -201,7 +201,8 @@ def test_an_engine_without_the_stream_gets_a_call_a_request(stack):
 def test_a_reader_that_stops_reading_is_cancelled_and_its_rows_freed(stack):
     async def run():
         async with grpc.aio.insecure_channel(stack.grpc_target) as channel:
-            mux = Mux(channel, stall_s=0.5)
+            # Far less than 900 tokens take on any CPU: the stall comes first.
+            mux = Mux(channel, stall_s=0.05)
             try:
                 long = chat_request("Tell me a story.", max_tokens=900, ignore_eos=True)
                 long.stream = True

@@ -64,12 +64,18 @@ def _busiest(positions: list[dict], first: int) -> int:
     return max(some, key=lambda f: counts[f])
 
 
+def _watching(stack, model: str):
+    """The unsteered reply, its readout by position, its prompt length, and
+    the feature to condition on (the busiest from the last prompt position)."""
+    plain, positions = _plain_reading(stack, model)
+    prompt_len = plain["usage"]["prompt_tokens"]
+    return plain, positions, prompt_len, _busiest(positions, prompt_len - 1)
+
+
 @pytest.mark.parametrize("model", [TINY, F32])
 def test_feature_and_probe_conditions_read_the_previous_position(clean, model):
     stack = clean
-    plain, positions = _plain_reading(stack, model)
-    prompt_len = plain["usage"]["prompt_tokens"]
-    watched = _busiest(positions, prompt_len - 1)
+    plain, positions, prompt_len, watched = _watching(stack, model)
     values = sorted(_values(positions[prompt_len - 1:], watched))
     middle = values[len(values) // 2]  # it is above this at some generated positions only
     after_prompt = {"from_position": prompt_len}
@@ -117,9 +123,7 @@ def feature_changing(stack, model: str, when: dict) -> int:
 @pytest.mark.parametrize("model", [TINY, F32])
 def test_abort_when_ends_the_row_where_the_feature_fires(clean, model):
     stack = clean
-    plain, positions = _plain_reading(stack, model)
-    prompt_len = plain["usage"]["prompt_tokens"]
-    watched = _busiest(positions, prompt_len - 1)
+    plain, positions, prompt_len, watched = _watching(stack, model)
     # The first position the answer is sampled from at which it fires.
     fires = next(p for p in range(prompt_len - 1, len(positions))
                  if _values(positions[p:p + 1], watched)[0] > 0)
