@@ -40,6 +40,7 @@ import logging
 import re
 from urllib.parse import unquote
 
+from service.regex_spelling import grammar_pattern
 from service.schema_limits import (
     BOUNDS,
     COUNTS,
@@ -57,7 +58,6 @@ from service.structured_output import (
     MAX_SCHEMA_BYTES,
     TYPES,
     _SchemaWalk,
-    grammar_pattern,
 )
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from service import json_text
 from service.errors import EngineError
+from service.regex_spelling import grammar_pattern
 from service.schema_limits import RepeatBudget, limit_problem
 
 JSON_OBJECT, JSON_SCHEMA = "json_object", "json_schema"
@@ -312,30 +313,6 @@ def check_schema(schema_json: str, budget: RepeatBudget | None = None) -> dict:
         raise unsupported("response_format", f"The schema is not valid JSON Schema at {where}: "
                           f"{exc.message}") from None
     return schema
-
-
-def grammar_pattern(pattern: str) -> str:
-    """The same regular expression, spelled so xgrammar 0.2.9 compiles it
-    right: it reads "(ab+)?" as if "a" alone were optional, but "(ab+){0,1}"
-    correctly, so an optional group is written with the explicit bound."""
-    out, i, in_class = [], 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == ")" and pattern[i + 1:i + 2] == "?":
-            out.append("){0,1}")
-            i += 2
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
 
 
 def grammar_schema(node):
