@@ -12,8 +12,8 @@ small, greedy request to its route:
   and, for the fields in BEHAVIOUR, the answer does what the field asks (n
   choices for n, a choice out of `choice`, a match of a regex, yes or no
   under a yes|no grammar).
-  Companion fields make the value servable (allowed_token_ids and GGUF
-  log-probabilities need scoring mode, max_tokens 1; top_logprobs needs
+  Companion fields make the value servable (allowed_token_ids needs
+  scoring mode, max_tokens 1; top_logprobs needs
   logprobs: true; return_tokens_as_token_ids needs log-probabilities to act on).
 - reported: the field means nothing on that route: 200, and the field is
   named in X-miLLM-Ignored-Fields;

@@ -264,9 +264,6 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
 
 
 @pytest.mark.parametrize(("route", "body", "param", "code"), [
-    ("completions", {"logprobs": 2, "max_tokens": 5}, "logprobs", "field_not_honoured"),
-    # Chat's own flag is named, not top_logprobs (which the contract's count carries).
-    ("chat", {"logprobs": True, "max_tokens": 5}, "logprobs", "field_not_honoured"),
     ("completions", {"profile": "any", "max_tokens": 5}, "profile", "field_not_honoured"),
     ("chat", {"extra_messages": [[{"role": "user", "content": "Hi"}]], "max_tokens": 5},
      "extra_messages", "field_not_honoured"),

@@ -30,10 +30,12 @@ KIND_CAPABILITIES: dict[str, EngineCapabilities] = {
     TRANSFORMERS: EngineCapabilities(
         several_choices=True, generation_logprobs=True, scoring=True, grammar=True,
         steer=True, embeddings=True, extra_conversations=True),
-    # llama.cpp's sampler does not expose the distribution it drew from; a
-    # request's n choices share its prompt's cells (engines/gguf/forks.py), and
-    # their logits take the same grammar masks (engines/gguf/constraint.py).
+    # llama.cpp's sampler does not expose the distribution it drew from, so a
+    # row asking for log-probabilities keeps a chain of its own that does
+    # (engines/gguf/logprobs.py); a request's n choices share its prompt's
+    # cells (engines/gguf/forks.py), and their logits take the same grammar
+    # masks (engines/gguf/constraint.py).
     GGUF: EngineCapabilities(
-        several_choices=True, generation_logprobs=False, scoring=True, grammar=True,
+        several_choices=True, generation_logprobs=True, scoring=True, grammar=True,
         steer=True, embeddings=True, extra_conversations=False),
 }

@@ -65,6 +65,20 @@ def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits if temperature == 0 else logits / temperature
 
 
+def drawn_score(tokens: TokenTable, logits: torch.Tensor, token: int, top: int) -> TokenScore:
+    """A generated token's log-probability in the distribution it was drawn
+    from (`logits` after penalties, masks and temperature, before top-p,
+    top-k and min-p truncation), with the `top` most likely alternatives: how
+    both engines report generated text."""
+    lp = torch.log_softmax(logits, dim=-1)
+    alternatives = ()
+    if top:
+        best = torch.topk(lp, top)
+        alternatives = tuple(entry(tokens, int(j), float(v))
+                             for v, j in zip(best.values, best.indices, strict=True))
+    return TokenScore(entry(tokens, token, float(lp[token])), alternatives)
+
+
 def score_position(tokens: TokenTable, logits: torch.Tensor, allowed: torch.Tensor | None,
                    top: int, chosen: int | None = None) -> TokenScore:
     """One position: normalise over the candidates (the allowed ids, or every

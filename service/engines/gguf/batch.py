@@ -57,7 +57,8 @@ class Runner:
     lanes, one decode per step for the shared batch and one per lane,
     sampling, and the events each job gets.
 
-    `new_row_tools(spec, seed)` gives a row its (sampler chain, grammar mask);
+    `new_row_tools(spec, seed)` gives a row its (sampler chain, grammar mask,
+    log-probability scorer);
     `lanes` opens and keeps the seeded lanes; `counts` is the engine's
     counters (taken under its lock); a job whose reader leaves its events
     untaken for `stall_s` is abandoned; `limits` are the admission settings
@@ -201,7 +202,8 @@ class Runner:
             self.groups_left[id(job)] = job.parts or len(job.spec.groups)
             self.counts("running", 1)
         try:
-            sampler, mask = self.new_row_tools(job.spec, group.row_seeds[0] & 0xFFFFFFFF)
+            sampler, mask, scorer = self.new_row_tools(job.spec,
+                                                       group.row_seeds[0] & 0xFFFFFFFF)
         except Exception:
             log.exception("a row could not be set up; its request fails alone")
             self.fail_job(job, internal_error())
@@ -220,7 +222,7 @@ class Runner:
         pending = [] if leader is not None else list(group.prompt_ids[same:])
         slot.row = Row(job, group, slot, sampler, mask, pending, same,
                        ByteLevelDetokenizer(self.token_bytes), StopMatcher(job.spec.stop),
-                       steer=steer)
+                       steer=steer, scorer=scorer)
         if leader is not None:
             self.forks.follow(leader, slot.row)
         return True
@@ -311,11 +313,12 @@ class Runner:
         if row.mask is not None:
             row.mask.apply(ctx, row.batch_index)
         token = row.sampler.sample(ctx, row.batch_index)
+        score = row.scorer.score(ctx, row.batch_index, token) if row.scorer is not None else None
         if row.mask is not None and not row.mask.accept(token):
             # The mask allowed only tokens the grammar accepts; the document
             # check after the choice ends refuses the output.
             log.error("grammar refused a token its own mask allowed")
-        return take_token(row, token, self.eog, row.job.spec.ignore_eos)
+        return take_token(row, token, self.eog, row.job.spec.ignore_eos, score)
 
     def fail_job(self, job: GenerationJob, error) -> None:
         """One request fails alone: its rows leave their slots (emptied: a row

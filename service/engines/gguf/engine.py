@@ -33,6 +33,7 @@ from service.engines.gguf.constraint import GrammarMask
 from service.engines.gguf.forks import part_count
 from service.engines.gguf.kv_plan import KvPlan
 from service.engines.gguf.lanes import Lanes, lane_opener
+from service.engines.gguf.logprobs import TokenScorer
 from service.engines.gguf.reading import Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.gguf.slots import Slots
@@ -256,7 +257,8 @@ class GgufEngine(GgufVocab, Engine):
                 runner.fail_running(batch_reset())
 
     def _row_tools(self, spec, seed: int):
-        """A row's sampler chain and grammar mask. Control tokens other than
+        """A row's sampler chain, grammar mask and, when it asked for
+        log-probabilities, their scorer. Control tokens other than
         end-of-generation must never be generated (a forged <|im_start|> would
         open a new turn); ignore_eos bans those too."""
         banned = set(self._control - self._eog)
@@ -274,7 +276,11 @@ class GgufEngine(GgufVocab, Engine):
         mask = (GrammarMask(spec.grammar, self.llm.n_vocab(),
                             self._control_char_ids if json else [], watch, self._token_bytes)
                 if spec.grammar is not None else None)
-        return sampler, mask
+        scorer = (TokenScorer(spec.options, self.llm.n_vocab(), banned, seed,
+                              history=self.info.context_window, tokens=self._tokens,
+                              top=spec.logprobs)
+                  if spec.logprobs is not None else None)
+        return sampler, mask, scorer
 
     # -- reading (engines/gguf/reading.py) ----------------------------------------------
 

@@ -12,6 +12,7 @@ shared context and for the seeded lanes (engines/gguf/lanes.py) alike.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob
@@ -52,6 +53,7 @@ class Row:
     steer: object = None  # engines/gguf/steering.py RowSteering, when steered or reading
     # Its tokens in this step's batch: first index, count, first position, ids.
     batch_span: tuple[int, int, int, list[int]] = (0, 0, 0, [])
+    scorer: object = None  # engines/gguf/logprobs.py TokenScorer, when logprobs were asked for
 
     @property
     def need(self) -> int:
@@ -173,33 +175,42 @@ def step_batch(rows: list[Row], capacity: int, batch) -> list[Row]:
     return sampling
 
 
-def take_token(row: Row, token: int, eog: frozenset[int], ignore_eos: bool
+def take_token(row: Row, token: int, eog: frozenset[int], ignore_eos: bool, score=None
                ) -> tuple[ChoiceDelta, bool]:
-    """The sampled token's delta, and whether the row is done."""
+    """The sampled token's delta, and whether the row is done. `score` is
+    its log-probability (engines.scores.TokenScore) when asked for; an end
+    token or a token an abort stops before has one too, with no text (it
+    adds none), so the entries and completion_tokens agree, as on the
+    transformers engine."""
     row.generated += 1
     index = row.group.first_index
     conditions = row.steer.conditions if row.steer is not None else None
-    if conditions is not None and conditions.aborted():
+    aborted = conditions is not None and conditions.aborted()
+    if score is not None and (aborted or (token in eog and not ignore_eos)):
+        score = dataclasses.replace(score, token=dataclasses.replace(
+            score.token, text="", bytes=b""))
+    scores = (score,) if score is not None else ()
+    if aborted:
         # A steering abort_when held where this token was sampled: the row
         # ends before it, as at an end-of-generation token.
         text, hit = row.stopper.push(row.detokenizer.flush())
         text = text if hit else text + row.stopper.flush()
-        return ChoiceDelta(index, text, (token,), FinishReason.CONTENT_FILTER), True
+        return ChoiceDelta(index, text, (token,), FinishReason.CONTENT_FILTER, scores), True
     if token in eog and not ignore_eos:
         text, hit = row.stopper.push(row.detokenizer.flush())
         text = text if hit else text + row.stopper.flush()
-        return ChoiceDelta(index, text, (token,), FinishReason.STOP,
+        return ChoiceDelta(index, text, (token,), FinishReason.STOP, scores,
                            stop_sequence=row.stopper.matched), True
     piece = row.detokenizer.push(token)
     if conditions is not None:
         conditions.generated(piece)
     text, hit = row.stopper.push(piece)
     if hit:
-        return ChoiceDelta(index, text, (token,), FinishReason.STOP,
+        return ChoiceDelta(index, text, (token,), FinishReason.STOP, scores,
                            stop_sequence=row.stopper.matched), True
     if row.generated >= row.group.max_tokens:
         tail, hit = row.stopper.push(row.detokenizer.flush())
         text += tail if hit else tail + row.stopper.flush()
-        return ChoiceDelta(index, text, (token,), FinishReason.LENGTH), True
+        return ChoiceDelta(index, text, (token,), FinishReason.LENGTH, scores), True
     row.pending.append(token)
-    return ChoiceDelta(index, text, (token,)), False
+    return ChoiceDelta(index, text, (token,), None, scores), False

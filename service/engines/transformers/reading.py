@@ -20,7 +20,7 @@ from service.engines.scores import (
     ScoredPrompt,
     StepDivergence,
     TokenScore,
-    entry,
+    drawn_score,
     scaled,
     score_logits,
 )
@@ -93,17 +93,8 @@ def generation_logprobs(ctx, logits: torch.Tensor, temperatures: list[float],
                         tokens: list[int], tops: list[int]) -> list[TokenScore]:
     """Per-row log-probabilities of the sampled tokens: the distribution after
     penalties, masks and temperature, before top-p/top-k/min-p truncation."""
-    out = []
-    for i, (token, top) in enumerate(zip(tokens, tops, strict=True)):
-        lp = torch.log_softmax(scaled(logits[i], temperatures[i]), dim=-1)
-        chosen = entry(ctx.tokens, token, float(lp[token]))
-        alternatives = ()
-        if top:
-            best = torch.topk(lp, top)
-            alternatives = tuple(entry(ctx.tokens, int(j), float(v))
-                                 for v, j in zip(best.values, best.indices, strict=True))
-        out.append(TokenScore(chosen, alternatives))
-    return out
+    return [drawn_score(ctx.tokens, scaled(logits[i], temperatures[i]), token, top)
+            for i, (token, top) in enumerate(zip(tokens, tops, strict=True))]
 
 
 def embed_chunks(ctx, inputs: list[list[int]], batch_tokens: int = 2048):
