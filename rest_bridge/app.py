@@ -25,6 +25,7 @@ from rest_bridge.serving.disconnect import ClientDisconnected
 from rest_bridge.serving.embeddings import EmbeddingsHandler
 from rest_bridge.serving.messages import MessagesHandler
 from rest_bridge.serving.models import ModelsHandler
+from rest_bridge.serving.ranking import RankingHandler
 from rest_bridge.serving.responses import ResponsesHandler
 from rest_bridge.serving.tokenize import TokenizeHandler
 from rest_bridge.unserved import is_openai_endpoint
@@ -47,6 +48,7 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
         app.state.completions = CompletionHandler(engine)
         app.state.models = ModelsHandler(engine)
         app.state.embeddings = EmbeddingsHandler(engine)
+        app.state.ranking = RankingHandler(engine)
         app.state.tokenize = TokenizeHandler(engine)
         app.state.responses = ResponsesHandler(engine)
         app.state.messages = MessagesHandler(engine)

@@ -50,6 +50,7 @@ from millm.v1 import (
     embedding_service_pb2,
     generation_service_pb2,
     model_service_pb2,
+    ranking_service_pb2,
     scoring_service_pb2,
     server_service_pb2,
     steering_service_pb2,
@@ -83,7 +84,7 @@ def channel_target(targets: tuple[str, ...]) -> str:
 
 # Services whose every call may run twice, and the read calls of the others.
 _RETRIED_SERVICES = (generation_service_pb2, scoring_service_pb2, embedding_service_pb2,
-                     server_service_pb2, tokenization_service_pb2)
+                     server_service_pb2, tokenization_service_pb2, ranking_service_pb2)
 _READS_OF = (model_service_pb2, steering_service_pb2)
 RETRY_POLICY = {
     "maxAttempts": 3,
@@ -208,8 +209,15 @@ class EngineClient(AsyncClient):
         return call, replica.target
 
     async def embed(self, request, *, timeout: float, metadata=None, on_retry=None):
-        """The EmbedReply. On the router's replica, whose channel has no gRPC
-        retry policy, a call failing UNAVAILABLE (lost, or refused while
+        """The EmbedReply (`unary`)."""
+        return await self.unary("embeddings", "Embed", request, timeout=timeout,
+                                metadata=metadata, on_retry=on_retry)
+
+    async def unary(self, stub: str, method: str, request, *, timeout: float, metadata=None,
+                    on_retry=None):
+        """The reply of a read-only unary call (`stub` the client's attribute:
+        embeddings, ranking). On the router's replica, whose channel has no
+        gRPC retry policy, a call failing UNAVAILABLE (lost, or refused while
         draining or switching) is sent to a replica not tried yet, at most
         EMBED_ATTEMPTS in all within `timeout`; `on_retry(attempt)` is told of
         each. On the balanced channel gRPC's own policy does the same."""
@@ -221,9 +229,11 @@ class EngineClient(AsyncClient):
             replica = (self.router.pick(request.model, exclude=tried)
                        if self.router is not None else None)
             if replica is None:
-                return await self.embeddings.Embed(request, timeout=left, metadata=metadata)
+                return await getattr(getattr(self, stub), method)(request, timeout=left,
+                                                                  metadata=metadata)
             tried |= {replica.target}
-            call = replica.client.embeddings.Embed(request, timeout=left, metadata=metadata)
+            call = getattr(getattr(replica.client, stub), method)(request, timeout=left,
+                                                                  metadata=metadata)
             self.router.track(replica, call)
             try:
                 return await call

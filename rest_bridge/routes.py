@@ -19,6 +19,7 @@ from rest_bridge.protocol.chat import ChatCompletionRequest
 from rest_bridge.protocol.completions import CompletionRequest
 from rest_bridge.protocol.embeddings import EmbeddingRequest
 from rest_bridge.protocol.messages import CountTokensRequest, MessagesRequest
+from rest_bridge.protocol.ranking import ClassifyRequest, RerankRequest, ScoreRequest
 from rest_bridge.protocol.responses import ResponsesRequest
 from rest_bridge.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from rest_bridge.unserved import is_openai_endpoint
@@ -54,6 +55,27 @@ async def chat_completions(request: Request):
 async def completions(request: Request):
     body = parse_body(await read_body(request), CompletionRequest)
     return await request.app.state.completions.handle(body, request)
+
+
+@router.post("/v1/rerank")
+@router.post("/rerank")
+async def rerank(request: Request):
+    body = parse_body(await read_body(request), RerankRequest)
+    return await request.app.state.ranking.rerank(body, request)
+
+
+@router.post("/v1/score")
+@router.post("/score")
+async def score(request: Request):
+    body = parse_body(await read_body(request), ScoreRequest)
+    return await request.app.state.ranking.score(body, request)
+
+
+@router.post("/v1/classify")
+@router.post("/classify")
+async def classify(request: Request):
+    body = parse_body(await read_body(request), ClassifyRequest)
+    return await request.app.state.ranking.classify(body, request)
 
 
 @router.post("/v1/embeddings")

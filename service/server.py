@@ -21,6 +21,8 @@ from millm.v1 import (
     model_service_pb2_grpc,
     monitoring_service_pb2,
     monitoring_service_pb2_grpc,
+    ranking_service_pb2,
+    ranking_service_pb2_grpc,
     response_service_pb2,
     response_service_pb2_grpc,
     scoring_service_pb2,
@@ -40,12 +42,14 @@ from service.metrics import EngineMetrics
 from service.models.lifecycle import Phase
 from service.models.lifecycle_config import LifecycleConfig
 from service.models.registry import ModelRegistry
+from service.ranking import Ranking
 from service.responses.store import ResponseStore, Retention
 from service.servicers.access import Access, AccessInterceptor, DrainState
 from service.servicers.embeddings import EmbeddingServicer
 from service.servicers.generation import GenerationServicer
 from service.servicers.models import ModelServicer
 from service.servicers.monitoring import MonitoringServicer
+from service.servicers.ranking import RankingServicer
 from service.servicers.responses import ResponseServicer
 from service.servicers.scoring import ScoringServicer
 from service.servicers.server_status import ServerServicer
@@ -70,10 +74,11 @@ SERVICE_NAMES = (
     response_service_pb2.DESCRIPTOR.services_by_name["ResponseService"].full_name,
     monitoring_service_pb2.DESCRIPTOR.services_by_name["MonitoringService"].full_name,
     tokenization_service_pb2.DESCRIPTOR.services_by_name["TokenizationService"].full_name,
+    ranking_service_pb2.DESCRIPTOR.services_by_name["RankingService"].full_name,
 )
 # These need the model; model listing and status answer while it loads.
 MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4],
-                        SERVICE_NAMES[8])
+                        SERVICE_NAMES[8], SERVICE_NAMES[9])
 # Health entries that are no service (docs/deployment.md). state_store:
 # SERVING while the state database is reachable and this replica has caught
 # up with it. routable: SERVING while a model is loaded and no model change
@@ -154,6 +159,9 @@ class EngineServer:
         )
         embedding_service_pb2_grpc.add_EmbeddingServiceServicer_to_server(
             EmbeddingServicer(self.inference), self.server
+        )
+        ranking_service_pb2_grpc.add_RankingServiceServicer_to_server(
+            RankingServicer(Ranking(self.inference)), self.server
         )
         tokenization_service_pb2_grpc.add_TokenizationServiceServicer_to_server(
             TokenizationServicer(self.inference), self.server

@@ -49,6 +49,7 @@ from millm.v1 import (
     model_service_pb2,
     model_service_pb2_grpc,
     monitoring_service_pb2_grpc,
+    ranking_service_pb2_grpc,
     response_service_pb2_grpc,
     scoring_service_pb2,
     scoring_service_pb2_grpc,
@@ -158,6 +159,7 @@ class _Stubs:
         self.responses = response_service_pb2_grpc.ResponseServiceStub(channel)
         self.monitoring = monitoring_service_pb2_grpc.MonitoringServiceStub(channel)
         self.tokenization = tokenization_service_pb2_grpc.TokenizationServiceStub(channel)
+        self.ranking = ranking_service_pb2_grpc.RankingServiceStub(channel)
 
     def options(self, timeout, request_id) -> dict:
         return {"timeout": self.timeout if timeout is None else timeout,
