@@ -29,8 +29,16 @@ whole prompt in one forward pass, as before), and the GGUF engine (its batch
 takes decoding rows first and at most n_batch = 512 prompt tokens a step).
 Target: the longest gap stays within a few steps when chunked.
 
+"priority" (issue 46): each engine with 8 rows runs 12 background streams
+(priority 1, a batch's lines: 7 run, the reserve row stays free, 5 wait) and
+the same 12 at priority 0 (8 run, 4 wait); small requests at priority 0 are
+sent one after another beside each, and alone. Printed per engine: their p50
+and p95 time to first token alone, beside the background and beside the
+same load at priority 0, and the p95 beside background over alone (target:
+under 2, "within a few decode steps").
+
 Usage: python bench/admission.py [--small 20] [--stream-tokens 600]
-                                 [--engines fair,fifo,gguf,long] [--gguf-runs 5]
+                                 [--engines fair,fifo,gguf,long,priority] [--gguf-runs 5]
                                  [--long-rules 1000] [--long-runs 3]
 """
 
@@ -77,16 +85,67 @@ async def stream_gaps(stub, request, gaps: list[float], stop: asyncio.Event) -> 
             return
 
 
-async def small_latencies(stub, count: int) -> list[float]:
+async def small_latencies(stub, count: int, model: str | None = None,
+                         first: bool = False) -> list[float]:
+    """Each small request's whole time (`first`: its time to first token)."""
     out = []
+    extra = {"model": model} if model else {}
     for i in range(count):
         started = time.perf_counter()
-        async for _ in stub.Generate(prompt_request(f"Small {i}", max_tokens=2, temperature=0),
-                                     timeout=600):
-            pass
+        async for response in stub.Generate(prompt_request(f"Small {i}", max_tokens=2,
+                                                           temperature=0, **extra),
+                                            timeout=600):
+            if first and response.choices:
+                break
         out.append(time.perf_counter() - started)
         await asyncio.sleep(0.05)
     return out
+
+
+async def beside_background(port: int, model: str, small: int, stream_tokens: int,
+                            priority: int | None) -> list[float]:
+    """Small requests' times to first token beside 12 streams at `priority`
+    (None: alone)."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
+        gaps: list[float] = []
+        stop = asyncio.Event()
+        load = [] if priority is None else [asyncio.create_task(stream_gaps(
+            stub, prompt_request(f"Background {i} ran", model=model, priority=priority,
+                                 max_tokens=stream_tokens, temperature=1.0, ignore_eos=True),
+            gaps, stop)) for i in range(12)]
+        while load and len(gaps) < 40:
+            await asyncio.sleep(0.01)
+        latencies = await small_latencies(stub, small, model, first=True)
+        stop.set()
+        for task in load:
+            task.cancel()
+        await asyncio.gather(*load, return_exceptions=True)
+        await asyncio.sleep(0.5)
+        return latencies
+
+
+def priority_rows(args, tmp: pathlib.Path) -> None:
+    print("priority: small requests' time to first token (ms, p50 / p95), 8 rows, reserve 1")
+    for model in ("millm-tiny", GGUF_MODEL):
+        folder = tmp / f"priority-{len(model)}"
+        folder.mkdir()
+        engine, port = harness.start_engine(folder, None,
+                                            MILLM_MODEL=model, MILLM_MAX_BATCH="8",
+                                            MILLM_GGUF_SLOTS="8")
+        try:
+            harness.wait_serving(engine, port)
+            runs = {name: asyncio.run(beside_background(port, model, args.small,
+                                                        args.stream_tokens, priority))
+                    for name, priority in (("alone", None), ("beside background", 1),
+                                           ("beside the same at 0", 0))}
+        finally:
+            engine.stop()
+        cells = "  ".join(f"{name}: {pct(v, 0.5) * 1e3:.1f} / {pct(v, 0.95) * 1e3:.1f}"
+                          for name, v in runs.items())
+        ratio = pct(runs["beside background"], 0.95) / pct(runs["alone"], 0.95)
+        print(f"  {model:<22} {cells}  p95 beside background / alone: {ratio:.2f} "
+              f"(target: under 2)")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -270,7 +329,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--small", type=int, default=20)
     parser.add_argument("--stream-tokens", type=int, default=600)
-    parser.add_argument("--engines", default="fair,fifo,gguf,long")
+    parser.add_argument("--engines", default="fair,fifo,gguf,long,priority")
     parser.add_argument("--gguf-runs", type=int, default=5)
     parser.add_argument("--long-rules", type=int, default=1000)
     parser.add_argument("--long-runs", type=int, default=3)
@@ -284,6 +343,8 @@ def main() -> None:
             gguf_rows(args, pathlib.Path(tmp))
         if "long" in names:
             long_rows(args, pathlib.Path(tmp))
+        if "priority" in names:
+            priority_rows(args, pathlib.Path(tmp))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ class EngineConfig:
     max_rows_per_request: int = 0
     # A request that cannot start lets later ones pass for this long, then blocks them.
     admission_aging_s: float = 5.0
+    # Rows background work (priority above 0: batch lines) leaves free for the rest.
+    priority_reserve: int = 1
     # A stream whose reader takes nothing for this long is cancelled, its row and lease freed.
     stream_stall_s: float = 30.0
     prefix_cache_tokens: int = 32768
@@ -136,6 +138,11 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         "--admission-aging-s", type=float, default=float(_env("MILLM_ADMISSION_AGING_S", "5")),
         help="MILLM_ADMISSION_AGING_S: how long later requests may pass one that does not "
              "fit yet, before it is admitted next",
+    )
+    parser.add_argument(
+        "--priority-reserve", type=int, default=int(_env("MILLM_PRIORITY_RESERVE", "1")),
+        help="MILLM_PRIORITY_RESERVE: rows of the batch that background work (priority "
+             "above 0, such as a batch's lines) never takes, kept for other requests",
     )
     parser.add_argument(
         "--stream-stall-s", type=float, default=float(_env("MILLM_STREAM_STALL_S",
@@ -271,8 +278,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                      "above 0")
     if args.stream_stall_s <= 0:
         parser.error("--stream-stall-s must be above 0")
-    if args.max_rows_per_request < 0 or args.admission_aging_s < 0:
-        parser.error("--max-rows-per-request and --admission-aging-s must not be negative")
+    if args.max_rows_per_request < 0 or args.admission_aging_s < 0 or args.priority_reserve < 0:
+        parser.error("--max-rows-per-request, --admission-aging-s and --priority-reserve must "
+                     "not be negative")
     if args.prefix_cache_tokens < 0:
         parser.error("--prefix-cache-tokens must not be negative")
     if args.prefill_chunk_tokens < 1:
@@ -296,6 +304,7 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         max_queued=args.max_queued,
         max_rows_per_request=args.max_rows_per_request,
         admission_aging_s=args.admission_aging_s,
+        priority_reserve=args.priority_reserve,
         stream_stall_s=args.stream_stall_s,
         prefix_cache_tokens=args.prefix_cache_tokens,
         prefill_chunk_tokens=args.prefill_chunk_tokens,

@@ -117,6 +117,7 @@ class EngineServer:
                     max_queued=config.max_queued,
                     max_rows_per_request=config.max_rows_per_request,
                     aging_s=config.admission_aging_s,
+                    priority_reserve=config.priority_reserve,
                     stall_s=config.stream_stall_s,
                     prefill_chunk=config.prefill_chunk_tokens,
                     serial=config.batching == "serial",

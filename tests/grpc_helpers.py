@@ -33,10 +33,11 @@ def chat_request(content: str = "Hello!", model: str = MODEL, **sampling):
     )
 
 
-def prompt_request(*prompts, model: str = MODEL, **sampling):
+def prompt_request(*prompts, model: str = MODEL, priority: int | None = None, **sampling):
     stop = sampling.pop("stop", ())
     return generation_service_pb2.GenerateRequest(
         model=model,
+        priority=priority,
         prompt=generation_pb2.PromptInput(
             prompts=[
                 generation_pb2.Prompt(text=p)

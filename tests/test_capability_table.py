@@ -67,6 +67,7 @@ VALUES: dict[str, dict[str, dict]] = {
     "n": {"*": {"n": 2}},
     "seed": {"*": {"seed": 7}},
     "stream_interval": {"*": {"stream_interval": 4}},
+    "priority": {"*": {"priority": 1}},
     "max_completion_tokens": {"messages": {"max_completion_tokens": 2},
                               "*": {"max_completion_tokens": 2, "max_tokens": DROP}},
     "logprobs": {"chat": {"logprobs": True, "max_tokens": 1},

@@ -28,7 +28,7 @@ LONG = dict(max_tokens=400, temperature=0, ignore_eos=True)
 
 class _Engine:
     def __init__(self, tmp, **env):
-        self.proc, port = start_engine(tmp, MILLM_MAX_BATCH="16", **env)
+        self.proc, port = start_engine(tmp, **{"MILLM_MAX_BATCH": "16", **env})
         wait_serving(self.proc, port)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = generation_service_pb2_grpc.GenerationServiceStub(self.channel)

@@ -94,6 +94,8 @@ class SharedFields(OpenAIBaseModel):
 
     model: str
     stream: bool | None = None
+    # vLLM's scheduling class: lower starts first (GenerateRequest.priority).
+    priority: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: Int64 | None = None

@@ -117,6 +117,9 @@ def common_fields(request, pb: generation_service_pb2.GenerateRequest,
     interval = getattr(request, "stream_interval", None)
     if interval is not None and "stream_interval" in type(request).model_fields:
         pb.stream_interval = interval
+    priority = getattr(request, "priority", None)
+    if priority is not None and "priority" in type(request).model_fields:
+        pb.priority = priority
     pb.request_id = request_id.get()
     steering_fields.add_to_request(request, pb)
     structured_outputs.add_to_request(request, pb)

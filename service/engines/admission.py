@@ -16,6 +16,15 @@ nothing may pass one, is decided here once (FairTurns):
   `aging_s`: once it has waited that long holding no rows, nothing passes it
   until it has started, so a large request is never starved by small ones.
 - Serial batching: one request at a time, holding as many rows as it has.
+- Priority (a request's `priority`, vLLM's field; a batch's lines run at 1):
+  the order above is by priority first, lower first, then by age, so a
+  waiting request is never passed by one of a higher value, aging included.
+  A request above 0 is background work: background rows together never
+  take the last `priority_reserve` rows of the batch (MILLM_PRIORITY_RESERVE),
+  so a request at 0 or below arriving beside a full batch of background work
+  starts at the next step instead of waiting for a background row to end;
+  the background uses the rest. (Nothing running is stopped for it: a
+  second interactive request beside a full batch waits for a row.)
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ class SchedulerLimits:
     aging_s: float = 5.0  # how long later requests may pass one that does not fit
     stall_s: float = 30.0  # a reader that takes nothing this long is cancelled (job.py)
     prefill_chunk: int = 512  # prompt tokens computed per turn at most (transformers/prefill.py)
+    priority_reserve: int = 1  # rows background work (priority > 0) leaves free
 
     def rows_per_request(self, batch: int) -> int:
         """Rows one request may hold at once in a batch of `batch` rows."""
@@ -67,15 +77,23 @@ class FairTurns:
     started (serial batching admits no other while any runs)."""
 
     def __init__(self, limits: SchedulerLimits, share: int, held: collections.Counter,
-                 running: Container[int]):
+                 running: Container[int], *, capacity: int | None = None,
+                 background: int = 0):
         self.limits, self.share, self.held, self.running = limits, share, held, running
         self.now = time.monotonic()
+        # Rows background work may hold together (the batch less the reserve),
+        # and the rows it holds now.
+        self.background_cap = max(0, (capacity or limits.max_batch) - limits.priority_reserve)
+        self.background = background
 
     def order(self, waiting: collections.deque) -> Iterator[Waiting]:
         """The waiting requests in the order they may start parts. The caller
         starts what it can of each before asking for the next: one that still
         has parts then, holds no rows, and has waited `aging_s` ends the pass."""
-        for entry in list(waiting):
+        entries = list(waiting)
+        if any(e.job.spec.priority for e in entries):
+            entries.sort(key=lambda e: e.job.spec.priority)  # stable: oldest first within
+        for entry in entries:
             if self.limits.serial and self.running and id(entry.job) not in self.running:
                 return  # serial: another request runs
             yield entry
@@ -89,8 +107,18 @@ class FairTurns:
         always start one part). Serial batching asks neither."""
         if self.limits.serial:
             return True
+        if job.spec.priority > 0 and self.background + rows > self.background_cap:
+            return False
         held = self.held[id(job)]
         return room and (not held or held + rows <= self.share)
 
     def took(self, job: GenerationJob, rows: int) -> None:
         self.held[id(job)] += rows
+        if job.spec.priority > 0:
+            self.background += rows
+
+
+def background_rows(jobs) -> int:
+    """Rows of background work (priority above 0) among the running rows'
+    jobs (one entry per row)."""
+    return sum(1 for job in jobs if job.spec.priority > 0)

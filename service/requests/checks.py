@@ -36,6 +36,7 @@ MAX_STOP_SEQUENCES = 4
 MAX_STOP_BYTES = 256
 MAX_LOGPROBS = 20
 MAX_STREAM_INTERVAL = 256
+MAX_PRIORITY = 1_000_000
 MIN_SCORING_TEMPERATURE = 0.001
 SEED_MAX = 2**32 - 1
 
@@ -254,6 +255,9 @@ def check_params(params: GenerateParams) -> CheckedParams:
                                       "while the log-probabilities left it out. Restrict the "
                                       "answer with 'allowed_token_ids' instead.")
     check_readout_shape(params)
+    if params.priority is not None and not -MAX_PRIORITY <= params.priority <= MAX_PRIORITY:
+        raise invalid_parameter("priority", f"'priority' must be between {-MAX_PRIORITY} and "
+                                f"{MAX_PRIORITY}; got {params.priority}.")
     interval = params.stream_interval
     if interval is not None and not 1 <= interval <= MAX_STREAM_INTERVAL:
         raise invalid_parameter("stream_interval", f"'stream_interval' must be between 1 and "

@@ -135,6 +135,7 @@ RULES: dict[str, FieldRule] = {
     "seed": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
     "max_completion_tokens": FieldRule(GENERATING, frozenset({EMBEDDINGS})),
     "stream_interval": FieldRule(GENERATING, frozenset({EMBEDDINGS}), (1,)),
+    "priority": FieldRule(GENERATING, frozenset({EMBEDDINGS}), (0,)),
     # GGUF serves scoring and echo log-probabilities, not those of generated
     # text: validation.check_generation_logprobs, which reads the same capability.
     "logprobs": FieldRule({CHAT: "scoring", COMPLETIONS: "scoring"}, no_change=(False,),

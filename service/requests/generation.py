@@ -87,6 +87,9 @@ class ValidatedGeneration:
     # them joined as each group ends (generation/step_posts.py), one wake of
     # the caller a group instead of one a step.
     whole: bool = False
+    # Scheduling class: lower starts first; above 0 is background
+    # (engines/admission.py).
+    priority: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -212,6 +215,7 @@ def validated(params: GenerateParams, checked: CheckedParams, groups: tuple[Prom
         # steering_compare pairs the two jobs' steps as they come; a reasoning
         # split counts each token on its side of the block's end.
         whole=params.whole and not params.steering_compare and reasoning is None,
+        priority=params.priority or 0,
     )
 
 

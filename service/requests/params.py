@@ -101,6 +101,8 @@ class GenerateParams:
     steering_compare: bool = False
     # Streamed: tokens per message after the first (servicers/generation_replies.py).
     stream_interval: int | None = None
+    # Scheduling class: lower starts first; above 0 is background (admission.py).
+    priority: int | None = None
     # The caller reads the answer whole (GenerateRequest.coalesce, not streamed).
     whole: bool = False
     # Chat only: functions the model may call, and how.
@@ -162,6 +164,7 @@ class GenerateParams:
             "return_sae_activations": self.sae_activations,
             "steering_compare": self.steering_compare or None,
             "stream_interval": self.stream_interval,
+            "priority": self.priority,
             "add_special_tokens": self.add_special_tokens,
             "tools": self.tools or None, "tool_choice": self.tool_choice,
             "parallel_tool_calls": self.parallel_tool_calls,

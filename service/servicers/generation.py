@@ -224,6 +224,7 @@ def params_from_pb(request: generation_service_pb2.GenerateRequest) -> GenerateP
         sae_activations=readout_from_pb(request),
         steering_compare=request.steering_compare,
         stream_interval=_opt(request, "stream_interval"),
+        priority=_opt(request, "priority"),
         whole=request.coalesce and not request.stream,
         reasoning_effort=_opt(request, "reasoning_effort"),
         thinking_token_budget=_opt(request, "thinking_token_budget"),

@@ -36,7 +36,7 @@ import collections
 import logging
 
 from service.engines import faults
-from service.engines.admission import FairTurns, SchedulerLimits, Waiting
+from service.engines.admission import FairTurns, SchedulerLimits, Waiting, background_rows
 from service.engines.gguf import forks
 from service.engines.gguf.lanes import Lanes
 from service.engines.gguf.slot_scores import monitor_key, replay_scores
@@ -143,7 +143,9 @@ class Runner:
         if not self.waiting:
             return
         held = collections.Counter(id(row.job) for row in self.rows)
-        turns = FairTurns(self.limits, self.share, held, self.groups_left)
+        turns = FairTurns(self.limits, self.share, held, self.groups_left,
+                          capacity=len(self.slots.slots),
+                          background=background_rows(row.job for row in self.rows))
         for waiting in turns.order(self.waiting):
             while waiting.groups and turns.allows(waiting.job, 1):
                 if len(self.rows) >= len(self.slots.slots):

@@ -43,7 +43,7 @@ import threading
 import torch
 
 from service.engines import faults
-from service.engines.admission import FairTurns, SchedulerLimits, Waiting
+from service.engines.admission import FairTurns, SchedulerLimits, Waiting, background_rows
 from service.engines.base import EngineStatus
 from service.engines.model_thread import (
     Inbox,
@@ -235,11 +235,12 @@ class Scheduler:
             return  # every decode turn comes here: nothing to count when nothing waits
         together: list[GroupProgress] = []
         room = self.limits.max_batch - self._running_rows()
-        held = collections.Counter(id(r.job) for lane in [self._shared, *self._isolated]
-                                   for r in lane.rows)
+        running = [r.job for lane in [self._shared, *self._isolated] for r in lane.rows]
         for progress in (p for prefill in self._prefills.items for p in prefill.progresses):
-            held[id(progress.job)] += progress.group.n
-        turns = FairTurns(self.limits, self.limits.request_rows, held, self._groups_left)
+            running += [progress.job] * progress.group.n
+        held = collections.Counter(id(job) for job in running)
+        turns = FairTurns(self.limits, self.limits.request_rows, held, self._groups_left,
+                          background=background_rows(running))
         for waiting in turns.order(self._waiting):
             job = waiting.job
             while waiting.groups:

@@ -59,7 +59,7 @@ class GenerateEnd(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., status_details: _Optional[bytes] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "chat", "prompt", "sampling", "request_id", "strict", "extra_fields", "unused_fields", "user", "response_format", "extra_chats", "profile", "steering_intensity", "return_sae_activations", "tools", "tool_choice", "parallel_tool_calls", "stream", "coalesce", "reasoning_effort", "thinking_token_budget", "chat_template_kwargs", "structured_outputs", "steering_compare", "stream_interval")
+    __slots__ = ("model", "chat", "prompt", "sampling", "request_id", "strict", "extra_fields", "unused_fields", "user", "response_format", "extra_chats", "profile", "steering_intensity", "return_sae_activations", "tools", "tool_choice", "parallel_tool_calls", "stream", "coalesce", "reasoning_effort", "thinking_token_budget", "chat_template_kwargs", "structured_outputs", "steering_compare", "stream_interval", "priority")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class GenerateRequest(_message.Message):
     STRUCTURED_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     STEERING_COMPARE_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     model: str
     chat: _generation_pb2.ChatInput
     prompt: _generation_pb2.PromptInput
@@ -110,7 +111,8 @@ class GenerateRequest(_message.Message):
     structured_outputs: _generation_pb2.StructuredOutputs
     steering_compare: bool
     stream_interval: int
-    def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[_generation_pb2.ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., strict: _Optional[bool] = ..., extra_fields: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unused_fields: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., response_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ..., extra_chats: _Optional[_Iterable[_Union[_generation_pb2.ChatInput, _Mapping]]] = ..., profile: _Optional[str] = ..., steering_intensity: _Optional[_Union[_steering_pb2.SteeringIntensity, _Mapping]] = ..., return_sae_activations: _Optional[_Union[_steering_pb2.SaeActivationsRequest, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_generation_pb2.FunctionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_generation_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., stream: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., reasoning_effort: _Optional[str] = ..., thinking_token_budget: _Optional[int] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., structured_outputs: _Optional[_Union[_generation_pb2.StructuredOutputs, _Mapping]] = ..., steering_compare: _Optional[bool] = ..., stream_interval: _Optional[int] = ...) -> None: ...
+    priority: int
+    def __init__(self, model: _Optional[str] = ..., chat: _Optional[_Union[_generation_pb2.ChatInput, _Mapping]] = ..., prompt: _Optional[_Union[_generation_pb2.PromptInput, _Mapping]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., strict: _Optional[bool] = ..., extra_fields: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unused_fields: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ..., response_format: _Optional[_Union[_generation_pb2.ResponseFormat, _Mapping]] = ..., extra_chats: _Optional[_Iterable[_Union[_generation_pb2.ChatInput, _Mapping]]] = ..., profile: _Optional[str] = ..., steering_intensity: _Optional[_Union[_steering_pb2.SteeringIntensity, _Mapping]] = ..., return_sae_activations: _Optional[_Union[_steering_pb2.SaeActivationsRequest, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[_generation_pb2.FunctionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_generation_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., stream: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., reasoning_effort: _Optional[str] = ..., thinking_token_budget: _Optional[int] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., structured_outputs: _Optional[_Union[_generation_pb2.StructuredOutputs, _Mapping]] = ..., steering_compare: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("metadata", "choices", "usage", "echoed", "sae_activations", "probe_verdicts", "unsteered_choices", "comparison")
