@@ -14,6 +14,10 @@ MIB = 1024 * 1024
 # Requests: the bridge's own body limit is 1 MiB, and a direct gRPC caller's
 # largest legitimate request (2,048 prompts of token ids) fits easily.
 MAX_REQUEST_BYTES = 16 * MIB
+# A stored file (POST /v1/files, BatchService.CreateFile): the bridge reads an
+# upload up to this, the engine refuses more (413 file_too_large); it travels in
+# one request, so it stays well under MAX_REQUEST_BYTES.
+MAX_FILE_BYTES = 8 * MIB
 # Replies: 2,048 embeddings of a 16,384-wide model are 128 MiB of floats.
 MAX_REPLY_BYTES = 256 * MIB
 

@@ -88,6 +88,12 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "probe_not_found": ErrorCode(_S.NOT_FOUND, 404),
     # stored responses (ResponseService): unknown, expired, deleted or another key's
     "response_not_found": ErrorCode(_S.NOT_FOUND, 404),
+    # files and batches (service/batches)
+    "file_not_found": ErrorCode(_S.NOT_FOUND, 404),
+    "batch_not_found": ErrorCode(_S.NOT_FOUND, 404),
+    "file_too_large": ErrorCode(_S.INVALID_ARGUMENT, 413),
+    "batch_not_cancellable": ErrorCode(_S.FAILED_PRECONDITION, 400),
+    "duplicate_custom_id": ErrorCode(_S.INVALID_ARGUMENT, 400),
     # access
     "invalid_api_key": ErrorCode(_S.UNAUTHENTICATED, 401),
     "permission_error": ErrorCode(_S.PERMISSION_DENIED, 403, "permission_error"),

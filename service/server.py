@@ -13,6 +13,8 @@ from grpc_reflection.v1alpha import reflection
 
 from common import api_keys, grpc_limits
 from millm.v1 import (
+    batch_service_pb2,
+    batch_service_pb2_grpc,
     embedding_service_pb2,
     embedding_service_pb2_grpc,
     generation_service_pb2,
@@ -34,6 +36,8 @@ from millm.v1 import (
     tokenization_service_pb2,
     tokenization_service_pb2_grpc,
 )
+from service.batches.batches import BatchStore
+from service.batches.files import FileStore
 from service.config import EngineConfig
 from service.engines import model_thread
 from service.engines.admission import SchedulerLimits
@@ -45,6 +49,7 @@ from service.models.registry import ModelRegistry
 from service.ranking import Ranking
 from service.responses.store import ResponseStore, Retention
 from service.servicers.access import Access, AccessInterceptor, DrainState
+from service.servicers.batches import BatchServicer
 from service.servicers.embeddings import EmbeddingServicer
 from service.servicers.generation import GenerationServicer
 from service.servicers.models import ModelServicer
@@ -75,6 +80,7 @@ SERVICE_NAMES = (
     monitoring_service_pb2.DESCRIPTOR.services_by_name["MonitoringService"].full_name,
     tokenization_service_pb2.DESCRIPTOR.services_by_name["TokenizationService"].full_name,
     ranking_service_pb2.DESCRIPTOR.services_by_name["RankingService"].full_name,
+    batch_service_pb2.DESCRIPTOR.services_by_name["BatchService"].full_name,
 )
 # These need the model; model listing and status answer while it loads.
 MODEL_BOUND_SERVICES = ("", SERVICE_NAMES[0], SERVICE_NAMES[3], SERVICE_NAMES[4],
@@ -163,6 +169,10 @@ class EngineServer:
         )
         ranking_service_pb2_grpc.add_RankingServiceServicer_to_server(
             RankingServicer(Ranking(self.inference)), self.server
+        )
+        file_store = FileStore(self.database)
+        batch_service_pb2_grpc.add_BatchServiceServicer_to_server(
+            BatchServicer(file_store, BatchStore(self.database, file_store)), self.server
         )
         tokenization_service_pb2_grpc.add_TokenizationServiceServicer_to_server(
             TokenizationServicer(self.inference), self.server

@@ -61,6 +61,19 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "feature BIGINT NOT NULL, text TEXT NOT NULL, source TEXT NOT NULL, "
         "updated BIGINT NOT NULL, PRIMARY KEY (sae_id, feature))",
     )),
+    # OpenAI's Files and Batch APIs (service/batches).
+    (5, "files and batches", (
+        "CREATE TABLE IF NOT EXISTS files (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+        "purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes BIGINT NOT NULL, "
+        "created_at BIGINT NOT NULL, content TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
+        "created_at BIGINT NOT NULL, status TEXT NOT NULL, document TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS batch_lines (batch_id TEXT NOT NULL, line BIGINT NOT NULL, "
+        "custom_id TEXT NOT NULL, body TEXT NOT NULL, state TEXT NOT NULL, "
+        "claimed_by TEXT NOT NULL, claimed_until DOUBLE PRECISION NOT NULL, "
+        "status_code BIGINT NOT NULL, output TEXT NOT NULL, PRIMARY KEY (batch_id, line))",
+        "CREATE INDEX IF NOT EXISTS batch_lines_by_state ON batch_lines (batch_id, state)",
+    )),
 )
 
 LATEST = MIGRATIONS[-1][0]

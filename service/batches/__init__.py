@@ -1,0 +1,1 @@
+"""OpenAI's Files and Batch APIs in the engine's state database."""
