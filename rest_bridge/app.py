@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common import api_keys
 from common.log_text import shown
 from rest_bridge.access import AccessMiddleware, BridgeState
+from rest_bridge.batch_runner import BatchRunner
 from rest_bridge.browser_guard import BrowserGuard, HostRule, OriginRule
 from rest_bridge.config import BridgeConfig
 from rest_bridge.engine_client import EngineClient
@@ -23,6 +24,7 @@ from rest_bridge.serving.chat import ChatCompletionHandler
 from rest_bridge.serving.completions import CompletionHandler
 from rest_bridge.serving.disconnect import ClientDisconnected
 from rest_bridge.serving.embeddings import EmbeddingsHandler
+from rest_bridge.serving.files import FilesHandler
 from rest_bridge.serving.messages import MessagesHandler
 from rest_bridge.serving.models import ModelsHandler
 from rest_bridge.serving.ranking import RankingHandler
@@ -49,11 +51,15 @@ def create_app(config: BridgeConfig, keys: api_keys.KeyRing | None = None) -> Fa
         app.state.models = ModelsHandler(engine)
         app.state.embeddings = EmbeddingsHandler(engine)
         app.state.ranking = RankingHandler(engine)
+        app.state.files = FilesHandler(engine)
         app.state.tokenize = TokenizeHandler(engine)
         app.state.responses = ResponsesHandler(engine)
         app.state.messages = MessagesHandler(engine)
+        runner = BatchRunner(app, engine, config.batch_concurrency)
+        runner.start()
         log.info("bridge forwarding to %s", engine.target)
         yield
+        await runner.stop()
         await engine.close()
 
     app = FastAPI(title="miLLM", docs_url=None, redoc_url=None, openapi_url=None,

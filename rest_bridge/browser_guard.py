@@ -20,6 +20,9 @@ browser on the machine can connect. Three checks close what a page could do:
 - **Content type.** A POST, PUT or PATCH to a served route must say
   `Content-Type: application/json` (415 `unsupported_media_type`), which is
   what ends `text/plain` and form posts, the two a page can send unasked.
+  The one exception is the upload of POST /v1/files, which OpenAI's API
+  (and its SDK) sends as `multipart/form-data`: a browser marks a
+  cross-origin form post with `Origin`, which the rule above refuses.
 
 Every OPTIONS request is answered here, granted or not, so no route ever runs
 for one (which is why the access middleware lets OPTIONS pass without a key).
@@ -36,6 +39,7 @@ from starlette.routing import Match
 from rest_bridge.errors import OpenAIError
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+MULTIPART_PATHS = frozenset({"/v1/files"})  # OpenAI's upload is a form
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 # Headers a permitted browser app may read from an answer.
 EXPOSED = b"x-request-id, retry-after, x-millm-steering-intensity, x-ratelimit-limit-requests, " \
@@ -143,9 +147,12 @@ class BrowserGuard:
             has_body = (_header(headers, b"transfer-encoding") is not None
                         or (_header(headers, b"content-length") or "0").strip() not in ("", "0"))
             wrong = (not is_json(content_type)) if content_type is not None else has_body
+            if wrong and scope["path"] in MULTIPART_PATHS and content_type is not None:
+                wrong = not content_type.lower().startswith("multipart/form-data")
             if wrong and self._routed(scope):
                 return OpenAIError(415, "The request body must be JSON, sent with "
-                                   "'Content-Type: application/json'.",
+                                   "'Content-Type: application/json' (an upload to /v1/files: "
+                                   "multipart/form-data).",
                                    code="unsupported_media_type")
         return None
 

@@ -50,6 +50,8 @@ class BridgeConfig:
     # origins granted CORS (browser_guard.py): comma-separated, "*" for any.
     allowed_hosts: str = ""
     cors_origins: str = ""
+    # Batch lines this bridge runs at once (rest_bridge/batch_runner.py); 0: none.
+    batch_concurrency: int = 8
 
 
 def _env(name: str, default: str) -> str:
@@ -131,8 +133,12 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
     parser.add_argument("--cors-origins", default=_env("MILLM_CORS_ORIGINS", ""),
                         help="MILLM_CORS_ORIGINS: web origins allowed to call the API from a "
                         "browser (comma-separated, e.g. http://localhost:3000; '*' for any)")
+    _number(parser, "--batch-concurrency", "MILLM_BATCH_CONCURRENCY", 8,
+            "batch lines this bridge runs at once (0: it runs none)", kind=int)
     args = parser.parse_args(argv)
     env_choices.check(parser, args)
+    if args.batch_concurrency < 0 or args.batch_concurrency > 256:
+        parser.error("--batch-concurrency must be from 0 to 256")
     if bool(args.engine_tls_cert) != bool(args.engine_tls_key):
         parser.error("--engine-tls-cert and --engine-tls-key go together")
     if args.engine_tls_cert and not args.engine_tls_ca:
@@ -161,4 +167,5 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
         stream_stall_s=args.stream_stall_s,
         allowed_hosts=args.allowed_hosts,
         cors_origins=args.cors_origins,
+        batch_concurrency=args.batch_concurrency,
     )

@@ -15,6 +15,7 @@ from millm.v1 import server_service_pb2
 from rest_bridge.access import call_metadata
 from rest_bridge.errors import OpenAIError, from_rpc_error
 from rest_bridge.protocol.base import parse_body
+from rest_bridge.protocol.batches import BatchRequest
 from rest_bridge.protocol.chat import ChatCompletionRequest
 from rest_bridge.protocol.completions import CompletionRequest
 from rest_bridge.protocol.embeddings import EmbeddingRequest
@@ -55,6 +56,52 @@ async def chat_completions(request: Request):
 async def completions(request: Request):
     body = parse_body(await read_body(request), CompletionRequest)
     return await request.app.state.completions.handle(body, request)
+
+
+@router.post("/v1/files")
+async def upload_file(request: Request):
+    return await request.app.state.files.upload(request)
+
+
+@router.get("/v1/files")
+async def list_files(request: Request):
+    return await request.app.state.files.list_files(request)
+
+
+@router.get("/v1/files/{file_id}")
+async def get_file(file_id: str, request: Request):
+    return await request.app.state.files.get_file(file_id, request)
+
+
+@router.get("/v1/files/{file_id}/content")
+async def file_content(file_id: str, request: Request):
+    return await request.app.state.files.content(file_id, request)
+
+
+@router.delete("/v1/files/{file_id}")
+async def delete_file(file_id: str, request: Request):
+    return await request.app.state.files.delete_file(file_id, request)
+
+
+@router.post("/v1/batches")
+async def create_batch(request: Request):
+    body = parse_body(await read_body(request), BatchRequest)
+    return await request.app.state.files.create_batch(body, request)
+
+
+@router.get("/v1/batches")
+async def list_batches(request: Request):
+    return await request.app.state.files.list_batches(request)
+
+
+@router.get("/v1/batches/{batch_id}")
+async def get_batch(batch_id: str, request: Request):
+    return await request.app.state.files.get_batch(batch_id, request)
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(batch_id: str, request: Request):
+    return await request.app.state.files.cancel_batch(batch_id, request)
 
 
 @router.post("/v1/rerank")

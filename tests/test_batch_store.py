@@ -51,7 +51,7 @@ def output(files, file_id: str) -> list[dict]:
 
 def test_lines_run_once_and_the_last_answer_writes_the_files(stores):
     files, batches, clock = stores
-    text = "\n".join([line(0), "not json", line(1), line(2, url="/v1/embeddings"), ""]) + "\n"
+    text = "\n".join([line(0), "not json", line(1), line(2, url="/v1/audio"), ""]) + "\n"
     batch = batches.create("alice", upload(files, text).id, "/v1/chat/completions", "24h", {})
     assert (batch.status, batch.doc["total"], batch.doc["failed"]) == ("in_progress", 4, 2)
     got, lines = batches.claim("a", 10, 30)

@@ -111,6 +111,8 @@ class MessagesInput(OpenAIBaseModel):
 
 
 class MessagesRequest(MessagesInput):
+    # vLLM's scheduling class, as on the other generation routes (batch lines).
+    priority: Int64 | None = None
     max_tokens: Int64
     stop_sequences: list[str] | None = None
     stream: bool | None = None

@@ -109,10 +109,11 @@ class BatchStore:
         def work(tx: Tx) -> Batch:
             self._save(tx, batch, insert=True)
             tx.executemany(
-                "INSERT INTO batch_lines (batch_id, line, custom_id, body, state, claimed_by, "
-                "claimed_until, status_code, output) VALUES (?, ?, ?, ?, ?, '', 0, ?, ?)",
-                [(batch.id, ln.index, ln.custom_id, ln.body, "pending", 0, "") for ln in lines]
-                + [(batch.id, p.index, p.custom_id, "", "done", 0, _problem_line(p))
+                "INSERT INTO batch_lines (batch_id, line, custom_id, url, body, state, claimed_by, "
+                "claimed_until, status_code, output) VALUES (?, ?, ?, ?, ?, ?, '', 0, ?, ?)",
+                [(batch.id, ln.index, ln.custom_id, ln.url, ln.body, "pending", 0, "")
+                 for ln in lines]
+                + [(batch.id, p.index, p.custom_id, "", "", "done", 0, _problem_line(p))
                    for p in problems])
             if not lines:
                 self._finalize(tx, batch, "completed")
@@ -182,11 +183,11 @@ class BatchStore:
                     "UPDATE batch_lines SET claimed_by = ?, claimed_until = ? WHERE batch_id = ? "
                     "AND state = 'pending' AND claimed_until < ? AND line IN (SELECT line FROM "
                     "batch_lines WHERE batch_id = ? AND state = 'pending' AND claimed_until < ? "
-                    "ORDER BY line LIMIT ?) RETURNING line, custom_id, body",
+                    "ORDER BY line LIMIT ?) RETURNING line, custom_id, url, body",
                     (runner_id, now + lease_s, batch_id, now, batch_id, now, max_lines))
                 if rows:
-                    lines = sorted((Line(int(r[0]), r[1], batch.doc["endpoint"], r[2])
-                                    for r in rows), key=lambda ln: ln.index)
+                    lines = sorted((Line(int(r[0]), r[1], r[2], r[3]) for r in rows),
+                                   key=lambda ln: ln.index)
                     return batch, lines
             return None, []
 

@@ -3,9 +3,10 @@ run, and why each other one is not.
 
 OpenAI's line: {"custom_id": "...", "method": "POST", "url": "/v1/...",
 "body": {...}}. A line that is none (not JSON, not an object, a field missing
-or of the wrong type, another method, a url other than the batch's
-endpoint) does not stop the batch: it goes to the error file with the reason,
-and the other lines run. Blank lines are skipped. Two lines with the same
+or of the wrong type, another method, a url miLLM does not batch) does not
+stop the batch: it goes to the error file with the reason, and the other
+lines run. A line may target another of those urls than the batch's
+endpoint. Blank lines are skipped. Two lines with the same
 custom_id make the results ambiguous, so such a file is refused when the
 batch is created (400 duplicate_custom_id naming the id), as OpenAI refuses it.
 """
@@ -77,8 +78,10 @@ def parse(text: str) -> tuple[list[Line], list[Problem]]:
 
 
 def for_endpoint(text: str, endpoint: str, param: str) -> tuple[list[Line], list[Problem]]:
-    """The file's lines for a batch on `endpoint`: a line for another endpoint
-    is a problem; a custom_id used twice refuses the batch."""
+    """The file's lines for a batch on `endpoint`; a custom_id used twice
+    refuses the batch. A line may name another served endpoint than the
+    batch's (OpenAI refuses that; here it runs there), so one file can mix
+    chat, completions and embeddings."""
     if not text.strip():
         raise invalid_parameter(param, "The input file holds no requests.")
     lines, problems = parse(text)
@@ -89,13 +92,4 @@ def for_endpoint(text: str, endpoint: str, param: str) -> tuple[list[Line], list
                               f"'{item.custom_id[:80]}' more than once; each line needs its "
                               "own.", param)
         seen.add(item.custom_id)
-    kept = []
-    for line in lines:
-        if line.url != endpoint:
-            problems.append(Problem(line.index, line.custom_id, "invalid_url",
-                                    f"The line's url is {line.url}; this batch runs "
-                                    f"{endpoint} only."))
-        else:
-            kept.append(line)
-    problems.sort(key=lambda p: p.index)
-    return kept, problems
+    return lines, problems

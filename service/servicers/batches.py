@@ -111,7 +111,7 @@ class BatchServicer(batch_service_pb2_grpc.BatchServiceServicer):
             return pb.ClaimBatchLinesResponse()
         return pb.ClaimBatchLinesResponse(
             batch_id=batch.id, endpoint=batch.doc["endpoint"],
-            lines=[pb.BatchLine(line=ln.index, custom_id=ln.custom_id, body=ln.body)
+            lines=[pb.BatchLine(line=ln.index, custom_id=ln.custom_id, body=ln.body, url=ln.url)
                    for ln in lines])
 
     @unary_errors

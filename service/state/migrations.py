@@ -69,7 +69,7 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "CREATE TABLE IF NOT EXISTS batches (id TEXT PRIMARY KEY, owner TEXT NOT NULL, "
         "created_at BIGINT NOT NULL, status TEXT NOT NULL, document TEXT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS batch_lines (batch_id TEXT NOT NULL, line BIGINT NOT NULL, "
-        "custom_id TEXT NOT NULL, body TEXT NOT NULL, state TEXT NOT NULL, "
+        "custom_id TEXT NOT NULL, url TEXT NOT NULL, body TEXT NOT NULL, state TEXT NOT NULL, "
         "claimed_by TEXT NOT NULL, claimed_until DOUBLE PRECISION NOT NULL, "
         "status_code BIGINT NOT NULL, output TEXT NOT NULL, PRIMARY KEY (batch_id, line))",
         "CREATE INDEX IF NOT EXISTS batch_lines_by_state ON batch_lines (batch_id, state)",

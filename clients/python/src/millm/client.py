@@ -41,6 +41,7 @@ __all__ = ["AsyncClient", "Client", "Delta", "Generation", "MillmError", "chat_r
            "prompt_request"]
 from millm.tools import ToolCall, ToolCallFragment, fold_tool_calls, fragments
 from millm.v1 import (
+    batch_service_pb2_grpc,
     embedding_service_pb2,
     embedding_service_pb2_grpc,
     generation_pb2,
@@ -160,6 +161,7 @@ class _Stubs:
         self.monitoring = monitoring_service_pb2_grpc.MonitoringServiceStub(channel)
         self.tokenization = tokenization_service_pb2_grpc.TokenizationServiceStub(channel)
         self.ranking = ranking_service_pb2_grpc.RankingServiceStub(channel)
+        self.batches = batch_service_pb2_grpc.BatchServiceStub(channel)
 
     def options(self, timeout, request_id) -> dict:
         return {"timeout": self.timeout if timeout is None else timeout,

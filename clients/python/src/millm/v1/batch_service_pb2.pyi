@@ -227,14 +227,16 @@ class ClaimBatchLinesResponse(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., lines: _Optional[_Iterable[_Union[BatchLine, _Mapping]]] = ...) -> None: ...
 
 class BatchLine(_message.Message):
-    __slots__ = ("line", "custom_id", "body")
+    __slots__ = ("line", "custom_id", "body", "url")
     LINE_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_ID_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
     line: int
     custom_id: str
     body: str
-    def __init__(self, line: _Optional[int] = ..., custom_id: _Optional[str] = ..., body: _Optional[str] = ...) -> None: ...
+    url: str
+    def __init__(self, line: _Optional[int] = ..., custom_id: _Optional[str] = ..., body: _Optional[str] = ..., url: _Optional[str] = ...) -> None: ...
 
 class CompleteBatchLinesRequest(_message.Message):
     __slots__ = ("batch_id", "results")
