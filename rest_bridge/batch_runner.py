@@ -36,6 +36,7 @@ from millm.v1 import batch_service_pb2 as pb
 log = logging.getLogger("millm.bridge.batches")
 
 LEASE_S = 300.0
+CLAIM_WAVES = 8  # lines claimed at once: this many times the concurrency (at most 256)
 IDLE_S = 1.0  # between claims while nothing is to run
 RETRY_S = 1.0  # backoff step after an engine failure
 ENGINE_FAILURES = (502, 503, 504)
@@ -92,6 +93,11 @@ def line_body(endpoint: str, body: str) -> bytes | str:
     return json.dumps(request).encode()
 
 
+def _model_of(body: str) -> str:
+    model = json.loads(body).get("model")
+    return model if isinstance(model, str) else ""
+
+
 class BatchRunner:
     def __init__(self, app, engine, concurrency: int):
         self.app, self.engine, self.concurrency = app, engine, concurrency
@@ -113,7 +119,8 @@ class BatchRunner:
         while True:
             try:
                 reply = await self.engine.batches.ClaimBatchLines(pb.ClaimBatchLinesRequest(
-                    runner_id=self.runner_id, max_lines=self.concurrency, lease_s=LEASE_S),
+                    runner_id=self.runner_id, lease_s=LEASE_S,
+                    max_lines=min(256, self.concurrency * CLAIM_WAVES)),
                     timeout=30, metadata=self.metadata)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
@@ -125,8 +132,19 @@ class BatchRunner:
             if not reply.lines:
                 await asyncio.sleep(IDLE_S)
                 continue
-            results = await asyncio.gather(*(self._run(line) for line in reply.lines))
-            await self._record(reply.batch_id, results)
+            # Lines of one model together: a batch mixing models switches the
+            # engine's model once per group, not once per line.
+            groups: dict[str, list[pb.BatchLine]] = {}
+            for line in reply.lines:
+                groups.setdefault(_model_of(line.body), []).append(line)
+            gate = asyncio.Semaphore(self.concurrency)
+            for lines in groups.values():
+                results = await asyncio.gather(*(self._gated(gate, line) for line in lines))
+                await self._record(reply.batch_id, results)
+
+    async def _gated(self, gate: asyncio.Semaphore, line: pb.BatchLine) -> pb.BatchLineResult:
+        async with gate:
+            return await self._run(line)
 
     async def _run(self, line: pb.BatchLine) -> pb.BatchLineResult:
         endpoint = line.url
