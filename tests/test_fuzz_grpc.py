@@ -21,6 +21,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from millm.v1 import (
+    batch_service_pb2,
     embedding_service_pb2,
     generation_service_pb2,
     model_pb2,
@@ -43,7 +44,8 @@ SERVER_FAULTS = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusC
                  grpc.StatusCode.DEADLINE_EXCEEDED}
 MODULES = (generation_service_pb2, scoring_service_pb2, embedding_service_pb2,
            model_service_pb2, server_service_pb2, steering_service_pb2, monitoring_service_pb2,
-           response_service_pb2, tokenization_service_pb2, ranking_service_pb2)
+           response_service_pb2, tokenization_service_pb2, ranking_service_pb2,
+           batch_service_pb2)
 METHODS = [(service, method) for module in MODULES
            for service in module.DESCRIPTOR.services_by_name.values()
            for method in service.methods]

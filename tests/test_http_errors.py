@@ -104,7 +104,7 @@ def test_body_too_large(stack):
 @pytest.mark.parametrize(
     ("method", "path"),
     [("POST", "/v1/embeddings/x"), ("POST", "/v1/responses/resp_1/cancel"),
-     ("POST", "/v1/responses/input_tokens"), ("GET", "/v1/files"),
+     ("POST", "/v1/responses/input_tokens"), ("GET", "/v1/uploads"),
      ("POST", "/v1/audio/speech"), ("POST", "/v1/images/generations"),
      ("DELETE", "/v1/models/millm-tiny"), ("POST", "/v1/threads/t1/runs")],
 )
