@@ -35,7 +35,8 @@ from millm.v1 import batch_service_pb2 as pb
 
 log = logging.getLogger("millm.bridge.batches")
 
-LEASE_S = 300.0
+LEASE_S = 30.0  # renewed every RENEW_S while the lines run
+RENEW_S = 10.0
 CLAIM_WAVES = 8  # lines claimed at once: this many times the concurrency (at most 256)
 IDLE_S = 1.0  # between claims while nothing is to run
 RETRY_S = 1.0  # backoff step after an engine failure
@@ -138,9 +139,26 @@ class BatchRunner:
             for line in reply.lines:
                 groups.setdefault(_model_of(line.body), []).append(line)
             gate = asyncio.Semaphore(self.concurrency)
-            for lines in groups.values():
-                results = await asyncio.gather(*(self._gated(gate, line) for line in lines))
-                await self._record(reply.batch_id, results)
+            renewing = asyncio.create_task(self._renew(reply.batch_id))
+            try:
+                for lines in groups.values():
+                    results = await asyncio.gather(*(self._gated(gate, line)
+                                                     for line in lines))
+                    await self._record(reply.batch_id, results)
+            finally:
+                renewing.cancel()
+                await asyncio.gather(renewing, return_exceptions=True)
+
+    async def _renew(self, batch_id: str) -> None:
+        """Keep this runner's claims in the batch live while its lines run."""
+        while True:
+            await asyncio.sleep(RENEW_S)
+            try:
+                await self.engine.batches.RenewBatchClaims(pb.RenewBatchClaimsRequest(
+                    runner_id=self.runner_id, batch_id=batch_id, lease_s=LEASE_S),
+                    timeout=10, metadata=self.metadata)
+            except grpc.aio.AioRpcError:
+                pass  # the engine is away: the answers wait, and so does the renewal
 
     async def _gated(self, gate: asyncio.Semaphore, line: pb.BatchLine) -> pb.BatchLineResult:
         async with gate:

@@ -58,7 +58,12 @@ def test_lines_run_once_and_the_last_answer_writes_the_files(stores):
     assert got.id == batch.id and [ln.custom_id for ln in lines] == ["r0", "r1"]
     assert batches.claim("b", 10, 30) == (None, [])  # both claimed, by a live claim
     assert batches.complete(batch.id, [(0, 200, '{"ok": 0}', "q0")]) == 1
-    clock.now += 31  # runner a vanished: r1's lease ended
+    clock.now += 20
+    assert batches.renew("a", batch.id, 30) == 1  # r1, still running
+    assert batches.renew("b", batch.id, 30) == 0  # b holds nothing
+    clock.now += 20
+    assert batches.claim("b", 10, 30) == (None, [])  # renewed: still a's
+    clock.now += 11  # runner a vanished: r1's lease ended
     _, again = batches.claim("b", 10, 30)
     assert [ln.custom_id for ln in again] == ["r1"]
     assert batches.complete(batch.id, [(0, 200, '{"ok": "twice"}', "q")]) == 0  # r0 stays

@@ -193,6 +193,22 @@ class BatchStore:
 
         return self.db.transaction(work)
 
+    def renew(self, runner_id: str, batch_id: str, lease_s: float) -> int:
+        """Extend `runner_id`'s live claims in the batch to now + lease_s."""
+        if not 1 <= lease_s <= 3600:
+            raise invalid_parameter("lease_s", "'lease_s' must be 1 to 3600.")
+        if not files.well_formed(batch_id, "batch_"):
+            raise not_found(batch_id)
+
+        def work(tx: Tx) -> int:
+            now = self._clock()
+            return len(tx.rows(
+                "UPDATE batch_lines SET claimed_until = ? WHERE batch_id = ? AND claimed_by = ? "
+                "AND state = 'pending' AND claimed_until >= ? RETURNING line",
+                (now + lease_s, batch_id, runner_id, now)))
+
+        return self.db.transaction(work)
+
     def complete(self, batch_id: str, results: list[tuple[int, int, str, str]]) -> int:
         """Record (line, status code, body, request id) answers; returns how
         many lines were newly answered."""

@@ -41,7 +41,8 @@ ADMIN_METHODS = frozenset({"/millm.v1.ServerService/ClearPrefixCache",
                            "/millm.v1.ModelService/UnloadModel"}) | steering.ADMIN_METHODS \
     | monitoring.ADMIN_METHODS | frozenset({
         # A batch runner's calls hand out and record every owner's lines.
-        "/millm.v1.BatchService/ClaimBatchLines", "/millm.v1.BatchService/CompleteBatchLines"})
+        "/millm.v1.BatchService/ClaimBatchLines", "/millm.v1.BatchService/RenewBatchClaims",
+        "/millm.v1.BatchService/CompleteBatchLines"})
 
 
 # The key of the call being served (None when no keys are configured), for the

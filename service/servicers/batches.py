@@ -3,9 +3,9 @@
 The caller's key (servicers/access.py) decides ownership, as for stored
 responses: what a key creates is its own, another key's reads and deletes
 answer not found, and an admin key (or an engine without keys) sees all.
-The runner's RPCs (ClaimBatchLines, CompleteBatchLines) hand out and record
-every owner's lines, so they need the admin scope (access.ADMIN_METHODS).
-Database calls run off the event loop.
+The runner's RPCs (ClaimBatchLines, RenewBatchClaims, CompleteBatchLines)
+hand out and record every owner's lines, so they need the admin scope
+(access.ADMIN_METHODS). Database calls run off the event loop.
 """
 
 from __future__ import annotations
@@ -113,6 +113,12 @@ class BatchServicer(batch_service_pb2_grpc.BatchServiceServicer):
             batch_id=batch.id, endpoint=batch.doc["endpoint"],
             lines=[pb.BatchLine(line=ln.index, custom_id=ln.custom_id, body=ln.body, url=ln.url)
                    for ln in lines])
+
+    @unary_errors
+    async def RenewBatchClaims(self, request, context):
+        renewed = await asyncio.to_thread(self._batches.renew, request.runner_id,
+                                          request.batch_id, request.lease_s)
+        return pb.RenewBatchClaimsResponse(renewed=renewed)
 
     @unary_errors
     async def CompleteBatchLines(self, request, context):

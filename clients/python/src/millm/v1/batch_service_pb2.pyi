@@ -238,6 +238,22 @@ class BatchLine(_message.Message):
     url: str
     def __init__(self, line: _Optional[int] = ..., custom_id: _Optional[str] = ..., body: _Optional[str] = ..., url: _Optional[str] = ...) -> None: ...
 
+class RenewBatchClaimsRequest(_message.Message):
+    __slots__ = ("runner_id", "batch_id", "lease_s")
+    RUNNER_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    runner_id: str
+    batch_id: str
+    lease_s: float
+    def __init__(self, runner_id: _Optional[str] = ..., batch_id: _Optional[str] = ..., lease_s: _Optional[float] = ...) -> None: ...
+
+class RenewBatchClaimsResponse(_message.Message):
+    __slots__ = ("renewed",)
+    RENEWED_FIELD_NUMBER: _ClassVar[int]
+    renewed: int
+    def __init__(self, renewed: _Optional[int] = ...) -> None: ...
+
 class CompleteBatchLinesRequest(_message.Message):
     __slots__ = ("batch_id", "results")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]

@@ -92,6 +92,11 @@ class BatchServiceStub:
                 request_serializer=millm_dot_v1_dot_batch__service__pb2.ClaimBatchLinesRequest.SerializeToString,
                 response_deserializer=millm_dot_v1_dot_batch__service__pb2.ClaimBatchLinesResponse.FromString,
                 _registered_method=True)
+        self.RenewBatchClaims = channel.unary_unary(
+                '/millm.v1.BatchService/RenewBatchClaims',
+                request_serializer=millm_dot_v1_dot_batch__service__pb2.RenewBatchClaimsRequest.SerializeToString,
+                response_deserializer=millm_dot_v1_dot_batch__service__pb2.RenewBatchClaimsResponse.FromString,
+                _registered_method=True)
         self.CompleteBatchLines = channel.unary_unary(
                 '/millm.v1.BatchService/CompleteBatchLines',
                 request_serializer=millm_dot_v1_dot_batch__service__pb2.CompleteBatchLinesRequest.SerializeToString,
@@ -184,6 +189,15 @@ class BatchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewBatchClaims(self, request, context):
+        """Runner (admin): extends the runner's live claims in a batch by `lease_s`
+        (a runner renews while its lines run, so a lease can be short and a
+        vanished runner's lines are claimable again soon).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CompleteBatchLines(self, request, context):
         """Runner (admin): answers of claimed lines. A line already answered keeps
         its first answer; the last answer of a batch writes its output files.
@@ -244,6 +258,11 @@ def add_BatchServiceServicer_to_server(servicer, server):
                     servicer.ClaimBatchLines,
                     request_deserializer=millm_dot_v1_dot_batch__service__pb2.ClaimBatchLinesRequest.FromString,
                     response_serializer=millm_dot_v1_dot_batch__service__pb2.ClaimBatchLinesResponse.SerializeToString,
+            ),
+            'RenewBatchClaims': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewBatchClaims,
+                    request_deserializer=millm_dot_v1_dot_batch__service__pb2.RenewBatchClaimsRequest.FromString,
+                    response_serializer=millm_dot_v1_dot_batch__service__pb2.RenewBatchClaimsResponse.SerializeToString,
             ),
             'CompleteBatchLines': grpc.unary_unary_rpc_method_handler(
                     servicer.CompleteBatchLines,
@@ -529,6 +548,33 @@ class BatchService:
             '/millm.v1.BatchService/ClaimBatchLines',
             millm_dot_v1_dot_batch__service__pb2.ClaimBatchLinesRequest.SerializeToString,
             millm_dot_v1_dot_batch__service__pb2.ClaimBatchLinesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewBatchClaims(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/millm.v1.BatchService/RenewBatchClaims',
+            millm_dot_v1_dot_batch__service__pb2.RenewBatchClaimsRequest.SerializeToString,
+            millm_dot_v1_dot_batch__service__pb2.RenewBatchClaimsResponse.FromString,
             options,
             channel_credentials,
             insecure,
