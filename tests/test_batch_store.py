@@ -3,10 +3,11 @@ line is answered once whatever runner answers it, a vanished runner's lines
 are claimed again when its lease ends, bad lines go to the error file while
 the rest run, the last answer writes the output once, the completion window
 ends a batch, cancel stops lines not yet claimed, and owners see only their
-own. The same SQL runs on PostgreSQL (tests/test_batches.py runs it there)."""
+own. On SQLite and on PostgreSQL (where two runners claim at once)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 
 import pytest
@@ -31,9 +32,20 @@ def line(i: int, url="/v1/chat/completions", **extra) -> str:
                        "body": {"model": "m", "messages": [], **extra}})
 
 
-@pytest.fixture
-def stores(tmp_path):
-    db = SqliteDatabase(tmp_path / "state.sqlite3")
+TABLES = ("schema_migrations", "settings", "attached_saes", "profiles", "clusters", "circuits",
+          "probes", "replicas", "responses", "response_input_items", "state_version",
+          "feature_explanations", "files", "batches", "batch_lines")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def stores(request, tmp_path):
+    if request.param == "sqlite":
+        db = SqliteDatabase(tmp_path / "state.sqlite3")
+    else:
+        from service.state.postgres import PostgresDatabase
+
+        db = PostgresDatabase(request.getfixturevalue("pg").url)
+        db.transaction(lambda tx: tx.execute(f"DROP TABLE IF EXISTS {', '.join(TABLES)}"))
     migrate(db)
     clock = Clock()
     files = FileStore(db)
@@ -140,3 +152,14 @@ def test_owners_see_their_own_and_bad_input_is_refused_naming_the_field(stores):
         batches.get(batch.id, "bob")
     assert [b.id for b in batches.list("alice", 0, "")[0]] == [batch.id]
     assert batches.list("bob", 0, "")[0] == []
+
+
+def test_two_runners_claiming_at_once_get_different_lines(stores):
+    files, batches, _ = stores
+    batch = batches.create("alice", upload(files, "\n".join(line(i) for i in range(40))).id,
+                           "/v1/chat/completions", "24h", {})
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        claims = list(pool.map(lambda r: batches.claim(r, 8, 30), ["a", "b", "c", "d"]))
+    taken = [ln.index for got, lines in claims for ln in lines if got is not None]
+    assert len(taken) == len(set(taken)) == 32
+    assert all(got.id == batch.id for got, _ in claims)
