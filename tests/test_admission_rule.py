@@ -13,6 +13,9 @@ from service.engines.admission import FairTurns, SchedulerLimits, Waiting
 class Job:
     outcome = None
 
+    class spec:  # noqa: N801 - what admission reads of a ValidatedGeneration
+        priority = 0
+
 
 def waiting(parts: list[int], age: float = 0.0) -> Waiting:
     return Waiting(Job(), collections.deque(parts), time.monotonic() - age)

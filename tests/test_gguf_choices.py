@@ -112,7 +112,7 @@ def runner(llm):
     eog = frozenset(i for i in range(n_vocab) if lib.llama_vocab_is_eog(llm._model.vocab, i))
 
     def tools(spec, seed):
-        return sampler_chain(spec.options, n_vocab, eog, seed, history=WINDOW), None
+        return sampler_chain(spec.options, n_vocab, eog, seed, history=WINDOW), None, None
 
     lanes = Lanes(lane_opener(llm._model, llm.context_params, WINDOW))
     pieces = [token_piece(llm._model.vocab, i, special=False) for i in range(n_vocab)]

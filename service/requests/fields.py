@@ -44,7 +44,7 @@ ROUTES = (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)
 # tools and tool_choice in Anthropic's shapes; llama.cpp's top-level grammar,
 # which every route's extra fields carry to the engine by name).
 MESSAGES_PLACES = frozenset({"seed", "profile", "steering_intensity", "tools", "tool_choice",
-                             "grammar"})
+                             "grammar", "priority"})
 # Messages fields of the table that the bridge maps onto another field of the
 # contract: their cell is that field's on chat (`thinking` is the reasoning
 # budget; its `disabled` is reasoning_effort "none"; `output_config.effort` is
