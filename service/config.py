@@ -66,6 +66,8 @@ class EngineConfig:
     gguf_slots: int = 8
     # llama.cpp's flash attention for GGUF contexts (off: the exact default).
     gguf_flash_attn: bool = False
+    # f32 generation KV cells for GGUF models (MILLM_GGUF_KV_TYPE=f32): the exact setting.
+    gguf_kv_f32: bool = False
     # MiB the GGUF engine's KV cells may take (0: what is free beyond the weights).
     gguf_kv_memory_mib: int = 0
     # Stored Responses API responses: most kept, and how long (docs/responses.md).
@@ -224,6 +226,11 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
                         help="MILLM_GGUF_FLASH_ATTN: llama.cpp's flash attention for GGUF "
                              "models (on: faster with many slots; logits move in the last "
                              "bits, so greedy text may differ from the transformers engine)")
+    parser.add_argument("--gguf-kv-type", choices=("f16", "f32"),
+                        default=_env("MILLM_GGUF_KV_TYPE", "f16"),
+                        help="MILLM_GGUF_KV_TYPE: the GGUF generation KV cache's values (f16, "
+                             "llama.cpp's default; f32: twice the memory, and generated "
+                             "log-probabilities as exact as scoring's)")
     parser.add_argument("--gguf-slots", type=int, default=int(_env("MILLM_GGUF_SLOTS", "8")),
                         help="MILLM_GGUF_SLOTS: GGUF sequences decoded together (each with "
                              "its own context window of KV cache)")
@@ -329,6 +336,7 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         gguf_context=args.gguf_context,
         gguf_slots=args.gguf_slots,
         gguf_flash_attn=args.gguf_flash_attn == "on",
+        gguf_kv_f32=args.gguf_kv_type == "f32",
         gguf_kv_memory_mib=args.gguf_kv_memory_mib,
         responses_max_count=args.responses_max_count,
         responses_max_age_days=args.responses_max_age_days,

@@ -137,6 +137,7 @@ class EngineServer:
                 gguf_context=config.gguf_context,
                 gguf_slots=config.gguf_slots,
                 gguf_flash_attn=config.gguf_flash_attn,
+                gguf_kv_f32=config.gguf_kv_f32,
                 gguf_kv_memory_bytes=config.gguf_kv_memory_mib * 1024 * 1024,
             ),
             steering=self.steering,

@@ -22,7 +22,8 @@ def make_engine(entry: ModelEntry, config: LifecycleConfig,
         if kv is None:  # not planned by a load check: plan with the memory free now
             kv = gguf_plan(entry, config, max(f for _, f in available_memory_bytes("cpu")))
         return GgufEngine(entry, kv, threads=config.gguf_threads,
-                          flash_attn=config.gguf_flash_attn, limits=config.limits,
+                          flash_attn=config.gguf_flash_attn, kv_f32=config.gguf_kv_f32,
+                          limits=config.limits,
                           prefix_cache_tokens=config.prefix_cache_tokens)
     from service.engines.transformers.engine import TransformersEngine
 
@@ -48,7 +49,8 @@ def gguf_plan(entry: ModelEntry, config: LifecycleConfig, free: int) -> KvPlan:
     budget = config.gguf_kv_memory_bytes or max(
         0, free - entry.size_bytes - config.memory_headroom_bytes)
     slots = min(config.gguf_slots, config.limits.max_batch)
-    return plan(cell_cost(entry), entry.context_length, slots, budget, config.gguf_context)
+    return plan(cell_cost(entry), entry.context_length, slots, budget, config.gguf_context,
+                kv_width=4 if config.gguf_kv_f32 else 2)
 
 
 def memory_needed(entry: ModelEntry, device: str, kv: KvPlan | None = None) -> tuple[int, int]:

@@ -34,4 +34,5 @@ class LifecycleConfig:
     gguf_context: int = 0  # 0: sized to memory (engines/gguf/kv_plan.py)
     gguf_slots: int = 8  # sequences decoded together, each with a window of KV cells
     gguf_flash_attn: bool = False  # llama.cpp's flash attention in GGUF contexts
+    gguf_kv_f32: bool = False  # f32 generation KV cells (MILLM_GGUF_KV_TYPE=f32)
     gguf_kv_memory_bytes: int = 0  # what GGUF KV cells may take (0: the memory free)

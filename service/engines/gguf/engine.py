@@ -34,7 +34,7 @@ from service.engines.gguf.forks import part_count
 from service.engines.gguf.kv_plan import KvPlan
 from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.logprobs import TokenScorer
-from service.engines.gguf.reading import Readers
+from service.engines.gguf.reading import GGML_TYPE_F32, Readers
 from service.engines.gguf.sampling import sampler_chain
 from service.engines.gguf.slots import Slots
 from service.engines.gguf.steer_load import new_steerer, reachable
@@ -57,10 +57,15 @@ class GgufEngine(GgufVocab, Engine):
     kind = GGUF
 
     def __init__(self, entry, kv: KvPlan, threads: int = 1, flash_attn: bool = False,
+                 kv_f32: bool = False,
                  limits: SchedulerLimits | None = None, prefix_cache_tokens: int = 32768):
         super().__init__(entry)
         self.threads = threads
         self.flash_attn = flash_attn  # every context of the model: generation, lanes, reads
+        # Generation cells (the shared context and the lanes) in f32 instead of
+        # llama.cpp's f16: MILLM_GGUF_KV_TYPE=f32, the exact setting.
+        self.kv_types = ({"type_k": GGML_TYPE_F32, "type_v": GGML_TYPE_F32} if kv_f32
+                         else {})
         # The slots and window, sized to memory (engines/gguf/kv_plan.py); the
         # slots are at most MILLM_MAX_BATCH (engines/kinds.py).
         self.kv = kv
@@ -115,7 +120,9 @@ class GgufEngine(GgufVocab, Engine):
         n_ctx = self.kv.window
         log.info("%s: %s", self.entry.id, self.kv.describe())
         # The model and its vocabulary; generation runs in a context of its own.
-        self.llm = llm = self._open(n_ctx=64, n_batch=64)
+        # (Its context parameters, types included, are the generation
+        # context's and the lanes' starting point.)
+        self.llm = llm = self._open(n_ctx=64, n_batch=64, **self.kv_types)
         n_vocab = self.read_vocab(llm)
         quant = self.entry.quantization
         self.info = LoadedModel(

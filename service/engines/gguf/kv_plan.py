@@ -94,25 +94,29 @@ class KvPlan:
                 f"embedding inputs up to {self.embed_window} tokens)")
 
 
-def engine_bytes(cost: CellCost, window: int, slots: int) -> int:
+def engine_bytes(cost: CellCost, window: int, slots: int, kv_width: int = 2) -> int:
     """The most the engine may hold at `window`: the shared context, one lane
-    per slot, and the scoring context (f32 cells). (The embedding context,
-    made on the first embeddings request, is bounded by EMBED_BYTES instead.)"""
-    return (cost.context_bytes(window * slots) + slots * cost.context_bytes(window)
+    per slot (each with `kv_width`-byte values: MILLM_GGUF_KV_TYPE), and the
+    scoring context (f32 cells). (The embedding context, made on the first
+    embeddings request, is bounded by EMBED_BYTES instead.)"""
+    return (cost.context_bytes(window * slots, kv_width)
+            + slots * cost.context_bytes(window, kv_width)
             + cost.context_bytes(window, kv_width=4))
 
 
-def plan(cost: CellCost, trained: int, slots: int, budget: int, context: int = 0) -> KvPlan:
-    """The window and slots for a file (module docstring: the rule)."""
+def plan(cost: CellCost, trained: int, slots: int, budget: int, context: int = 0,
+         kv_width: int = 2) -> KvPlan:
+    """The window and slots for a file (module docstring: the rule), its
+    generation cells holding `kv_width`-byte values (2: f16, 4: f32)."""
     trained = trained or 2048  # a file that does not say: llama.cpp's old default
 
     def made(window: int, count: int, reason: str, refusal: str = "") -> KvPlan:
-        return KvPlan(window, count, trained, window * count * cost.kv_bytes,
-                      engine_bytes(cost, window, count), budget, reason, refusal,
+        return KvPlan(window, count, trained, window * count * cost.kv_bytes * kv_width // 2,
+                      engine_bytes(cost, window, count, kv_width), budget, reason, refusal,
                       embedding_window(cost, window))
 
     def fits(window: int, count: int) -> bool:
-        return engine_bytes(cost, window, count) <= budget
+        return engine_bytes(cost, window, count, kv_width) <= budget
 
     if context:
         window = min(context, trained)
@@ -121,7 +125,8 @@ def plan(cost: CellCost, trained: int, slots: int, budget: int, context: int = 0
         return made(window, slots, "MILLM_GGUF_CONTEXT", refusal=(
             f"MILLM_GGUF_CONTEXT={context} with {slots} slots (MILLM_GGUF_SLOTS, at most "
             f"MILLM_MAX_BATCH) needs about "
-            f"{engine_bytes(cost, window, slots) / MIB:.0f} MiB of KV cache and attention "
+            f"{engine_bytes(cost, window, slots, kv_width) / MIB:.0f} MiB of KV cache and "
+            "attention "
             f"buffers, more than the {budget / MIB:.0f} MiB it may use; set a shorter "
             "context, fewer slots, or leave MILLM_GGUF_CONTEXT unset to size it to memory"))
     if fits(trained, slots):
@@ -141,6 +146,7 @@ def plan(cost: CellCost, trained: int, slots: int, budget: int, context: int = 0
         return made(floor, count, f"limited by memory: {count} of {slots} slots at the "
                                   f"{floor}-cell floor")
     return made(floor, 1, "limited by memory", refusal=(
-        f"even one slot of {floor} cells needs about {engine_bytes(cost, floor, 1) / MIB:.0f} "
+        f"even one slot of {floor} cells needs about "
+        f"{engine_bytes(cost, floor, 1, kv_width) / MIB:.0f} "
         f"MiB of KV cache and attention buffers, more than the {budget / MIB:.0f} MiB it "
         "may use"))
