@@ -64,6 +64,19 @@ def test_the_rule_keeps_the_slots_and_shrinks_the_window_to_memory():
     assert (short.window, short.slots) == (1024, 2)
 
 
+def test_f32_cells_are_planned_at_twice_the_bytes():
+    """MILLM_GGUF_KV_TYPE=f32: the same budget holds half the cells."""
+    from service.engines.gguf.kv_plan import CellCost, engine_bytes, plan
+
+    cost = CellCost(kv_bytes=128 * 1024, heads=32)
+    budget = engine_bytes(cost, TRAINED, 8)
+    f16, f32 = plan(cost, TRAINED, 8, budget), plan(cost, TRAINED, 8, budget, kv_width=4)
+    assert f16.window == TRAINED and f32.window < TRAINED
+    assert f32.kv_bytes == 2 * f32.window * 8 * 128 * 1024
+    assert engine_bytes(cost, 1024, 8, 4) > engine_bytes(cost, 1024, 8) and \
+        f32.engine_bytes <= budget
+
+
 def test_an_explicit_context_wins_or_is_refused_never_changed():
     from service.engines.gguf.kv_plan import CellCost, engine_bytes, plan
 
