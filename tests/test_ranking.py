@@ -82,6 +82,10 @@ def test_score_pairs_one_text_with_each_and_lists_in_order(stack):
     bad = post(stack, "/v1/score", {"model": MODEL, "text_1": [QUERY, QUERY],
                                     "text_2": DOCUMENTS})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "text_1"
+    for empty, param in (({"text_1": [], "text_2": []}, "text_1"),
+                         ({"text_1": QUERY, "text_2": []}, "text_2")):
+        refused = post(stack, "/v1/score", {"model": MODEL, **empty})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
 
 
 @pytest.mark.parametrize("engine", ["transformers", "gguf"])

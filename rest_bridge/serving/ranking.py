@@ -65,6 +65,10 @@ class RankingHandler:
     async def score(self, request: ScoreRequest, http_request: Request):
         first = [request.text_1] if isinstance(request.text_1, str) else request.text_1
         second = [request.text_2] if isinstance(request.text_2, str) else request.text_2
+        for name, texts in (("text_1", first), ("text_2", second)):
+            if not texts:
+                raise OpenAIError(400, f"'{name}' must hold at least one text.", param=name,
+                                  code="invalid_parameter")
         if len(first) == 1:
             pairs = [(first[0], second)]
         elif len(first) == len(second):
