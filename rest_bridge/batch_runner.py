@@ -138,13 +138,15 @@ class BatchRunner:
             groups: dict[str, list[pb.BatchLine]] = {}
             for line in reply.lines:
                 groups.setdefault(_model_of(line.body), []).append(line)
-            gate = asyncio.Semaphore(self.concurrency)
             renewing = asyncio.create_task(self._renew(reply.batch_id))
             try:
                 for lines in groups.values():
-                    results = await asyncio.gather(*(self._gated(gate, line)
-                                                     for line in lines))
-                    await self._record(reply.batch_id, results)
+                    # A wave at a time, each recorded when it ends: progress shows as
+                    # it is made, and a bridge that dies loses at most one wave.
+                    for start in range(0, len(lines), self.concurrency):
+                        wave = lines[start:start + self.concurrency]
+                        results = await asyncio.gather(*(self._run(line) for line in wave))
+                        await self._record(reply.batch_id, results)
             finally:
                 renewing.cancel()
                 await asyncio.gather(renewing, return_exceptions=True)
@@ -159,10 +161,6 @@ class BatchRunner:
                     timeout=10, metadata=self.metadata)
             except grpc.aio.AioRpcError:
                 pass  # the engine is away: the answers wait, and so does the renewal
-
-    async def _gated(self, gate: asyncio.Semaphore, line: pb.BatchLine) -> pb.BatchLineResult:
-        async with gate:
-            return await self._run(line)
 
     async def _run(self, line: pb.BatchLine) -> pb.BatchLineResult:
         endpoint = line.url

@@ -139,15 +139,19 @@ def test_a_batch_survives_its_engine_being_killed(tmp_path):
     stack = harness.OwnStack(tmp_path)
     try:
         client = sdk(stack)
-        lines = [chat_line(i, f"{QUESTIONS[i % 6]} ({i})", max_tokens=24) for i in range(40)]
+        # Long enough (120 tokens each) that the kill lands with most lines unanswered.
+        lines = [chat_line(i, f"{QUESTIONS[i % 6]} ({i})", max_tokens=120, ignore_eos=True)
+                 for i in range(40)]
         uploaded = client.files.create(file=("b.jsonl", jsonl(lines)), purpose="batch")
         batch = client.batches.create(input_file_id=uploaded.id,
                                       endpoint="/v1/chat/completions", completion_window="24h")
         deadline = time.monotonic() + 120
-        while client.batches.retrieve(batch.id).request_counts.completed < 8:
+        while (completed := client.batches.retrieve(batch.id).request_counts.completed) < 8:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         stack.engine.proc.kill()
+        # Killed midway (a batch done before the kill would prove nothing).
+        assert completed < 40
         stack.engine.proc.wait()
         time.sleep(1)
         stack.engine, _ = harness.start_engine(tmp_path, MILLM_GRPC_PORT=str(stack.grpc_port))
@@ -162,7 +166,7 @@ def test_a_batch_survives_its_engine_being_killed(tmp_path):
             i = int(item["custom_id"].split("-")[1])
             alone = client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": f"{QUESTIONS[i % 6]} ({i})"}],
-                max_tokens=24, temperature=0)
+                max_tokens=120, temperature=0, extra_body={"ignore_eos": True})
             assert item["response"]["body"]["choices"][0]["message"]["content"] == \
                 alone.choices[0].message.content
     finally:

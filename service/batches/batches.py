@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from service.batches import files
-from service.batches.lines import ENDPOINTS, Line, Problem, for_endpoint
+from service.batches.lines import ENDPOINTS, Line, Problem, for_batch
 from service.errors import EngineError, invalid_parameter
 from service.state.database import Database, Tx
 
@@ -97,8 +97,7 @@ class BatchStore:
         if stored.purpose != "batch":
             raise invalid_parameter("input_file_id", f"The input file has purpose "
                                     f"'{stored.purpose}'; a batch reads one of purpose 'batch'.")
-        lines, problems = for_endpoint(self.files.content(input_file_id, owner), endpoint,
-                                       "input_file_id")
+        lines, problems = for_batch(self.files.content(input_file_id, owner), "input_file_id")
         now = int(self._clock())
         batch = Batch(files.new_id("batch_"), owner, "in_progress", {
             "endpoint": endpoint, "input_file_id": input_file_id, "completion_window": window,

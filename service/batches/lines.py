@@ -77,11 +77,11 @@ def parse(text: str) -> tuple[list[Line], list[Problem]]:
     return lines, problems
 
 
-def for_endpoint(text: str, endpoint: str, param: str) -> tuple[list[Line], list[Problem]]:
-    """The file's lines for a batch on `endpoint`; a custom_id used twice
-    refuses the batch. A line may name another served endpoint than the
-    batch's (OpenAI refuses that; here it runs there), so one file can mix
-    chat, completions and embeddings."""
+def for_batch(text: str, param: str) -> tuple[list[Line], list[Problem]]:
+    """The file's lines for a batch; a custom_id used twice refuses the
+    batch. A line may name another batchable endpoint than the batch's
+    (OpenAI refuses that; here it runs there), so one file can mix chat,
+    completions and embeddings."""
     if not text.strip():
         raise invalid_parameter(param, "The input file holds no requests.")
     lines, problems = parse(text)
