@@ -78,7 +78,16 @@ async def post_in_process(app, path: str, body: bytes, key: str | None
         elif message["type"] == "http.response.body":
             chunks.append(message.get("body", b""))
 
-    await app(scope, receive, send)
+    try:
+        await app(scope, receive, send)
+    except Exception:
+        # Starlette answers an unhandled error 500, then raises it again: the
+        # line is answered with that 500, and the runner goes on.
+        log.exception("batch runner: %s failed inside the bridge", path)
+        if not chunks:
+            chunks.append(json.dumps({"error": {
+                "message": "The bridge failed on this request; see its log.",
+                "type": "server_error", "param": None, "code": "internal_error"}}).encode())
     return status, b"".join(chunks), request_id
 
 

@@ -163,3 +163,19 @@ def test_two_runners_claiming_at_once_get_different_lines(stores):
     taken = [ln.index for got, lines in claims for ln in lines if got is not None]
     assert len(taken) == len(set(taken)) == 32
     assert all(got.id == batch.id for got, _ in claims)
+
+
+def test_a_line_that_fails_inside_the_bridge_is_answered_500_and_the_runner_goes_on():
+    """rest_bridge/batch_runner.py: Starlette re-raises an unhandled error after
+    its 500; the runner must turn it into the line's answer, not die."""
+    import asyncio
+
+    from rest_bridge.batch_runner import post_in_process
+
+    async def broken(scope, receive, send):
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": b"Internal Server Error"})
+        raise RuntimeError("a handler bug")
+
+    status, body, _ = asyncio.run(post_in_process(broken, "/v1/chat/completions", b"{}", None))
+    assert (status, body) == (500, b"Internal Server Error")
