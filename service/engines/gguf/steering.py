@@ -72,6 +72,15 @@ def _ptr(array: np.ndarray, kind):
     return array.ctypes.data_as(kind)
 
 
+def _outputs(logits, n_tokens: int) -> list[int]:
+    """The batch indices whose logits are kept, from the batch's flags (a
+    ctypes int8 pointer, or a list): read flag by flag for a decode step's
+    few tokens, where a numpy view of the pointer costs more than the loop."""
+    if isinstance(logits, list) or n_tokens <= 64:
+        return [i for i in range(n_tokens) if logits[i]]
+    return np.flatnonzero(np.ctypeslib.as_array(logits, shape=(n_tokens,))).tolist()
+
+
 @dataclass
 class RowSteering:
     """One row's steering and reads, for its whole life in a slot."""
@@ -186,6 +195,11 @@ class ContextSteer:
         self._point_buffers()
         self._parts: list[BatchPart] = []
         self._touched = 0  # batch tokens whose table entries may be set
+        # What this decode set, so that clearing touches only that: (table
+        # name, layer) pairs, and the layers asked of the callback.
+        self._set: set = set()
+        self._layers: set[int] = set()
+        self._used = {"pre": 0, "post": 0}  # rows of each capture buffer this decode fills
         # Probe reads not scored yet: (LayerProbes, rows, ProbeReader, positions).
         self._probe_rows: list = []
         self._probe_count = 0
@@ -221,6 +235,7 @@ class ContextSteer:
         self._parts = parts
         if not parts:
             return
+        self._touched = n_tokens  # set first: a failed prepare is still cleared
         vectors = pre = post = edits = 0
         planned = []
         for p in parts:
@@ -233,19 +248,22 @@ class ContextSteer:
             post += p.count * p.steer.post_reads
         self._room(vectors, pre, post, edits)
         v = e = pre_row = post_row = 0
-        layer_on, token_vector = self.layer_on, self.token_vector
+        token_vector = self.token_vector
+        touched, layers = self._set, self._layers
         for part, runs in zip(parts, planned, strict=True):
             start, count = part.start, part.count
             end = start + count
             for offset, length, ops in runs:
                 first, last = start + offset, start + offset + length
                 for layer, op in ops.items():
-                    layer_on[layer] = 1
+                    layers.add(layer)
                     if op.add is not None:
                         self.vectors[v] = op.add
                         token_vector[layer, first:last] = v
+                        touched.add(("vector", layer))
                         v += 1
                     if op.edits:
+                        touched.add(("edit", layer))
                         m = len(op.edits)
                         self.token_edit[layer, first:last] = e
                         self.token_edits[layer, first:last] = m
@@ -264,11 +282,13 @@ class ContextSteer:
                     pre_row += count
                 else:
                     post_row += count
-                layer_on[layer] = 1
+                touched.add((kind, layer))
+                layers.add(layer)
                 reads.append((kind, reader, first))
-        flags = np.ctypeslib.as_array(logits, shape=(n_tokens,)) if not isinstance(
-            logits, list) else np.asarray(logits)
-        outputs = np.flatnonzero(flags)
+        for layer in layers:
+            self.layer_on[layer] = 1
+        self._used = {"pre": pre_row, "post": post_row}
+        outputs = _outputs(logits, n_tokens)
         self.out_tokens[:len(outputs)] = outputs
         s = self.state
         s.n_tokens, s.n_outputs, s.errors, s.applied = n_tokens, len(outputs), 0, 0
@@ -277,13 +297,17 @@ class ContextSteer:
 
     def _clear(self) -> None:
         if self._touched:
-            on = np.nonzero(self.layer_on)[0]
-            self.token_vector[on, :self._touched] = -1
-            self.token_edit[on, :self._touched] = -1
-            self.token_edits[on, :self._touched] = 0
-            self.token_pre[on, :self._touched] = -1
-            self.token_post[on, :self._touched] = -1
-            self.layer_on[:] = 0
+            n = self._touched
+            tables = {"vector": self.token_vector, "edit": self.token_edit,
+                      "pre": self.token_pre, "post": self.token_post}
+            for name, layer in self._set:
+                tables[name][layer, :n] = -1
+                if name == "edit":
+                    self.token_edits[layer, :n] = 0
+            for layer in self._layers:
+                self.layer_on[layer] = 0
+            self._set.clear()
+            self._layers.clear()
             self._touched = 0
         self.state.mode = IDLE
 
@@ -291,21 +315,24 @@ class ContextSteer:
         """After the decode: hand each read its rows; returns the tensors the
         callback found laid out unexpectedly (0 when all went as planned)."""
         errors = int(self.state.errors)
-        if self._parts and self.state.applied != int(self.layer_on.sum()):
+        if self._parts and self.state.applied != len(self._layers):
             errors += 1  # a layer planned for was never handed over
+        kept: dict[str, np.ndarray] = {}  # a buffer's rows copied once for the probes
         for part in self._parts:
             positions = list(range(part.first_position, part.first_position + part.count))
             for kind, reader, first in part.steer.reads:
                 buffer = self.pre_buf if kind == "pre" else self.post_buf
-                rows = buffer[first:first + part.count]
-                if isinstance(reader, ConditionReader):
-                    reader.record(rows, positions, part.token_ids)
-                elif isinstance(reader, ActivationRecorder):
-                    reader.record(torch.from_numpy(rows), positions, part.token_ids)
-                else:  # scored later, many steps' rows in one encode (flush)
-                    self._probe_rows.append((reader, rows.copy(), part.steer.monitor, positions,
-                                             part.scores))
+                if isinstance(reader, LayerProbes):  # scored later, many steps at once (flush)
+                    if kind not in kept:
+                        kept[kind] = buffer[:self._used[kind]].copy()
+                    self._probe_rows.append((reader, kept[kind][first:first + part.count],
+                                             part.steer.monitor, positions, part.scores))
                     self._probe_count += part.count
+                elif isinstance(reader, ConditionReader):
+                    reader.record(buffer[first:first + part.count], positions, part.token_ids)
+                else:
+                    reader.record(torch.from_numpy(buffer[first:first + part.count]), positions,
+                                  part.token_ids)
         self._parts = []
         self._clear()
         if self._probe_count >= PROBE_BATCH:
