@@ -4,8 +4,13 @@
    structured_outputs that is not JSON (regex, choice, grammar; JSON is
    bench/structured_output.py's): closed-loop gRPC clients against one engine,
    on the transformers engine (millm-tiny) and on the GGUF engine
-   (millm-tiny-gguf:Q8_0). A free request generates as many tokens as the
-   constrained one did (ignore_eos), so the two differ only in the masks.
+   (millm-tiny-gguf:Q8_0). Free requests generate (ignore_eos) the lengths
+   that 16 constrained requests of the kind generated, one after another, so
+   both sides have the same mix of lengths and differ only in the
+   constraint (with one median length a choice's shorter answers paid the
+   per-request cost over fewer tokens than the free side's). Besides tok/s,
+   the engine's CPU time per token, read from /proc for each run: on a
+   machine others share it holds when throughput does not.
    Goal: constrained throughput at least 0.9 of free, printed per row.
 2. n = 4 on the GGUF engine against four separate requests for the same
    prompt sent at once. Decode throughput over gRPC, each round's prompt new
@@ -40,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
+from bench.proc_cpu import process_seconds  # noqa: E402
 from millm.v1 import generation_service_pb2_grpc  # noqa: E402
 from tests import harness  # noqa: E402
 from tests.grpc_helpers import chat_request, prompt_request  # noqa: E402
@@ -82,34 +88,40 @@ async def one(stub, message) -> tuple[int, int, int]:
     raise RuntimeError("no usage came")
 
 
-async def load(stub, make, clients: int, requests: int) -> float:
+async def load(stub, make, clients: int, requests: int, pid: int) -> tuple[float, float]:
+    """(tokens a second, engine CPU µs a token); `make(i)` is request i."""
     produced = 0
+    sent = iter(range(clients * max(1, requests // clients)))
 
     async def client():
         nonlocal produced
-        for _ in range(max(1, requests // clients)):
-            got, _, _ = await one(stub, make())
+        for i in sent:
+            got, _, _ = await one(stub, make(i))
             produced += got
 
+    cpu = process_seconds(pid)
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
-    return produced / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    return produced / elapsed, 1e6 * (process_seconds(pid) - cpu) / max(1, produced)
 
 
-async def kinds_vs_free(stub, model: str, clients_list, requests: int, rounds: int):
+async def kinds_vs_free(stub, model: str, clients_list, requests: int, rounds: int, pid: int):
     rows = []
     for kind in KINDS:
-        samples = [(await one(stub, request(model, kind, 0)))[0] for _ in range(4)]
-        tokens = max(1, round(statistics.median(samples)))  # also warms the grammar cache
+        # Also warms the grammar cache.
+        lengths = [max(1, (await one(stub, request(model, kind, 0)))[0]) for _ in range(16)]
         for clients in clients_list:
             free, constrained = [], []
             for _ in range(rounds):  # alternate, and report medians
-                free.append(await load(stub, lambda t=tokens: request(model, None, t),
-                                       clients, requests))
-                constrained.append(await load(stub, lambda k=kind, t=tokens: request(model, k, t),
-                                              clients, requests))
-            rows.append((kind, tokens, clients, statistics.median(free),
-                         statistics.median(constrained)))
+                free.append(await load(stub, lambda i, n=lengths: request(model, None,
+                                                                         n[i % len(n)]),
+                                       clients, requests, pid))
+                constrained.append(await load(stub, lambda i, k=kind: request(model, k, 0),
+                                              clients, requests, pid))
+            rows.append((kind, statistics.mean(lengths), clients,
+                         *(statistics.median(r[j] for r in side)
+                           for side in (free, constrained) for j in (0, 1))))
     return rows
 
 
@@ -158,7 +170,7 @@ def evaluated_by_llama_cpp(model: str, n: int = N) -> tuple[int, int, int]:
     pieces = [token_piece(llm._model.vocab, i, special=False) for i in range(n_vocab)]
 
     def tools(job_spec, seed):
-        return sampler_chain(job_spec.options, n_vocab, eog, seed, history=WINDOW), None
+        return sampler_chain(job_spec.options, n_vocab, eog, seed, history=WINDOW), None, None
 
     def count(jobs: list) -> int:
         # The same shared context as tests/test_gguf_choices.py's runner.
@@ -189,10 +201,10 @@ def evaluated_by_llama_cpp(model: str, n: int = N) -> tuple[int, int, int]:
     return length, together, apart
 
 
-async def measure(port: int, model: str, args, clients_list):
+async def measure(port: int, model: str, args, clients_list, pid: int):
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
-        rows = await kinds_vs_free(stub, model, clients_list, args.requests, args.rounds)
+        rows = await kinds_vs_free(stub, model, clients_list, args.requests, args.rounds, pid)
         forks = (await n_vs_separate(stub, model, args.rounds) if "gguf" in model else None)
         return rows, forks
 
@@ -216,7 +228,8 @@ def main() -> int:
                                                 MILLM_MODEL=model)
             try:
                 harness.wait_serving(engine, port)
-                results[model] = asyncio.run(measure(port, model, args, clients_list))
+                results[model] = asyncio.run(measure(port, model, args, clients_list,
+                                                     engine.proc.pid))
             finally:
                 engine.stop()
         if "gguf" in model:
@@ -225,13 +238,15 @@ def main() -> int:
     print(f"\nstructured_outputs vs free text over gRPC, the same tokens per request, medians "
           f"of {args.rounds} alternating rounds; goal: constrained/free >= {GOAL}\n")
     print(f"{'model':<22} | {'kind':<7} | {'tokens':>6} | {'clients':>7} | {'free tok/s':>10} | "
-          f"{'constrained':>11} | {'ratio':>5} | goal")
+          f"{'constrained':>11} | {'ratio':>5} | goal   | engine CPU µs/token free, "
+          f"constrained (ratio)")
     for model, (rows, _) in results.items():
-        for kind, tokens, clients, free, constrained in rows:
+        for kind, tokens, clients, free, free_cpu, constrained, constrained_cpu in rows:
             ratio = constrained / free
-            print(f"{model:<22} | {kind:<7} | {tokens:>6} | {clients:>7} | {free:>10.0f} | "
+            print(f"{model:<22} | {kind:<7} | {tokens:>6.1f} | {clients:>7} | {free:>10.0f} | "
                   f"{constrained:>11.0f} | {ratio:>5.2f} | "
-                  f"{'met' if ratio >= GOAL else 'MISSED'}")
+                  f"{'met   ' if ratio >= GOAL else 'MISSED'} | {free_cpu:.0f}, "
+                  f"{constrained_cpu:.0f} ({free_cpu / constrained_cpu:.2f})")
     for model, (_, forks) in results.items():
         if forks is None:
             continue

@@ -2,11 +2,13 @@
 
 xgrammar fills the bitmask (bit t of the row set: token t may come next) and
 offers `apply_token_bitmask_inplace` to write -inf on the rest. On the CPU
-its kernel takes about 37 µs for one row of an 8,000-token vocabulary; numpy
-unpacking the bits and writing through them takes about 6, and a small
-model's whole decode step costs little more than that, so the constrained
-rows' share of a step (bench/constraints.py) is mostly this call. Same
-result; xgrammar's kernel stays for other devices and dtypes.
+its kernel takes about 37 µs for one row of an 8,000-token vocabulary, and a
+small model's whole decode step costs little more than that. Here each byte
+of the mask picks its 8 floats from a 256-row table (+inf where the bit is
+set, -inf where clear) and the logits take the minimum: two passes of numpy
+with no masked write, about 9 µs for that row whatever share of tokens is
+allowed (unpacking the bits and a masked copy took 15 to 40). Same result;
+xgrammar's kernel stays for other devices and dtypes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ import torch
 import xgrammar
 
 LITTLE = sys.byteorder == "little"  # bit t of the int32 words is bit t%8 of byte t//8
+# Row b: +inf for each set bit of byte b (bit i at column i), -inf for each
+# clear one; min(logit, +inf) keeps the logit, min(logit, -inf) bans it.
+_SPREAD = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1,
+                                 bitorder="little").astype(bool),
+                   np.float32(np.inf), np.float32(-np.inf)).astype(np.float32)
 
 
 def apply(logits: torch.Tensor, bitmask: torch.Tensor, indices=None) -> None:
@@ -52,5 +59,10 @@ def apply_row(values: np.ndarray, bits: np.ndarray) -> None:
 
 
 def _apply_row(values: np.ndarray, bits: np.ndarray, width: int) -> None:
-    allowed = np.unpackbits(bits, bitorder="little", count=width).view(bool)
-    np.copyto(values[:width], -np.inf, where=~allowed)
+    whole = width // 8
+    if whole:
+        head = values[:whole * 8]
+        np.minimum(head, np.take(_SPREAD, bits[:whole], axis=0).reshape(-1), out=head)
+    if width > whole * 8:  # a vocabulary that is not a multiple of 8
+        tail = values[whole * 8:width]
+        np.minimum(tail, _SPREAD[bits[whole], :width - whole * 8], out=tail)
