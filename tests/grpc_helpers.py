@@ -131,9 +131,9 @@ async def closed_loop(target: str, clients: int, requests: int, make_request,
     """`clients` closed-loop clients on one aio channel, each sending `requests`
     generations one after another (make_request(client, n) builds each), after
     one warm-up request (`warmup`, or a short chat to the demo model): tokens
-    per second over the wall time, and the median time to the first token in
-    ms over the requests that produced one (nan when none did). The benches'
-    one load loop."""
+    per second over the wall time, the tokens generated, and the median time to
+    the first token in ms over the requests that produced one (nan when none
+    did). The benches' one load loop."""
     async with grpc.aio.insecure_channel(target) as channel:
         stub = generation_service_pb2_grpc.GenerationServiceStub(channel)
         await timed_generate(stub, warmup or chat_request("Hi", max_tokens=4))
@@ -148,5 +148,5 @@ async def closed_loop(target: str, clients: int, requests: int, make_request,
         await asyncio.gather(*(client(c) for c in range(clients)))
         wall = time.perf_counter() - started
     firsts = [s[0] for s in samples if s[0] is not None]
-    return {"tok_s": sum(s[1] for s in samples) / wall,
+    return {"tok_s": sum(s[1] for s in samples) / wall, "tokens": sum(s[1] for s in samples),
             "p50": statistics.median(firsts) * 1000 if firsts else float("nan")}
