@@ -7,8 +7,9 @@ small model's whole decode step costs little more than that. Here each byte
 of the mask picks its 8 floats from a 256-row table (+inf where the bit is
 set, -inf where clear) and the logits take the minimum: two passes of numpy
 with no masked write, about 9 µs for that row whatever share of tokens is
-allowed (unpacking the bits and a masked copy took 15 to 40). Same result;
-xgrammar's kernel stays for other devices and dtypes.
+allowed (unpacking the bits and a masked copy took 15 to 40). Same result on
+any logits a working model gives (a banned NaN stays NaN, where xgrammar's
+kernel writes -inf); xgrammar's kernel stays for other devices and dtypes.
 """
 
 from __future__ import annotations
