@@ -10,8 +10,9 @@ Every knob that could differ is pinned on both sides and printed: llama.cpp
 threads (decode and batch), batch and ubatch sizes, slots (8), the context per
 slot, flash attention, the KV cache's layout and type, llama-server's HTTP
 threads and sampler chain (reduced to greedy: top-k 1, as miLLM's temperature
-0). Both ban the same tokens: miLLM never generates a control token other than
-end-of-generation, and `ignore_eos` bans those too, so llama-server gets the
+0), and the threads' Linux scheduling policy (miLLM's default SCHED_BATCH on
+both). Both ban the same tokens: miLLM never generates a control token other
+than end-of-generation, and `ignore_eos` bans those too, so llama-server gets the
 same ban as a logit bias. Before timing, each prompt's non-streamed greedy
 answer is fetched from both and compared; a difference is printed with where
 it starts.
@@ -33,7 +34,7 @@ Models: the ~100M Llama of bench/hardware_limit.py exported as Q8_0 and F16
 
 Usage: python bench/gguf_peer.py [--models 100m-Q8_0,100m-F16,demo-Q8_0]
        [--clients 1,8,32] [--rounds 3] [--tokens 64] [--stack-cpus 1] [--json]
-       [--models-dir DIR] [--flash-attn off|on]
+       [--models-dir DIR] [--flash-attn off|on] [--sched-policy batch|normal]
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ SLOTS, WINDOW, BATCH = 8, 1024, 512
 # cache it skips the other sequences' cells, where the plain path multiplies
 # them all.
 FLASH_ATTN = "off"
+# The threads' Linux scheduling policy, the same on both stacks: miLLM's
+# default (common/scheduling.py: SCHED_BATCH, a waking thread does not preempt
+# the busy one on a shared core); --sched-policy normal runs both under the
+# kernel's default.
+SCHED_POLICY = "batch"
 SERVERS = ("miLLM", "llama-server")
 
 
@@ -137,17 +143,19 @@ def llama_server_flags(threads: int, flash_attn: str = FLASH_ATTN) -> list[str]:
             "--cache-ram", "0", "--no-warmup", "--log-disable"]
 
 
-def millm_settings(threads: int, flash_attn: str = FLASH_ATTN) -> dict[str, str]:
+def millm_settings(threads: int, flash_attn: str = FLASH_ATTN,
+                   sched_policy: str = SCHED_POLICY) -> dict[str, str]:
     return {"MILLM_GGUF_THREADS": str(threads), "MILLM_GGUF_SLOTS": str(SLOTS),
             "MILLM_GGUF_CONTEXT": str(WINDOW), "MILLM_GGUF_FLASH_ATTN": flash_attn,
-            "MILLM_LOG_LEVEL": "WARNING"}
+            "MILLM_SCHED_POLICY": sched_policy, "MILLM_LOG_LEVEL": "WARNING"}
 
 
 class Stacks:
     """Both servers on one model, started together, stopped together."""
 
     def __init__(self, tmp: pathlib.Path, models: pathlib.Path, model_id: str,
-                 cpus: dict[str, list[int]], flash_attn: str):
+                 cpus: dict[str, list[int]], flash_attn: str,
+                 sched_policy: str = SCHED_POLICY):
         stack = set(cpus["millm"])
         threads = len(stack)
         self.path = gguf_path(models, model_id)
@@ -155,7 +163,7 @@ class Stacks:
         self.processes = []
         engine, grpc_port = harness.start_engine(
             tmp, stack, MILLM_MODELS_DIR=str(models), MILLM_MODEL=model_id,
-            MILLM_LOCK_MODEL=model_id, **millm_settings(threads, flash_attn))
+            MILLM_LOCK_MODEL=model_id, **millm_settings(threads, flash_attn, sched_policy))
         self.processes.append(engine)
         self.grpc_port = grpc_port  # bench/ceiling.py's gRPC side
         port = harness.free_port()
@@ -163,10 +171,11 @@ class Stacks:
         native = harness.Process([str(harness.llama_server_binary()), "--model", str(self.path),
                                   "--host", "127.0.0.1", "--port", str(port), *self.flags],
                                  dict(os.environ), tmp / f"llama-server-{port}.log",
-                                 set(cpus["llama-server"]))
+                                 set(cpus["llama-server"]), sched_batch=sched_policy == "batch")
         self.processes.append(native)
         harness.wait_serving(engine, grpc_port, timeout=300)
-        bridge, http_port = harness.start_bridge(tmp, grpc_port, stack)
+        bridge, http_port = harness.start_bridge(tmp, grpc_port, stack,
+                                                 MILLM_SCHED_POLICY=sched_policy)
         self.processes.append(bridge)
         harness.wait_http(bridge, f"http://127.0.0.1:{http_port}/readyz")
         harness.wait_http(native, f"http://127.0.0.1:{port}/health", timeout=300)
@@ -318,6 +327,8 @@ def main() -> int:
                         help="cores for each server's whole stack (the clients get the rest)")
     parser.add_argument("--flash-attn", choices=("off", "on"), default=FLASH_ATTN,
                         help="llama.cpp's flash attention, on both servers")
+    parser.add_argument("--sched-policy", choices=("batch", "normal"), default=SCHED_POLICY,
+                        help="the threads' Linux scheduling policy, on both stacks")
     parser.add_argument("--models-dir", type=pathlib.Path,
                         help="keep the built 100M exports here and reuse them")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
@@ -344,10 +355,12 @@ def main() -> int:
         for name in names:
             models, model_id = files[name]
             print(f"{name}: starting both servers", file=log, flush=True)
-            stacks = Stacks(tmp, models, model_id, cpus, args.flash_attn)
+            stacks = Stacks(tmp, models, model_id, cpus, args.flash_attn, args.sched_policy)
             try:
                 figures["llama_server_flags"] = stacks.flags
-                figures["millm_settings"] = millm_settings(args.stack_cpus, args.flash_attn)
+                figures["millm_settings"] = millm_settings(args.stack_cpus, args.flash_attn,
+                                                           args.sched_policy)
+                figures["llama_server_sched_policy"] = args.sched_policy
                 equal, differences = compare_texts(stacks, args.tokens)
                 figures["greedy_text_equal"][name] = equal
                 figures["differences"][name] = differences
@@ -378,7 +391,8 @@ def report(figures: dict, args, levels: list[int]) -> None:
     print(f"\nboth stacks on CPUs {figures['cpus']['millm']}, clients on "
           f"{figures['cpus']['clients']}; greedy, ignore_eos, {args.tokens} tokens a request, "
           f"{args.rounds} alternating rounds (median; spread = max/min over rounds)")
-    print("llama-server " + " ".join(figures["llama_server_flags"]))
+    print(f"llama-server (scheduling policy {figures['llama_server_sched_policy']}) "
+          + " ".join(figures["llama_server_flags"]))
     print("miLLM " + " ".join(f"{k}={v}" for k, v in figures["millm_settings"].items()))
     for name, cells in figures["cells"].items():
         equal = figures["greedy_text_equal"][name]

@@ -6,7 +6,7 @@ import sys
 
 import uvicorn
 
-from common import api_keys
+from common import api_keys, scheduling
 from rest_bridge.app import create_app
 from rest_bridge.config import parse_config
 
@@ -47,6 +47,8 @@ def main() -> int:
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Before uvicorn and gRPC start their threads: they inherit it.
+    scheduling.apply(config.sched_policy, log)
     try:
         keys = api_keys.load_for_listener(config.host, log)
     except api_keys.KeyConfigError as exc:

@@ -6,7 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from common import env_choices, grpc_limits
+from common import env_choices, grpc_limits, scheduling
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
@@ -52,6 +52,8 @@ class BridgeConfig:
     cors_origins: str = ""
     # Batch lines this bridge runs at once (rest_bridge/batch_runner.py); 0: none.
     batch_concurrency: int = 8
+    # The threads' Linux scheduling policy (common/scheduling.py).
+    sched_policy: str = "batch"
 
 
 def _env(name: str, default: str) -> str:
@@ -135,6 +137,9 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
                         "browser (comma-separated, e.g. http://localhost:3000; '*' for any)")
     _number(parser, "--batch-concurrency", "MILLM_BATCH_CONCURRENCY", 8,
             "batch lines this bridge runs at once (0: it runs none)", kind=int)
+    parser.add_argument("--sched-policy", choices=scheduling.POLICIES,
+                        default=_env("MILLM_SCHED_POLICY", scheduling.DEFAULT),
+                        help=scheduling.HELP)
     args = parser.parse_args(argv)
     env_choices.check(parser, args)
     if args.batch_concurrency < 0 or args.batch_concurrency > 256:
@@ -168,4 +173,5 @@ def parse_config(argv: list[str] | None = None) -> BridgeConfig:
         allowed_hosts=args.allowed_hosts,
         cors_origins=args.cors_origins,
         batch_concurrency=args.batch_concurrency,
+        sched_policy=args.sched_policy,
     )

@@ -7,7 +7,7 @@ import os
 import pathlib
 from dataclasses import dataclass
 
-from common import env_choices, grpc_limits
+from common import env_choices, grpc_limits, scheduling
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,8 @@ class EngineConfig:
     # The state database: empty for SQLite in the data dir; postgresql://… to
     # share state between replicas (docs/deployment.md).
     database_url: str = ""
+    # The threads' Linux scheduling policy (common/scheduling.py).
+    sched_policy: str = "batch"
 
     @property
     def grpc_address(self) -> str:
@@ -250,6 +252,9 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         "--database-url-file", default=_env("MILLM_DATABASE_URL_FILE", ""),
         help="MILLM_DATABASE_URL_FILE: read the database URL from this file (a mounted "
              "Secret) instead")
+    parser.add_argument("--sched-policy", choices=scheduling.POLICIES,
+                        default=_env("MILLM_SCHED_POLICY", scheduling.DEFAULT),
+                        help=scheduling.HELP)
     args = parser.parse_args(argv)
     env_choices.check(parser, args)
     if args.database_url_file:
@@ -341,4 +346,5 @@ def parse_config(argv: list[str] | None = None) -> EngineConfig:
         responses_max_count=args.responses_max_count,
         responses_max_age_days=args.responses_max_age_days,
         database_url=args.database_url,
+        sched_policy=args.sched_policy,
     )

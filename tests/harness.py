@@ -78,13 +78,20 @@ _stop_children_on_exit()
 
 class Process:
     def __init__(self, args: list[str], env: dict[str, str], log_path: pathlib.Path,
-                 cpus: set[int] | None = None):
+                 cpus: set[int] | None = None, sched_batch: bool = False):
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        # The benchmark gives each process its own cores; threads inherit them.
-        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+        # The benchmark gives each process its own cores, and a native peer
+        # miLLM's scheduling policy (common/scheduling.py); threads inherit both.
+        def pin():
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            if sched_batch:
+                os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         self.proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=self._log,
-                                     stderr=subprocess.STDOUT, preexec_fn=pin)
+                                     stderr=subprocess.STDOUT,
+                                     preexec_fn=pin if cpus or sched_batch else None)
         _LIVE.add(self)
 
     def log(self) -> str:

@@ -15,6 +15,8 @@ from service.config import parse_config as engine_config
     (engine_config, "MILLM_GGUF_FLASH_ATTN", "true"),
     (engine_config, "MILLM_BATCHING", "batched"),
     (bridge_config, "MILLM_ROUTING", "rr"),
+    (engine_config, "MILLM_SCHED_POLICY", "idle"),
+    (bridge_config, "MILLM_SCHED_POLICY", "fifo"),
 ])
 def test_a_value_outside_the_choices_stops_the_server_naming_it(
         monkeypatch, capsys, parse, name, value):
