@@ -29,7 +29,7 @@ from service.engines import faults, scores
 from service.engines.admission import SchedulerLimits
 from service.engines.base import Engine, EngineStatus, LoadedModel
 from service.engines.gguf.batch import Runner
-from service.engines.gguf.constraint import GrammarMask
+from service.engines.gguf.constraint import GrammarMask, Scratch
 from service.engines.gguf.forks import part_count
 from service.engines.gguf.kv_plan import KvPlan
 from service.engines.gguf.lanes import Lanes, lane_opener
@@ -90,6 +90,7 @@ class GgufEngine(GgufVocab, Engine):
         self._control: frozenset[int] = frozenset()
         self._control_char_ids: list[int] = []
         self._grammars: GrammarCache | None = None
+        self._scratch: Scratch | None = None  # the model thread's grammar bitmask
         # Jobs and reads in, from the event loop (engines/model_thread.py).
         self._inbox = Inbox(self.limits.max_queued)
         self._lock = threading.Lock()  # the counters status() reports
@@ -137,6 +138,7 @@ class GgufEngine(GgufVocab, Engine):
         )
         # The same grammar compiler as the transformers engine, over llama.cpp's pieces.
         self._grammars = GrammarCache.for_token_bytes(self._token_bytes, sorted(self._eog))
+        self._scratch = Scratch(n_vocab)
         self._open_batch_context(n_ctx)
         return self.info
 
@@ -281,7 +283,8 @@ class GgufEngine(GgufVocab, Engine):
         if spec.reasoning is not None and spec.reasoning.mode != CLOSED:
             watch = CloseWatch(spec.reasoning.syntax.close)
         mask = (GrammarMask(spec.grammar, self.llm.n_vocab(),
-                            self._control_char_ids if json else [], watch, self._token_bytes)
+                            self._control_char_ids if json else [], self._scratch, watch,
+                            self._token_bytes)
                 if spec.grammar is not None else None)
         scorer = (TokenScorer(spec.options, self.llm.n_vocab(), banned, seed,
                               history=self.info.context_window, tokens=self._tokens,

@@ -69,6 +69,9 @@ class ModelContext:
     control_ids: torch.Tensor | None = None
     # xgrammar's batch filler (one thread: the model thread has its cores already).
     batch_matcher: object = None
+    # The step's grammar bitmask rows, kept for the widest batch so far (model
+    # thread only): allocating a tensor each step cost more than its fill.
+    grammar_bitmask: torch.Tensor | None = None
     # The steering hooks; rows hand them their own deltas for each forward pass.
     steering: SteeringRuntime | None = None
     # False when a layer keeps a recurrent state (kv.py): no prefix cache.
@@ -317,7 +320,12 @@ def _apply_grammar_masks(ctx: ModelContext, rows, logits: torch.Tensor, constrai
     (special tokens other than end-of-sequence are banned already)."""
     import xgrammar
 
-    bitmask = xgrammar.allocate_token_bitmask(len(rows), ctx.vocab_width)
+    bitmask = ctx.grammar_bitmask
+    if bitmask is None or bitmask.shape[0] < len(rows):
+        bitmask = ctx.grammar_bitmask = xgrammar.allocate_token_bitmask(len(rows),
+                                                                        ctx.vocab_width)
+    # (Only the constrained rows' bits are filled and read.)
+    bitmask = bitmask[:len(rows)]
     # One call for every constrained row: the per-row Python call is what a
     # small model's step time notices.
     ctx.batch_matcher.batch_fill_next_token_bitmask(
