@@ -116,7 +116,10 @@ def test_the_bar_budget_closed_reasoning_then_schema_valid_json(sdk, model):
     assert not any(mark in message.content for mark in ("<think>", "</think>"))
     jsonschema.validate(json.loads(message.content), SCHEMA)
     details = reply.usage.completion_tokens_details
-    assert 8 <= details.reasoning_tokens < reply.usage.completion_tokens
+    # At most the budget and the close's tokens (at most one a character of
+    # "</think>"); fewer where this build's model closes the block itself.
+    assert 1 <= details.reasoning_tokens <= 8 + len("</think>")
+    assert details.reasoning_tokens < reply.usage.completion_tokens
     # Streamed, the deltas carry the same split.
     thought, content, _, finish = streamed(sdk, **body)
     assert (thought, content, finish) == (reasoning, message.content, "stop")

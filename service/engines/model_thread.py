@@ -144,7 +144,7 @@ class Inbox:
         self._lock = threading.Lock()
 
     def submit(self, job, parts: int) -> None:
-        """Queue `job`, whose events() count `parts` GroupDones; refused when
+        """Queue `job`, whose piles() count `parts` GroupDones; refused when
         the thread is dead or MILLM_MAX_QUEUED jobs already wait."""
         with self._lock:
             if self.dead:

@@ -278,7 +278,7 @@ class GenerationJob:
 
     def fail(self, error: EngineError) -> None:
         """End the job with `error`; called on the event loop's thread (a forced
-        unload). The model thread drops the job at its next step, and events()
+        unload). The model thread drops the job at its next step, and piles()
         raises the error."""
         self.cancelled.set()
         self.queue.put_nowait(GroupFailed(error))
@@ -298,14 +298,13 @@ class GenerationJob:
         self.taken, self.last_taken = self.taken + 1, time.monotonic()
         return event
 
-    async def events(self) -> AsyncIterator[StepOutput]:
-        """Step outputs until every group is done. Leaving early (the caller
-        is gone, or a failure) cancels the job, so the model thread drops it at
-        its next step.
-
-        Steps that piled up while the caller was busy are merged into one
-        output, so a slow reader (a loaded bridge) gets fewer, larger messages
-        instead of falling further behind.
+    async def piles(self) -> AsyncIterator[list[StepOutput]]:
+        """Step outputs until every group is done, each time with every step
+        that piled up while the caller was busy, so a slow reader (a loaded
+        bridge) can send fewer, larger messages instead of falling further
+        behind (generation/stages.py joins them). Leaving early (the caller
+        is gone, or a failure) cancels the job, so the model thread drops it
+        at its next step.
         """
         remaining = self.parts or len(self.spec.groups)
         held = None
@@ -321,7 +320,7 @@ class GenerationJob:
                             held = following
                             break
                         piled.append(following)
-                    yield join_steps(piled)
+                    yield piled
                 elif isinstance(event, GroupDone):
                     self.completion_tokens += event.completion_tokens
                     self.cached_tokens += event.cached_tokens

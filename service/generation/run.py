@@ -11,12 +11,10 @@ Closing the event iterator early cancels the job in the model thread.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator
 
 from service.errors import model_busy
-from service.generation.documents import DocumentCheck
 from service.generation.events import (
     ActivationsRead,
     Echoed,
@@ -26,15 +24,13 @@ from service.generation.events import (
     ProbesRead,
 )
 from service.generation.job import ChoiceDelta, FinishReason, GenerationJob, StepOutput
-from service.generation.reasoning import Reasoning
-from service.generation.tool_calls import ToolCalls
+from service.generation.stages import Stages
 from service.models.lifecycle import Lease
 from service.request_metrics import RequestTimer
 from service.requests.generation import ValidatedGeneration
 from service.steering import readout
 from service.steering.plan import UNSTEERED as UNSTEERED_READ
 from service.steering.recording import ActivationRecorder
-from service.structured_output import CHOICE, GRAMMAR
 
 Event = (GenerationStarted | Echoed | StepOutput | GenerationFinished | ProbesRead
          | ActivationsRead)
@@ -93,31 +89,9 @@ class Generation:
         try:
             if not spec.echo:
                 yield self.started()
-            documents = (DocumentCheck(spec.constraint, spec.grammar) if spec.constraint
-                         else None)
-            calls = ToolCalls(spec.tools) if spec.tools else None
-            thinking = None
-            if spec.reasoning is not None:
-                syntax = spec.reasoning.syntax
-                thinking = Reasoning(syntax, spec.reasoning.mode)
-            # After reasoning, a JSON document is the answer's alone; a pattern,
-            # choice or grammar is checked against the whole text its grammar
-            # (reasoning block and all: requests/reasoning.py) generated.
-            whole = (documents is not None and thinking is not None
-                     and not spec.constraint.is_json)
-            if whole and spec.constraint.kind == CHOICE:  # the grammar holds the choices
-                documents = DocumentCheck(dataclasses.replace(spec.constraint, kind=GRAMMAR),
-                                          spec.grammar)
-            async for step in job.events():
-                if whole:
-                    documents.check(step)
-                if thinking is not None:
-                    # The reasoning first: the document and the calls are the answer's.
-                    step = thinking.apply(step)
-                if documents is not None and not whole:
-                    documents.check(step)
-                if calls is not None:
-                    step = calls.apply(step)
+            stages = Stages(spec)
+            async for piled in job.piles():
+                step = stages.pile(piled)
                 if timer is not None:
                     if not queued and job.admitted_at:
                         timer.queued(job.admitted_at - submitted)
@@ -137,7 +111,7 @@ class Generation:
         if timer is not None:
             timer.finished(spec.prompt_tokens, job.cached_tokens)
         yield GenerationFinished(spec.prompt_tokens, job.completion_tokens, job.cached_tokens,
-                                 thinking.tokens if thinking is not None else 0)
+                                 stages.reasoning_tokens)
         if job.monitor is not None and self.monitoring is not None:
             # (Contexts show special tokens written out, as /detokenize does.)
             yield ProbesRead(self.monitoring.record(job.monitor, ids,

@@ -209,7 +209,7 @@ class GgufEngine(GgufVocab, Engine):
         self._thread.start()
 
     def submit(self, job: GenerationJob) -> None:
-        # Its events() count one GroupDone a choice.
+        # Its piles() count one GroupDone a choice.
         self._inbox.submit(job, part_count(job.spec.groups))
 
     def _call(self, fn):

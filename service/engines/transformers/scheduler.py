@@ -99,7 +99,7 @@ class Scheduler:
         self._thread.join(timeout=10)
 
     def submit(self, job: GenerationJob) -> None:
-        # Its events() count the parts' GroupDones.
+        # Its piles() count the parts' GroupDones.
         self._inbox.submit(job, len(split_parts(job.spec.groups, self.limits.request_rows)))
 
     def call(self, fn) -> asyncio.Future:
