@@ -35,7 +35,7 @@ from service.engines.gguf.kv_plan import KvPlan
 from service.engines.gguf.lanes import Lanes, lane_opener
 from service.engines.gguf.logprobs import TokenScorer
 from service.engines.gguf.reading import GGML_TYPE_F32, Readers
-from service.engines.gguf.sampling import sampler_chain
+from service.engines.gguf.sampling import row_sampler
 from service.engines.gguf.slots import Slots
 from service.engines.gguf.steer_load import new_steerer, reachable
 from service.engines.gguf.vocab import GgufVocab
@@ -273,8 +273,8 @@ class GgufEngine(GgufVocab, Engine):
         banned = set(self._control - self._eog)
         if spec.ignore_eos:
             banned |= self._eog
-        sampler = sampler_chain(spec.options, self.llm.n_vocab(), banned, seed,
-                                history=self.info.context_window)
+        sampler = row_sampler(spec.options, self.llm.n_vocab(), banned, seed,
+                              history=self.info.context_window)
         # A JSON document holds no raw control character; a tool call's syntax
         # has newlines, and a pattern or grammar says which characters it takes.
         # Reasoning before a JSON document is free text: its ban waits for the close.

@@ -14,8 +14,11 @@ a logits vector of its own (draw=False stops before the draw).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 if TYPE_CHECKING:  # service.sampling imports torch, which this module never needs
     from service.sampling import SamplingOptions
@@ -65,3 +68,55 @@ def sampler_chain(options: SamplingOptions, n_vocab: int, banned: Iterable[int],
     if draw:
         sampler.add_dist(seed)
     return sampler
+
+
+def row_sampler(options: SamplingOptions, n_vocab: int, banned: Iterable[int], seed: int,
+                *, history: int):
+    """A generating row's sampler: the chain, or for greedy decoding whose
+    chain only bans tokens (no penalty, no logit_bias) GreedyArgmax in front
+    of it."""
+    banned = frozenset(int(token) for token in banned)
+    chain = sampler_chain(options, n_vocab, banned, seed, history=history)
+    if options.greedy and not options.penalised and not options.logit_bias:
+        return GreedyArgmax(chain, n_vocab, banned)
+    return chain
+
+
+class GreedyArgmax:
+    """The greedy chain's token without running the chain.
+
+    llama_sampler_sample copies a row's logits into an n_vocab-entry candidate
+    array before any sampler reads them: about 25 µs a token on the demo's
+    8,101-token vocabulary in the serving process, a tenth of what a token
+    costs there. When the chain only bans tokens and then takes the first
+    largest logit, numpy's argmax over the row itself finds the same token
+    (`pick`; where the largest is banned, as an end token under ignore_eos
+    often is, on a copy with the bans written in). Where a NaN is the
+    largest the chain decides, as before. Nothing is written to the logits."""
+
+    def __init__(self, chain, n_vocab: int, banned: frozenset[int]):
+        from llama_cpp.llama_cpp import llama_get_logits_ith
+
+        self.chain, self.n_vocab, self.banned = chain, n_vocab, banned
+        self._banned = np.fromiter(sorted(banned), dtype=np.int64, count=len(banned))
+        self._logits_ith = llama_get_logits_ith
+        self._row = ctypes.c_float * n_vocab
+        self._view: tuple[int, np.ndarray] | None = None  # (address, the row over it)
+
+    def pick(self, logits: np.ndarray) -> int | None:
+        """The chain's token for `logits`, or None where only the chain can say."""
+        token = int(logits.argmax())
+        if token in self.banned:
+            logits = logits.copy()
+            logits[self._banned] = -np.inf
+            token = int(logits.argmax())
+        value = logits[token]
+        return None if value != value else token
+
+    def sample(self, ctx, index: int) -> int:
+        address = ctypes.addressof(self._logits_ith(ctx.ctx, index).contents)
+        if self._view is None or self._view[0] != address:
+            self._view = (address, np.frombuffer(self._row.from_address(address),
+                                                 dtype=np.float32))
+        token = self.pick(self._view[1])
+        return token if token is not None else self.chain.sample(ctx, index)
