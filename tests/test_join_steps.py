@@ -46,3 +46,18 @@ def test_reasoning_after_text_starts_a_new_delta_and_choices_keep_their_own():
 def test_one_step_is_returned_as_it_is():
     only = step(ChoiceDelta(0, "a", (1,)))
     assert join_steps([only]) is only
+
+
+def test_a_plain_run_is_one_delta_whatever_its_texts():
+    """The shape a streamed reader piles most: one text delta a step (some
+    empty, as a token that ends inside a character gives)."""
+    steps = [step(ChoiceDelta(2, "The", (1,), logprobs=("a",))),
+             step(ChoiceDelta(2, "", (2,), logprobs=("b",))),
+             step(ChoiceDelta(2, " mill", (3,), logprobs=("c",))),
+             step(ChoiceDelta(2, ".", (4,), "stop", ("d",), stop_sequence="\n"))]
+    (joined,) = join_steps(steps).deltas
+    assert joined == ChoiceDelta(2, "The mill.", (1, 2, 3, 4), "stop", ("a", "b", "c", "d"),
+                                 (), "\n", "")
+    # Another choice's delta in the run is not plain: each keeps its own.
+    mixed = join_steps(steps[:2] + [step(ChoiceDelta(3, "x", (9,)))]).deltas
+    assert [(d.index, d.text, d.token_ids) for d in mixed] == [(2, "The", (1, 2)), (3, "x", (9,))]

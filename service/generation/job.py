@@ -160,6 +160,9 @@ def join_steps(steps: list[StepOutput]) -> StepOutput:
     check." + call + "Done." would read as the two texts and then the call."""
     if len(steps) == 1:
         return steps[0]
+    plain = _plain_run(steps)
+    if plain is not None:
+        return StepOutput((plain,))
     runs: dict[int, list[list[ChoiceDelta]]] = {}
     last: dict[int, int] = {}  # the latest part the choice's open run holds
     for step in steps:
@@ -171,6 +174,26 @@ def join_steps(steps: list[StepOutput]) -> StepOutput:
             choice[-1].append(d)
             last[d.index] = max(last[d.index], _part(d))
     return StepOutput(tuple(_joined(run) for choice in runs.values() for run in choice))
+
+
+def _plain_run(steps: list[StepOutput]) -> ChoiceDelta | None:
+    """The common join, each step one delta of the same choice with neither
+    reasoning nor tool calls (one run, as the general pass would find):
+    those deltas joined; None for any other shape. A streamed request's
+    reader joins its piled steps every turn of the event loop."""
+    first = steps[0].deltas
+    if len(first) != 1:
+        return None
+    index = first[0].index
+    deltas = []
+    for step in steps:
+        if len(step.deltas) != 1:
+            return None
+        d = step.deltas[0]
+        if d.index != index or d.reasoning or d.tool_calls:
+            return None
+        deltas.append(d)
+    return _joined(deltas)
 
 
 def _first_part(d: ChoiceDelta) -> int:
@@ -189,9 +212,11 @@ def _joined(ds: list[ChoiceDelta]) -> ChoiceDelta:
     finish = next((d.finish_reason for d in reversed(ds) if d.finish_reason), None)
     stop = next((d.stop_sequence for d in reversed(ds) if d.stop_sequence), "")
     return ChoiceDelta(
-        ds[0].index, "".join(d.text for d in ds), tuple(t for d in ds for t in d.token_ids),
-        finish, tuple(x for d in ds for x in d.logprobs),
-        tuple(c for d in ds for c in d.tool_calls), stop, "".join(d.reasoning for d in ds))
+        ds[0].index, "".join([d.text for d in ds]),
+        tuple([t for d in ds for t in d.token_ids]), finish,
+        tuple([x for d in ds for x in d.logprobs]),
+        tuple([c for d in ds for c in d.tool_calls]), stop,
+        "".join([d.reasoning for d in ds]))
 
 
 @dataclass
