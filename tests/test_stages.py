@@ -30,7 +30,7 @@ def steps():
 def through(cuts: tuple[int, ...]):
     stages, all_steps = Stages(spec()), steps()
     bounds = [0, *cuts, len(all_steps)]
-    out = [stages.pile(all_steps[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+    out = [stages.pile(all_steps[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
     reasoning = "".join(d.reasoning for s in out for d in s.deltas)
     text = "".join(d.text for s in out for d in s.deltas)
     return reasoning, text, stages.reasoning_tokens
@@ -46,7 +46,8 @@ def test_every_way_of_piling_gives_one_answer_and_one_count():
 
 def test_a_job_hands_over_every_piled_step():
     async def run():
-        job = GenerationJob(spec=SimpleNamespace(groups=[None], monitoring=None), loop=asyncio.get_running_loop())
+        job = GenerationJob(spec=SimpleNamespace(groups=[None], monitoring=None),
+                            loop=asyncio.get_running_loop())
         for step in steps():
             job.queue.put_nowait(step)
         job.queue.put_nowait(GroupDone(8))

@@ -4,8 +4,9 @@ One llama.cpp context holds `slots` sequences (its n_seq_max) over a unified
 KV cache of slots x window cells. Every step builds one llama_batch: for each
 running row, the next chunk of its prompt or the token it sampled last, under
 its slot's sequence id; one llama_decode computes them all, and each row draws
-from its own logits (llama_sampler_sample at its batch index) with its own
-sampler chain and grammar mask. A row that finishes or whose caller left
+from its own logits at its batch index with its own sampler chain and grammar
+mask (llama_sampler_sample, or for greedy rows without penalties numpy's
+argmax: engines/gguf/sampling.py's GreedyArgmax). A row that finishes or whose caller left
 frees its slot at once, and the next waiting prompt takes it at the next step,
 as in llama.cpp's own server. (Slots, rows and the batch filling are
 engines/gguf/slots.py's.)
