@@ -147,3 +147,34 @@ def test_many_observations_at_once_equal_as_many_observe_calls():
     assert expected.keys() == got.keys() and len(expected) > 3
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, rel=1e-12), key
+
+
+def test_a_streamed_requests_tally_reaches_the_histogram_as_observe_calls_would(monkeypatch):
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from service import request_metrics
+    from service.request_metrics import ITL_BUCKETS, ITL_FLUSH_S, RequestMetrics
+
+    clock = [100.0]
+    monkeypatch.setattr(request_metrics.time, "monotonic", lambda: clock[0])
+    timer = RequestMetrics(CollectorRegistry()).request(MODEL, started=100.0)
+    itl = timer._m.itl.labels(MODEL)
+    expected = Histogram("itl", "t", ["m"], buckets=ITL_BUCKETS,
+                         registry=CollectorRegistry()).labels("x")
+
+    def state(h):
+        return [b.get() for b in h._buckets], h._sum.get()
+
+    clock[0] += 0.02
+    timer.step(1)  # the first token: time to first token, no gap
+    for gap, tokens in ((0.004, 1), (0.3, 3), (0.011, 1), (ITL_FLUSH_S, 2), (0.05, 1)):
+        clock[0] += gap
+        timer.step(tokens)
+        for _ in range(tokens):
+            expected.observe(gap / tokens)
+        if clock[0] - 100.0 < ITL_FLUSH_S:  # tallied, not yet in the histogram
+            assert state(itl) == ([0] * len(ITL_BUCKETS) + [0], 0.0)
+    timer.finished(10, 0)  # what is left of the tally goes in at the end
+    (got, total), (want, want_total) = state(itl), state(expected)
+    assert got == want and sum(got) == 8
+    assert total == pytest.approx(want_total, rel=1e-12)

@@ -108,6 +108,8 @@ class Generation:
         finally:
             # Closed before or between events: the model thread drops the job.
             job.cancelled.set()
+            if timer is not None:
+                timer.flush()  # the steps it timed count, however it ended
         if timer is not None:
             timer.finished(spec.prompt_tokens, job.cached_tokens)
         yield GenerationFinished(spec.prompt_tokens, job.completion_tokens, job.cached_tokens,
