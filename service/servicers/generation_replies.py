@@ -83,21 +83,25 @@ def score_to_pb(score) -> generation_pb2.TokenScore:
 
 
 def _deltas(step: StepOutput) -> list[generation_pb2.ChoiceDelta]:
-    return [
-        generation_pb2.ChoiceDelta(
-            index=d.index,
-            text=d.text,
-            token_ids=d.token_ids,
-            finish_reason=_FINISH[d.finish_reason],
-            logprobs=[score_to_pb(x) for x in d.logprobs],
-            tool_calls=[generation_pb2.ToolCallDelta(
-                index=f.index, id=f.id, name=f.name, arguments=f.arguments)
-                for f in d.tool_calls],
-            stop_sequence=d.stop_sequence,
-            reasoning=d.reasoning,
-        )
-        for d in step.deltas
-    ]
+    return [_delta(d) for d in step.deltas]
+
+
+def _delta(d) -> generation_pb2.ChoiceDelta:
+    # Only the fields a delta has: most stream deltas are a text and its
+    # tokens, built once a step a request.
+    out = generation_pb2.ChoiceDelta(index=d.index, text=d.text, token_ids=d.token_ids)
+    if d.finish_reason is not None:
+        out.finish_reason = _FINISH[d.finish_reason]
+    if d.logprobs:
+        out.logprobs.extend([score_to_pb(x) for x in d.logprobs])
+    if d.tool_calls:
+        out.tool_calls.extend([generation_pb2.ToolCallDelta(
+            index=f.index, id=f.id, name=f.name, arguments=f.arguments) for f in d.tool_calls])
+    if d.stop_sequence:
+        out.stop_sequence = d.stop_sequence
+    if d.reasoning:
+        out.reasoning = d.reasoning
+    return out
 
 
 def _usage(event: GenerationFinished) -> generation_pb2.Usage:
@@ -111,6 +115,8 @@ def _usage(event: GenerationFinished) -> generation_pb2.Usage:
 
 
 def event_to_pb(event) -> generation_service_pb2.GenerateResponse:
+    if type(event) is StepOutput:  # once a step a request: first
+        return generation_service_pb2.GenerateResponse(choices=_deltas(event))
     if isinstance(event, GenerationStarted):
         metadata = generation_pb2.ResponseMetadata(
             id=event.id,
