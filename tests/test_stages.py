@@ -38,7 +38,8 @@ def through(cuts: tuple[int, ...]):
 
 def test_every_way_of_piling_gives_one_answer_and_one_count():
     alone = through(tuple(range(1, len(PIECES))))
-    assert alone == ("Weigh it.", '{"ok": true}', 5)  # four thoughts and the close
+    # Three words, the newline before the close (inside the block), and the close.
+    assert alone == ("Weigh it.", '{"ok": true}', 5)
     for k in range(len(PIECES)):
         for cuts in itertools.combinations(range(1, len(PIECES)), k):
             assert through(cuts) == alone, cuts
